@@ -1,0 +1,313 @@
+//! Admission: when is a worker busy, and what happens to a request when every worker is.
+//!
+//! A worker is *busy* when its outstanding prefill tokens or its active KV blocks pass a
+//! threshold (absolute, or as a fraction of its KV capacity when that is known). When some
+//! workers are busy the policy only chooses among the others; when all are, the mode decides:
+//! `queue` holds the request in the gateway (up to a wait and a queued-token budget), `shed`
+//! rejects at once, `none` dispatches anyway. Every rejection carries a reason code.
+
+use crate::ledger::{WorkerCapacity, WorkerLoad};
+use crate::types::Time;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// What to do with a request when every worker is busy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdmissionMode {
+    /// Hold it until a worker is free, within the queue limits.
+    #[default]
+    Queue,
+    /// Reject it at once.
+    Shed,
+    /// Dispatch it anyway.
+    None,
+}
+
+impl std::str::FromStr for AdmissionMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "queue" => Ok(Self::Queue),
+            "shed" => Ok(Self::Shed),
+            "none" => Ok(Self::None),
+            other => Err(format!(
+                "unknown admission mode {other:?} (expected queue, shed or none)"
+            )),
+        }
+    }
+}
+
+/// Admission settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionConfig {
+    /// What happens when every worker is busy.
+    pub mode: AdmissionMode,
+    /// Busy at this many outstanding prefill tokens.
+    pub busy_prefill_tokens: Option<u64>,
+    /// Busy when outstanding prefill tokens reach this fraction of the KV capacity in tokens.
+    pub busy_prefill_fraction: Option<f64>,
+    /// Busy at this many active KV blocks.
+    pub busy_active_blocks: Option<u64>,
+    /// Busy when active KV blocks reach this fraction of the KV capacity.
+    pub busy_active_fraction: Option<f64>,
+    /// Longest time a request may wait in the queue, in seconds.
+    pub max_queue_wait_secs: f64,
+    /// Most requests in the queue.
+    pub max_queued_requests: usize,
+    /// Most prompt tokens in the queue.
+    pub max_queued_tokens: u64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            mode: AdmissionMode::Queue,
+            busy_prefill_tokens: None,
+            busy_prefill_fraction: None,
+            busy_active_blocks: None,
+            busy_active_fraction: Some(0.95),
+            max_queue_wait_secs: 30.0,
+            max_queued_requests: 4_096,
+            max_queued_tokens: 16 << 20,
+        }
+    }
+}
+
+impl AdmissionConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, f) in [
+            ("busy_prefill_fraction", self.busy_prefill_fraction),
+            ("busy_active_fraction", self.busy_active_fraction),
+        ] {
+            if let Some(f) = f {
+                if !(f.is_finite() && f > 0.0) {
+                    return Err(format!("admission {name} must be > 0, got {f}"));
+                }
+            }
+        }
+        if !(self.max_queue_wait_secs.is_finite() && self.max_queue_wait_secs >= 0.0) {
+            return Err(format!(
+                "admission max_queue_wait_secs must be >= 0, got {}",
+                self.max_queue_wait_secs
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a worker with this load and capacity is busy.
+    pub fn is_busy(&self, load: &WorkerLoad, capacity: &WorkerCapacity, block_size: usize) -> bool {
+        let over = |v: u64, limit: Option<u64>| limit.is_some_and(|l| v >= l);
+        let over_frac = |v: u64, frac: Option<f64>, cap: Option<u64>| match (frac, cap) {
+            (Some(f), Some(c)) => v as f64 >= f * c as f64,
+            _ => false,
+        };
+        let kv_tokens = capacity
+            .kv_blocks
+            .map(|b| b.saturating_mul(block_size as u64));
+        over(load.prefill_tokens, self.busy_prefill_tokens)
+            || over(load.active_blocks, self.busy_active_blocks)
+            || over_frac(load.prefill_tokens, self.busy_prefill_fraction, kv_tokens)
+            || over_frac(
+                load.active_blocks,
+                self.busy_active_fraction,
+                capacity.kv_blocks,
+            )
+    }
+
+    /// The decision for a request when `free_workers` of `workers` are not busy, given the
+    /// queue the gateway holds now (not counting this request).
+    pub fn decide(
+        &self,
+        workers: usize,
+        free_workers: usize,
+        queue: QueueState,
+        prompt_tokens: usize,
+    ) -> AdmissionDecision {
+        if workers == 0 {
+            return AdmissionDecision::Reject(RejectReason::NoWorkers);
+        }
+        if free_workers > 0 || self.mode == AdmissionMode::None {
+            return AdmissionDecision::Dispatch;
+        }
+        match self.mode {
+            AdmissionMode::Shed => AdmissionDecision::Reject(RejectReason::AllWorkersBusy),
+            _ if queue.requests >= self.max_queued_requests
+                || queue.tokens.saturating_add(prompt_tokens as u64) > self.max_queued_tokens =>
+            {
+                AdmissionDecision::Reject(RejectReason::QueueFull)
+            }
+            _ => AdmissionDecision::Queue,
+        }
+    }
+
+    /// Whether a request queued at `enqueued_at` has waited too long at `now`.
+    pub fn queue_expired(&self, enqueued_at: Time, now: Time) -> bool {
+        now.since(enqueued_at) > Duration::from_secs_f64(self.max_queue_wait_secs)
+    }
+}
+
+/// The gateway's queue as admission sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueState {
+    /// Requests queued.
+    pub requests: usize,
+    /// Prompt tokens queued.
+    pub tokens: u64,
+}
+
+/// What admission decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdmissionDecision {
+    /// Route and dispatch now.
+    Dispatch,
+    /// Hold until a worker is free.
+    Queue,
+    /// Answer 503 with this reason.
+    Reject(RejectReason),
+}
+
+/// Why a request was rejected (the code in the 503 body and the metric label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectReason {
+    /// No worker is registered.
+    NoWorkers,
+    /// Every worker is busy and the mode is `shed`.
+    AllWorkersBusy,
+    /// The queue is at its request or token limit.
+    QueueFull,
+    /// The request waited in the queue longer than allowed.
+    QueueTimeout,
+}
+
+impl RejectReason {
+    /// The stable reason code.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::NoWorkers => "no_workers",
+            RejectReason::AllWorkersBusy => "all_workers_busy",
+            RejectReason::QueueFull => "queue_full",
+            RejectReason::QueueTimeout => "queue_timeout",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(prefill: u64, blocks: u64) -> WorkerLoad {
+        WorkerLoad {
+            prefill_tokens: prefill,
+            active_blocks: blocks,
+            ..WorkerLoad::default()
+        }
+    }
+
+    #[test]
+    fn busy_thresholds_absolute_and_fractional() {
+        let cap = WorkerCapacity {
+            kv_blocks: Some(1_000),
+            max_batch: None,
+        };
+        let cfg = AdmissionConfig {
+            busy_prefill_tokens: Some(8_192),
+            busy_active_fraction: Some(0.9),
+            ..AdmissionConfig::default()
+        };
+        assert!(!cfg.is_busy(&load(8_191, 899), &cap, 16));
+        assert!(cfg.is_busy(&load(8_192, 0), &cap, 16));
+        assert!(cfg.is_busy(&load(0, 900), &cap, 16));
+        // Fractions need a known capacity.
+        assert!(!cfg.is_busy(&load(0, 1_000_000), &WorkerCapacity::default(), 16));
+        let frac = AdmissionConfig {
+            busy_prefill_fraction: Some(0.5),
+            busy_active_fraction: None,
+            ..AdmissionConfig::default()
+        };
+        assert!(!frac.is_busy(&load(7_999, 0), &cap, 16));
+        assert!(frac.is_busy(&load(8_000, 0), &cap, 16));
+        let abs = AdmissionConfig {
+            busy_active_blocks: Some(10),
+            ..AdmissionConfig::default()
+        };
+        assert!(abs.is_busy(&load(0, 10), &WorkerCapacity::default(), 16));
+    }
+
+    #[test]
+    fn decisions_per_mode() {
+        let q = QueueState::default();
+        for mode in [
+            AdmissionMode::Queue,
+            AdmissionMode::Shed,
+            AdmissionMode::None,
+        ] {
+            let cfg = AdmissionConfig {
+                mode,
+                ..AdmissionConfig::default()
+            };
+            assert_eq!(
+                cfg.decide(0, 0, q, 1),
+                AdmissionDecision::Reject(RejectReason::NoWorkers)
+            );
+            assert_eq!(cfg.decide(3, 1, q, 1), AdmissionDecision::Dispatch);
+        }
+        let shed = AdmissionConfig {
+            mode: AdmissionMode::Shed,
+            ..AdmissionConfig::default()
+        };
+        assert_eq!(
+            shed.decide(3, 0, q, 1),
+            AdmissionDecision::Reject(RejectReason::AllWorkersBusy)
+        );
+        let none = AdmissionConfig {
+            mode: AdmissionMode::None,
+            ..AdmissionConfig::default()
+        };
+        assert_eq!(none.decide(3, 0, q, 1), AdmissionDecision::Dispatch);
+        let queue = AdmissionConfig {
+            max_queued_requests: 2,
+            max_queued_tokens: 100,
+            ..AdmissionConfig::default()
+        };
+        assert_eq!(queue.decide(3, 0, q, 100), AdmissionDecision::Queue);
+        let one = QueueState {
+            requests: 1,
+            tokens: 50,
+        };
+        assert_eq!(
+            queue.decide(3, 0, one, 51),
+            AdmissionDecision::Reject(RejectReason::QueueFull)
+        );
+        let two = QueueState {
+            requests: 2,
+            tokens: 0,
+        };
+        assert_eq!(
+            queue.decide(3, 0, two, 1),
+            AdmissionDecision::Reject(RejectReason::QueueFull)
+        );
+    }
+
+    #[test]
+    fn queue_wait_limit_and_validation() {
+        let cfg = AdmissionConfig {
+            max_queue_wait_secs: 2.0,
+            ..AdmissionConfig::default()
+        };
+        assert!(!cfg.queue_expired(Time::from_millis(1_000), Time::from_millis(3_000)));
+        assert!(cfg.queue_expired(Time::from_millis(1_000), Time::from_millis(3_001)));
+        assert!(cfg.validate().is_ok());
+        let bad = AdmissionConfig {
+            busy_active_fraction: Some(-1.0),
+            ..AdmissionConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        assert_eq!("shed".parse::<AdmissionMode>(), Ok(AdmissionMode::Shed));
+        assert!("drop".parse::<AdmissionMode>().is_err());
+    }
+}

@@ -1,0 +1,503 @@
+//! The prefix index: which worker holds which prefix blocks, fed by the engines' KV events.
+//!
+//! # Structure
+//! The index is a radix tree of blocks stored *flat*: a node is named by the chained
+//! [`SequenceHash`] of its prefix (which encodes the whole path from the root, so "node at depth
+//! `i` of this prompt" is one hash-table probe and a match is always a contiguous prefix), and
+//! holds the set of workers that have it cached as a bitset split in 64-worker words. The
+//! table maps `(sequence hash, word)` to that word, so a node costs one 16-byte slot per
+//! non-empty word and needs no pointers. Because every depth's key is known before the walk
+//! starts, the probes of a lookup are independent and overlap in the memory system.
+//!
+//! Each worker also has a table from the engine's own block hash to the sequence hash, used
+//! only to resolve the parent of a stored chain and to apply removals.
+//!
+//! A 64-bit sequence-hash collision between two different prefixes (about 3e-6 for 10M live
+//! blocks) would make one prefix look cached where it is not: a routing mistake, never a
+//! panic. The same holds for `(hash, word)` keys.
+
+mod approx;
+mod event;
+
+pub use approx::{ApproxConfig, ApproxIndex};
+pub use event::{EventStats, IndexError, KvEvent, RejectKind, StoredBlocks};
+
+use crate::hashing::{
+    chain, extend_sequence_hashes, local_block_hash, EngineHash, LocalBlockHash, SequenceHash,
+};
+use crate::types::{BlockSize, WorkerId};
+use foldhash::fast::RandomState;
+use serde::{Deserialize, Serialize};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+type Map<K, V> = hashbrown::HashMap<K, V, RandomState>;
+
+/// Spreads the words of one node over the key space (word 0 keeps the sequence hash itself).
+const WORD_SALT: u64 = 0x9E37_79B9_7F4A_7C15;
+
+#[inline]
+fn node_key(seq: u64, word: usize) -> u64 {
+    seq.wrapping_add((word as u64).wrapping_mul(WORD_SALT))
+}
+
+/// The default limit on workers tracked by one index.
+pub const DEFAULT_MAX_WORKERS: usize = 4096;
+
+/// Matched prefix depth (in blocks) per worker, for workers that matched at least one block,
+/// sorted by worker.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Matches {
+    entries: Vec<(WorkerId, usize)>,
+}
+
+impl Matches {
+    /// Matches from explicit `(worker, depth)` pairs (depth-0 pairs are dropped).
+    pub fn from_pairs(mut entries: Vec<(WorkerId, usize)>) -> Self {
+        entries.retain(|e| e.1 > 0);
+        entries.sort_unstable();
+        entries.dedup_by_key(|e| e.0);
+        Self { entries }
+    }
+
+    /// The matched depth of `worker` (0 when it matched nothing).
+    pub fn depth(&self, worker: WorkerId) -> usize {
+        self.entries
+            .binary_search_by_key(&worker, |e| e.0)
+            .map(|i| self.entries[i].1)
+            .unwrap_or(0)
+    }
+
+    /// `(worker, depth)` pairs with depth > 0, sorted by worker.
+    pub fn iter(&self) -> impl Iterator<Item = (WorkerId, usize)> + '_ {
+        self.entries.iter().copied()
+    }
+
+    /// The deepest match of any worker.
+    pub fn max_depth(&self) -> usize {
+        self.entries.iter().map(|e| e.1).max().unwrap_or(0)
+    }
+
+    /// True when no worker matched a block.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// One worker's view of its cache: engine hash to router sequence hash.
+struct Slot {
+    worker: WorkerId,
+    /// Engine hash -> sequence hash of every block the worker holds.
+    blocks: Map<u64, u64>,
+    /// Sequence hashes the worker holds under more than one engine hash: the extra count.
+    dups: Map<u64, u32>,
+    /// Distinct sequence hashes held (= (block, worker) entries of this worker).
+    held: usize,
+}
+
+impl Slot {
+    fn new(worker: WorkerId) -> Self {
+        Self {
+            worker,
+            blocks: Map::default(),
+            dups: Map::default(),
+            held: 0,
+        }
+    }
+}
+
+/// The prefix index. See the module documentation.
+pub struct PrefixIndex {
+    block_size: BlockSize,
+    max_workers: usize,
+    /// `(sequence hash, word)` -> bits of the workers of that word holding the block.
+    nodes: Map<u64, u64>,
+    slots: Vec<Option<Slot>>,
+    slot_of: Map<WorkerId, usize>,
+    free_slots: BinaryHeap<Reverse<usize>>,
+    stats: EventStats,
+}
+
+impl PrefixIndex {
+    /// An empty index for engines with blocks of `block_size` tokens.
+    pub fn new(block_size: BlockSize) -> Self {
+        Self::with_max_workers(block_size, DEFAULT_MAX_WORKERS)
+    }
+
+    /// An empty index tracking at most `max_workers` workers at a time.
+    pub fn with_max_workers(block_size: BlockSize, max_workers: usize) -> Self {
+        Self {
+            block_size,
+            max_workers,
+            nodes: Map::default(),
+            slots: Vec::new(),
+            slot_of: Map::default(),
+            free_slots: BinaryHeap::new(),
+            stats: EventStats::default(),
+        }
+    }
+
+    /// The block size events must carry.
+    pub fn block_size(&self) -> BlockSize {
+        self.block_size
+    }
+
+    /// Applies one event of `worker`. A rejected event leaves the index unchanged (but for the
+    /// known hashes of a partly unknown removal, which are removed) and is counted.
+    pub fn apply(&mut self, worker: WorkerId, event: &KvEvent) -> Result<(), IndexError> {
+        let result = match event {
+            KvEvent::Stored(s) => self.apply_stored(worker, s),
+            KvEvent::Removed { block_hashes } => self.apply_removed(worker, block_hashes),
+            KvEvent::Cleared => {
+                self.clear_worker(worker);
+                Ok(())
+            }
+        };
+        match &result {
+            Ok(()) => self.stats.applied += 1,
+            Err(e) => self.stats.count_rejection(e.kind()),
+        }
+        result
+    }
+
+    fn apply_stored(&mut self, worker: WorkerId, s: &StoredBlocks) -> Result<(), IndexError> {
+        let bs = self.block_size.get();
+        if s.block_size != bs {
+            return Err(IndexError::BlockSizeMismatch {
+                worker,
+                expected: bs,
+                got: s.block_size,
+            });
+        }
+        if s.block_hashes.len().checked_mul(bs) != Some(s.token_ids.len()) {
+            return Err(IndexError::TokenCountMismatch {
+                worker,
+                tokens: s.token_ids.len(),
+                blocks: s.block_hashes.len(),
+                block_size: bs,
+            });
+        }
+        let slot_ix = self.slot_for(worker)?;
+        let slot = self.slots[slot_ix]
+            .as_mut()
+            .expect("slot_for returns a live slot");
+        let mut prev = match s.parent {
+            None => None,
+            Some(p) => match slot.blocks.get(&p.0) {
+                Some(&seq) => Some(SequenceHash(seq)),
+                None => {
+                    return Err(IndexError::UnknownParent {
+                        worker,
+                        parent: p.0,
+                    })
+                }
+            },
+        };
+        for (h, tokens) in s.block_hashes.iter().zip(s.token_ids.chunks_exact(bs)) {
+            let seq = chain(prev, local_block_hash(tokens, s.namespace));
+            store(&mut self.nodes, slot, slot_ix, h.0, seq.0);
+            prev = Some(seq);
+        }
+        self.stats.blocks_stored += s.block_hashes.len() as u64;
+        Ok(())
+    }
+
+    fn apply_removed(&mut self, worker: WorkerId, hashes: &[EngineHash]) -> Result<(), IndexError> {
+        let Some(&slot_ix) = self.slot_of.get(&worker) else {
+            if hashes.is_empty() {
+                return Ok(());
+            }
+            return Err(IndexError::UnknownRemovedHash {
+                worker,
+                unknown: hashes.len(),
+                total: hashes.len(),
+            });
+        };
+        let slot = self.slots[slot_ix].as_mut().expect("mapped slots are live");
+        let mut unknown = 0;
+        for h in hashes {
+            match slot.blocks.remove(&h.0) {
+                Some(seq) => release(&mut self.nodes, slot, slot_ix, seq),
+                None => unknown += 1,
+            }
+        }
+        self.stats.blocks_removed += (hashes.len() - unknown) as u64;
+        if unknown > 0 {
+            return Err(IndexError::UnknownRemovedHash {
+                worker,
+                unknown,
+                total: hashes.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Inserts a chain of blocks for `worker` without an engine event, using each block's
+    /// sequence hash as its engine hash (the approximate mode's bookkeeping). Returns the
+    /// sequence hashes inserted.
+    pub(crate) fn insert_chain(
+        &mut self,
+        worker: WorkerId,
+        seqs: &[SequenceHash],
+    ) -> Result<(), IndexError> {
+        let slot_ix = self.slot_for(worker)?;
+        let slot = self.slots[slot_ix]
+            .as_mut()
+            .expect("slot_for returns a live slot");
+        for s in seqs {
+            store(&mut self.nodes, slot, slot_ix, s.0, s.0);
+        }
+        Ok(())
+    }
+
+    /// Removes one block of `worker` by engine hash; false when it was not held.
+    pub(crate) fn remove_block(&mut self, worker: WorkerId, engine_hash: u64) -> bool {
+        let Some(&slot_ix) = self.slot_of.get(&worker) else {
+            return false;
+        };
+        let slot = self.slots[slot_ix].as_mut().expect("mapped slots are live");
+        match slot.blocks.remove(&engine_hash) {
+            Some(seq) => {
+                release(&mut self.nodes, slot, slot_ix, seq);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn slot_for(&mut self, worker: WorkerId) -> Result<usize, IndexError> {
+        if let Some(&ix) = self.slot_of.get(&worker) {
+            return Ok(ix);
+        }
+        if self.slot_of.len() >= self.max_workers {
+            return Err(IndexError::TooManyWorkers {
+                worker,
+                limit: self.max_workers,
+            });
+        }
+        let ix = match self.free_slots.pop() {
+            Some(Reverse(ix)) => ix,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
+        self.slots[ix] = Some(Slot::new(worker));
+        self.slot_of.insert(worker, ix);
+        Ok(ix)
+    }
+
+    /// Registers a worker with an empty cache (no-op when known). Workers are also registered
+    /// by their first stored event.
+    pub fn add_worker(&mut self, worker: WorkerId) -> Result<(), IndexError> {
+        self.slot_for(worker).map(|_| ())
+    }
+
+    /// Drops every block of `worker` but keeps it registered.
+    pub fn clear_worker(&mut self, worker: WorkerId) {
+        let Some(&ix) = self.slot_of.get(&worker) else {
+            return;
+        };
+        let slot = self.slots[ix].as_mut().expect("mapped slots are live");
+        let blocks = std::mem::take(&mut slot.blocks);
+        for (_, seq) in blocks {
+            clear_bit(&mut self.nodes, seq, ix);
+        }
+        slot.dups = Map::default();
+        slot.held = 0;
+    }
+
+    /// Forgets `worker` and all its blocks.
+    pub fn remove_worker(&mut self, worker: WorkerId) {
+        self.clear_worker(worker);
+        if let Some(ix) = self.slot_of.remove(&worker) {
+            self.slots[ix] = None;
+            self.free_slots.push(Reverse(ix));
+        }
+    }
+
+    /// Registered workers, in slot order.
+    pub fn workers(&self) -> impl Iterator<Item = WorkerId> + '_ {
+        self.slots.iter().flatten().map(|s| s.worker)
+    }
+
+    /// Distinct blocks `worker` holds (0 when unknown).
+    pub fn block_count(&self, worker: WorkerId) -> usize {
+        self.slot_of
+            .get(&worker)
+            .and_then(|&ix| self.slots[ix].as_ref())
+            .map_or(0, |s| s.held)
+    }
+
+    /// Total `(block, worker)` entries.
+    pub fn entries(&self) -> usize {
+        self.slots.iter().flatten().map(|s| s.held).sum()
+    }
+
+    /// Whether `worker` holds the block with sequence hash `seq`.
+    pub fn contains(&self, worker: WorkerId, seq: SequenceHash) -> bool {
+        self.slot_of
+            .get(&worker)
+            .is_some_and(|&ix| has_bit(&self.nodes, seq.0, ix))
+    }
+
+    /// Event counters.
+    pub fn stats(&self) -> &EventStats {
+        &self.stats
+    }
+
+    /// Bytes held by the index's tables (hash tables at their allocated size).
+    pub fn memory_bytes(&self) -> usize {
+        let mut total = table_bytes::<u64, u64>(self.nodes.capacity())
+            + table_bytes::<WorkerId, usize>(self.slot_of.capacity())
+            + self.slots.capacity() * std::mem::size_of::<Option<Slot>>()
+            + self.free_slots.capacity() * std::mem::size_of::<usize>();
+        for s in self.slots.iter().flatten() {
+            total += table_bytes::<u64, u64>(s.blocks.capacity())
+                + table_bytes::<u64, u32>(s.dups.capacity());
+        }
+        total
+    }
+
+    /// Matched depth per worker for a prompt given by its local block hashes.
+    pub fn find_matches(&self, locals: &[LocalBlockHash]) -> Matches {
+        let mut seqs = Vec::with_capacity(locals.len());
+        extend_sequence_hashes(None, locals, &mut seqs);
+        self.find_matches_seq(&seqs)
+    }
+
+    /// Matched depth per worker for a prompt given by its sequence hashes: for each worker,
+    /// the number of leading blocks it holds without a gap. Stops as soon as no worker is left.
+    pub fn find_matches_seq(&self, seqs: &[SequenceHash]) -> Matches {
+        let words = self.slots.len().div_ceil(64);
+        let mut entries = Vec::new();
+        let Some(first) = seqs.first() else {
+            return Matches { entries };
+        };
+        if words == 1 {
+            // Fleets of up to 64 workers: one word, the common case, kept branch-light.
+            let mut active = self.word(first.0, 0);
+            let mut depth = 1;
+            while active != 0 && depth < seqs.len() {
+                let next = active & self.word(seqs[depth].0, 0);
+                self.record(active & !next, 0, depth, &mut entries);
+                active = next;
+                depth += 1;
+            }
+            self.record(active, 0, depth, &mut entries);
+        } else {
+            let mut active: Vec<u64> = (0..words).map(|k| self.word(first.0, k)).collect();
+            let mut live = active.iter().filter(|a| **a != 0).count();
+            let mut depth = 1;
+            while live > 0 && depth < seqs.len() {
+                for (k, a) in active.iter_mut().enumerate() {
+                    if *a == 0 {
+                        continue;
+                    }
+                    let next = *a & self.word(seqs[depth].0, k);
+                    self.record(*a & !next, k, depth, &mut entries);
+                    if next == 0 {
+                        live -= 1;
+                    }
+                    *a = next;
+                }
+                depth += 1;
+            }
+            for (k, a) in active.iter().enumerate() {
+                self.record(*a, k, depth, &mut entries);
+            }
+        }
+        entries.sort_unstable();
+        Matches { entries }
+    }
+
+    #[inline]
+    fn word(&self, seq: u64, word: usize) -> u64 {
+        self.nodes.get(&node_key(seq, word)).copied().unwrap_or(0)
+    }
+
+    #[inline]
+    fn record(&self, mut bits: u64, word: usize, depth: usize, out: &mut Vec<(WorkerId, usize)>) {
+        while bits != 0 {
+            let b = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if let Some(slot) = &self.slots[word * 64 + b] {
+                out.push((slot.worker, depth));
+            }
+        }
+    }
+}
+
+fn store(nodes: &mut Map<u64, u64>, slot: &mut Slot, ix: usize, engine: u64, seq: u64) {
+    match slot.blocks.insert(engine, seq) {
+        Some(old) if old == seq => return,
+        Some(old) => release(nodes, slot, ix, old),
+        None => {}
+    }
+    if set_bit(nodes, seq, ix) {
+        slot.held += 1;
+    } else {
+        *slot.dups.entry(seq).or_insert(0) += 1;
+    }
+}
+
+fn release(nodes: &mut Map<u64, u64>, slot: &mut Slot, ix: usize, seq: u64) {
+    if let Some(c) = slot.dups.get_mut(&seq) {
+        *c -= 1;
+        if *c == 0 {
+            slot.dups.remove(&seq);
+        }
+        return;
+    }
+    if clear_bit(nodes, seq, ix) {
+        slot.held -= 1;
+    }
+}
+
+/// Sets the bit of slot `ix` at node `seq`; true when it was not set.
+fn set_bit(nodes: &mut Map<u64, u64>, seq: u64, ix: usize) -> bool {
+    let word = nodes.entry(node_key(seq, ix / 64)).or_insert(0);
+    let bit = 1u64 << (ix % 64);
+    let fresh = *word & bit == 0;
+    *word |= bit;
+    fresh
+}
+
+/// Clears the bit of slot `ix` at node `seq`, dropping empty words; true when it was set.
+fn clear_bit(nodes: &mut Map<u64, u64>, seq: u64, ix: usize) -> bool {
+    let key = node_key(seq, ix / 64);
+    let bit = 1u64 << (ix % 64);
+    match nodes.get_mut(&key) {
+        Some(word) if *word & bit != 0 => {
+            *word &= !bit;
+            if *word == 0 {
+                nodes.remove(&key);
+            }
+            true
+        }
+        _ => false,
+    }
+}
+
+fn has_bit(nodes: &Map<u64, u64>, seq: u64, ix: usize) -> bool {
+    nodes
+        .get(&node_key(seq, ix / 64))
+        .is_some_and(|w| w & (1u64 << (ix % 64)) != 0)
+}
+
+/// Allocated bytes of a hashbrown table of `capacity` (one control byte per bucket plus one
+/// group of trailing control bytes).
+fn table_bytes<K, V>(capacity: usize) -> usize {
+    if capacity == 0 {
+        return 0;
+    }
+    let buckets = if capacity < 8 {
+        capacity + 1
+    } else {
+        capacity / 7 * 8
+    };
+    buckets * (std::mem::size_of::<(K, V)>() + 1) + 16
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,230 @@
+//! Approximate mode, for engines that publish no KV events: the router assumes that the
+//! worker it chose now caches the routed prompt's blocks, for a time-to-live and up to a
+//! per-worker size cap, and expires those guesses with [`ApproxIndex::prune`].
+
+use super::{IndexError, Map, Matches, PrefixIndex};
+use crate::hashing::SequenceHash;
+use crate::types::{BlockSize, Time, WorkerId};
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Settings of the approximate mode.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApproxConfig {
+    /// How long a routed prompt's blocks are assumed cached, in seconds.
+    pub ttl_secs: f64,
+    /// The most blocks assumed cached per worker; the oldest guesses go first.
+    pub max_blocks_per_worker: usize,
+}
+
+impl Default for ApproxConfig {
+    fn default() -> Self {
+        Self {
+            ttl_secs: 120.0,
+            max_blocks_per_worker: 100_000,
+        }
+    }
+}
+
+impl ApproxConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.ttl_secs.is_finite() && self.ttl_secs > 0.0) {
+            return Err(format!(
+                "approx ttl_secs must be > 0, got {}",
+                self.ttl_secs
+            ));
+        }
+        if self.max_blocks_per_worker == 0 {
+            return Err("approx max_blocks_per_worker must be > 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// One worker's guesses in expiry order. Refreshing a block pushes a new queue entry and
+/// leaves the old one stale (its expiry no longer matches `expiry`); stale entries are
+/// skipped when popped and compacted away when they outnumber the live ones.
+#[derive(Default)]
+struct Guesses {
+    expiry: Map<u64, Time>,
+    queue: VecDeque<(Time, u64)>,
+}
+
+/// The prefix index in approximate mode.
+pub struct ApproxIndex {
+    index: PrefixIndex,
+    ttl: Duration,
+    cap: usize,
+    workers: Map<WorkerId, Guesses>,
+}
+
+impl ApproxIndex {
+    /// An empty approximate index; `config` must have passed `validate`.
+    pub fn new(block_size: BlockSize, config: &ApproxConfig) -> Self {
+        Self {
+            index: PrefixIndex::new(block_size),
+            ttl: Duration::from_secs_f64(config.ttl_secs.max(0.001)),
+            cap: config.max_blocks_per_worker.max(1),
+            workers: Map::default(),
+        }
+    }
+
+    /// The index of current guesses, for lookups.
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+
+    /// Matched depth per worker (see [`PrefixIndex::find_matches_seq`]).
+    pub fn find_matches_seq(&self, seqs: &[SequenceHash]) -> Matches {
+        self.index.find_matches_seq(seqs)
+    }
+
+    /// Records that `worker` was sent the prompt with sequence hashes `seqs` at `now`: its
+    /// blocks are assumed cached until `now + ttl` (refreshing earlier guesses), and the
+    /// worker's oldest guesses are dropped past the size cap.
+    pub fn insert(
+        &mut self,
+        worker: WorkerId,
+        seqs: &[SequenceHash],
+        now: Time,
+    ) -> Result<(), IndexError> {
+        // Only the first `cap` blocks can be kept; deeper ones would be evicted at once.
+        let seqs = &seqs[..seqs.len().min(self.cap)];
+        self.index.insert_chain(worker, seqs)?;
+        let expires = now.plus(self.ttl);
+        let g = self.workers.entry(worker).or_default();
+        // Deepest blocks first, so that among equal expiries leaves are evicted before roots.
+        for s in seqs.iter().rev() {
+            g.expiry.insert(s.0, expires);
+            g.queue.push_back((expires, s.0));
+        }
+        while g.expiry.len() > self.cap {
+            match g.queue.pop_front() {
+                Some((t, seq)) => {
+                    if g.expiry.get(&seq) == Some(&t) {
+                        g.expiry.remove(&seq);
+                        self.index.remove_block(worker, seq);
+                    }
+                }
+                None => break,
+            }
+        }
+        if g.queue.len() > 2 * g.expiry.len() + 64 {
+            let expiry = &g.expiry;
+            g.queue.retain(|(t, seq)| expiry.get(seq) == Some(t));
+        }
+        Ok(())
+    }
+
+    /// Drops every guess that expired at or before `now`.
+    pub fn prune(&mut self, now: Time) {
+        for (worker, g) in self.workers.iter_mut() {
+            while let Some(&(t, seq)) = g.queue.front() {
+                if t > now {
+                    break;
+                }
+                g.queue.pop_front();
+                if g.expiry.get(&seq) == Some(&t) {
+                    g.expiry.remove(&seq);
+                    self.index.remove_block(*worker, seq);
+                }
+            }
+        }
+    }
+
+    /// Forgets `worker` and its guesses.
+    pub fn remove_worker(&mut self, worker: WorkerId) {
+        self.workers.remove(&worker);
+        self.index.remove_worker(worker);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hashing::{sequence_hashes, LocalBlockHash};
+
+    fn prompt(ids: &[u64]) -> Vec<SequenceHash> {
+        sequence_hashes(&ids.iter().map(|i| LocalBlockHash(*i)).collect::<Vec<_>>())
+    }
+
+    fn approx(ttl: f64, cap: usize) -> ApproxIndex {
+        let cfg = ApproxConfig {
+            ttl_secs: ttl,
+            max_blocks_per_worker: cap,
+        };
+        cfg.validate().unwrap();
+        ApproxIndex::new(BlockSize::new(16).unwrap(), &cfg)
+    }
+
+    #[test]
+    fn guesses_expire_after_ttl() {
+        let mut a = approx(10.0, 100);
+        let p = prompt(&[1, 2, 3]);
+        a.insert(WorkerId(7), &p, Time::from_millis(0)).unwrap();
+        assert_eq!(a.find_matches_seq(&p).depth(WorkerId(7)), 3);
+        a.prune(Time::from_millis(9_999));
+        assert_eq!(a.find_matches_seq(&p).depth(WorkerId(7)), 3);
+        a.prune(Time::from_millis(10_000));
+        assert_eq!(a.find_matches_seq(&p).depth(WorkerId(7)), 0);
+        assert_eq!(a.index().entries(), 0);
+    }
+
+    #[test]
+    fn refresh_extends_the_ttl() {
+        let mut a = approx(10.0, 100);
+        let p = prompt(&[1, 2, 3]);
+        a.insert(WorkerId(1), &p, Time::from_millis(0)).unwrap();
+        a.insert(WorkerId(1), &p[..2], Time::from_millis(8_000))
+            .unwrap();
+        a.prune(Time::from_millis(12_000));
+        assert_eq!(a.find_matches_seq(&p).depth(WorkerId(1)), 2);
+        a.prune(Time::from_millis(18_000));
+        assert_eq!(a.find_matches_seq(&p).depth(WorkerId(1)), 0);
+    }
+
+    #[test]
+    fn size_cap_evicts_oldest_leaves_first() {
+        let mut a = approx(100.0, 4);
+        let p = prompt(&[1, 2, 3]);
+        let q = prompt(&[9, 8, 7]);
+        a.insert(WorkerId(1), &p, Time::from_millis(0)).unwrap();
+        a.insert(WorkerId(1), &q, Time::from_millis(1)).unwrap();
+        assert_eq!(a.index().block_count(WorkerId(1)), 4);
+        // The two deepest blocks of the older prompt went first.
+        assert_eq!(a.find_matches_seq(&p).depth(WorkerId(1)), 1);
+        assert_eq!(a.find_matches_seq(&q).depth(WorkerId(1)), 3);
+    }
+
+    #[test]
+    fn stale_queue_entries_are_compacted() {
+        let mut a = approx(100.0, 10);
+        let p = prompt(&[1, 2]);
+        for i in 0..1_000 {
+            a.insert(WorkerId(1), &p, Time::from_millis(i)).unwrap();
+        }
+        let g = &a.workers[&WorkerId(1)];
+        assert!(
+            g.queue.len() <= 2 * g.expiry.len() + 66,
+            "{}",
+            g.queue.len()
+        );
+    }
+
+    #[test]
+    fn bad_config_is_rejected() {
+        assert!(approx_cfg(0.0, 1).validate().is_err());
+        assert!(approx_cfg(f64::NAN, 1).validate().is_err());
+        assert!(approx_cfg(1.0, 0).validate().is_err());
+    }
+
+    fn approx_cfg(ttl: f64, cap: usize) -> ApproxConfig {
+        ApproxConfig {
+            ttl_secs: ttl,
+            max_blocks_per_worker: cap,
+        }
+    }
+}

@@ -1,0 +1,240 @@
+use super::*;
+use crate::hashing::{local_block_hashes, Namespace};
+
+const BS: usize = 4;
+
+fn index() -> PrefixIndex {
+    PrefixIndex::new(BlockSize::new(BS).unwrap())
+}
+
+/// Tokens of `n` blocks where block `i` is filled with `ids[i]`.
+fn tokens(ids: &[u32]) -> Vec<u32> {
+    ids.iter().flat_map(|&i| [i; BS]).collect()
+}
+
+fn stored(parent: Option<u64>, hashes: &[u64], ids: &[u32]) -> KvEvent {
+    KvEvent::Stored(StoredBlocks {
+        parent: parent.map(EngineHash),
+        block_hashes: hashes.iter().map(|h| EngineHash(*h)).collect(),
+        token_ids: tokens(ids),
+        block_size: BS,
+        namespace: Namespace::default(),
+    })
+}
+
+fn removed(hashes: &[u64]) -> KvEvent {
+    KvEvent::Removed {
+        block_hashes: hashes.iter().map(|h| EngineHash(*h)).collect(),
+    }
+}
+
+fn query(ids: &[u32]) -> Vec<LocalBlockHash> {
+    local_block_hashes(&tokens(ids), BS, Namespace::default())
+}
+
+#[test]
+fn stored_chain_matches_contiguous_prefix() {
+    let mut ix = index();
+    let w = WorkerId(3);
+    ix.apply(w, &stored(None, &[10, 11], &[1, 2])).unwrap();
+    ix.apply(w, &stored(Some(11), &[12], &[3])).unwrap();
+    assert_eq!(ix.find_matches(&query(&[1, 2, 3, 4])).depth(w), 3);
+    assert_eq!(ix.find_matches(&query(&[1, 2])).depth(w), 2);
+    assert_eq!(
+        ix.find_matches(&query(&[2, 3])).depth(w),
+        0,
+        "position matters"
+    );
+    assert_eq!(ix.block_count(w), 3);
+    assert_eq!(ix.entries(), 3);
+}
+
+#[test]
+fn removal_in_the_middle_cuts_the_match() {
+    let mut ix = index();
+    let w = WorkerId(1);
+    ix.apply(w, &stored(None, &[10, 11, 12], &[1, 2, 3]))
+        .unwrap();
+    ix.apply(w, &removed(&[11])).unwrap();
+    assert_eq!(ix.find_matches(&query(&[1, 2, 3])).depth(w), 1);
+    ix.apply(w, &stored(Some(10), &[11], &[2])).unwrap();
+    assert_eq!(ix.find_matches(&query(&[1, 2, 3])).depth(w), 3);
+}
+
+#[test]
+fn workers_sharing_a_prefix_diverge() {
+    let mut ix = index();
+    ix.apply(WorkerId(1), &stored(None, &[10, 11], &[1, 2]))
+        .unwrap();
+    ix.apply(WorkerId(2), &stored(None, &[20, 21, 22], &[1, 2, 3]))
+        .unwrap();
+    ix.apply(WorkerId(3), &stored(None, &[30], &[9])).unwrap();
+    let m = ix.find_matches(&query(&[1, 2, 3]));
+    assert_eq!(
+        m.iter().collect::<Vec<_>>(),
+        vec![(WorkerId(1), 2), (WorkerId(2), 3)]
+    );
+    assert_eq!(m.max_depth(), 3);
+}
+
+#[test]
+fn namespaces_do_not_share_blocks() {
+    let mut ix = index();
+    let KvEvent::Stored(mut s) = stored(None, &[10], &[1]) else {
+        unreachable!()
+    };
+    s.namespace = Namespace::new(Some("adapter"), None);
+    ix.apply(WorkerId(1), &KvEvent::Stored(s)).unwrap();
+    assert!(ix.find_matches(&query(&[1])).is_empty());
+    let ns = local_block_hashes(&tokens(&[1]), BS, Namespace::new(Some("adapter"), None));
+    assert_eq!(ix.find_matches(&ns).depth(WorkerId(1)), 1);
+}
+
+#[test]
+fn rejected_events_change_nothing_and_are_counted() {
+    let mut ix = index();
+    let w = WorkerId(1);
+    ix.apply(w, &stored(None, &[10], &[1])).unwrap();
+    let KvEvent::Stored(mut bad) = stored(Some(10), &[11], &[2]) else {
+        unreachable!()
+    };
+    bad.block_size = 16;
+    let e = ix.apply(w, &KvEvent::Stored(bad.clone())).unwrap_err();
+    assert_eq!(e.kind(), RejectKind::BlockSizeMismatch);
+    bad.block_size = BS;
+    bad.token_ids.pop();
+    let e = ix.apply(w, &KvEvent::Stored(bad)).unwrap_err();
+    assert_eq!(e.kind(), RejectKind::TokenCountMismatch);
+    let e = ix.apply(w, &stored(Some(99), &[11], &[2])).unwrap_err();
+    assert_eq!(
+        e,
+        IndexError::UnknownParent {
+            worker: w,
+            parent: 99
+        }
+    );
+    assert_eq!(ix.entries(), 1);
+    let e = ix.apply(w, &removed(&[10, 77])).unwrap_err();
+    assert_eq!(
+        e,
+        IndexError::UnknownRemovedHash {
+            worker: w,
+            unknown: 1,
+            total: 2
+        }
+    );
+    assert_eq!(
+        ix.entries(),
+        0,
+        "the known hash of a partly unknown removal goes"
+    );
+    let e = ix.apply(WorkerId(5), &removed(&[1])).unwrap_err();
+    assert_eq!(e.kind(), RejectKind::UnknownRemovedHash);
+    let st = ix.stats();
+    assert_eq!(st.applied, 1);
+    assert_eq!(st.rejected(RejectKind::BlockSizeMismatch), 1);
+    assert_eq!(st.rejected(RejectKind::TokenCountMismatch), 1);
+    assert_eq!(st.rejected(RejectKind::UnknownParent), 1);
+    assert_eq!(st.rejected(RejectKind::UnknownRemovedHash), 2);
+    assert_eq!(st.blocks_removed, 1);
+}
+
+#[test]
+fn cleared_and_remove_worker_drop_everything() {
+    let mut ix = index();
+    ix.apply(WorkerId(1), &stored(None, &[10, 11], &[1, 2]))
+        .unwrap();
+    ix.apply(WorkerId(2), &stored(None, &[20, 21], &[1, 2]))
+        .unwrap();
+    ix.apply(WorkerId(1), &KvEvent::Cleared).unwrap();
+    assert_eq!(ix.block_count(WorkerId(1)), 0);
+    assert_eq!(ix.workers().count(), 2);
+    assert_eq!(ix.find_matches(&query(&[1, 2])).depth(WorkerId(2)), 2);
+    ix.remove_worker(WorkerId(2));
+    assert_eq!(ix.workers().collect::<Vec<_>>(), vec![WorkerId(1)]);
+    assert!(ix.find_matches(&query(&[1, 2])).is_empty());
+    assert_eq!(ix.nodes.len(), 0, "no empty nodes linger");
+    // The freed slot is reused by the next worker.
+    ix.apply(WorkerId(9), &stored(None, &[90], &[1])).unwrap();
+    assert_eq!(ix.slots.len(), 2);
+}
+
+#[test]
+fn same_block_under_two_engine_hashes_is_held_until_both_go() {
+    let mut ix = index();
+    let w = WorkerId(1);
+    ix.apply(w, &stored(None, &[10], &[1])).unwrap();
+    ix.apply(w, &stored(None, &[11], &[1])).unwrap();
+    assert_eq!(ix.block_count(w), 1);
+    ix.apply(w, &removed(&[10])).unwrap();
+    assert_eq!(ix.find_matches(&query(&[1])).depth(w), 1);
+    ix.apply(w, &removed(&[11])).unwrap();
+    assert_eq!(ix.find_matches(&query(&[1])).depth(w), 0);
+    assert_eq!(ix.block_count(w), 0);
+}
+
+#[test]
+fn engine_hash_reused_for_other_tokens_moves_the_block() {
+    let mut ix = index();
+    let w = WorkerId(1);
+    ix.apply(w, &stored(None, &[10], &[1])).unwrap();
+    ix.apply(w, &stored(None, &[10], &[2])).unwrap();
+    assert_eq!(ix.find_matches(&query(&[1])).depth(w), 0);
+    assert_eq!(ix.find_matches(&query(&[2])).depth(w), 1);
+    assert_eq!(ix.block_count(w), 1);
+}
+
+#[test]
+fn more_than_64_workers_use_further_words() {
+    let mut ix = index();
+    for w in 0..200u64 {
+        // Worker w holds the first (w % 5) + 1 blocks of the shared prompt.
+        let n = (w % 5) as usize + 1;
+        let hashes: Vec<u64> = (0..n as u64).map(|i| w * 100 + i).collect();
+        let ids: Vec<u32> = (1..=n as u32).collect();
+        ix.apply(WorkerId(w), &stored(None, &hashes, &ids)).unwrap();
+    }
+    let m = ix.find_matches(&query(&[1, 2, 3, 4, 5, 6]));
+    for w in 0..200u64 {
+        assert_eq!(m.depth(WorkerId(w)), (w % 5) as usize + 1, "worker {w}");
+    }
+    ix.remove_worker(WorkerId(150));
+    assert_eq!(ix.find_matches(&query(&[1])).depth(WorkerId(150)), 0);
+    assert_eq!(ix.find_matches(&query(&[1])).iter().count(), 199);
+}
+
+#[test]
+fn worker_limit_is_enforced() {
+    let mut ix = PrefixIndex::with_max_workers(BlockSize::new(BS).unwrap(), 2);
+    ix.add_worker(WorkerId(1)).unwrap();
+    ix.add_worker(WorkerId(2)).unwrap();
+    let e = ix
+        .apply(WorkerId(3), &stored(None, &[1], &[1]))
+        .unwrap_err();
+    assert_eq!(e.kind(), RejectKind::TooManyWorkers);
+    ix.remove_worker(WorkerId(1));
+    ix.apply(WorkerId(3), &stored(None, &[1], &[1])).unwrap();
+}
+
+#[test]
+fn memory_grows_with_entries() {
+    let mut ix = index();
+    let empty = ix.memory_bytes();
+    let ids: Vec<u32> = (0..1000).collect();
+    let hashes: Vec<u64> = (0..1000).collect();
+    ix.apply(WorkerId(1), &stored(None, &hashes, &ids)).unwrap();
+    let per_entry = (ix.memory_bytes() - empty) / ix.entries();
+    assert!((17..=128).contains(&per_entry), "{per_entry}");
+}
+
+#[test]
+fn table_bytes_follows_hashbrown_capacity() {
+    let mut m: Map<u64, u64> = Map::default();
+    m.insert(1, 1);
+    assert_eq!(table_bytes::<u64, u64>(m.capacity()), 4 * 17 + 16);
+    for i in 0..100 {
+        m.insert(i, i);
+    }
+    assert_eq!(m.capacity(), 112);
+    assert_eq!(table_bytes::<u64, u64>(m.capacity()), 128 * 17 + 16);
+}

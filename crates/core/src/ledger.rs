@@ -1,0 +1,322 @@
+//! The load ledger: what the router has put on each worker and not yet seen finish.
+//!
+//! Booked on dispatch ([`LoadLedger::book`]), partly released on the first token
+//! ([`LoadLedger::first_token`]: the request's prefill is done) and fully released on
+//! completion or failure ([`LoadLedger::finish`]). Per worker it keeps outstanding prefill
+//! tokens, active KV blocks of in-flight requests (a prefix block shared by several in-flight
+//! requests counts once) and in-flight requests. From the observed first-token times it
+//! learns each worker's prefill speed ([`PrefillFit`]), which the predictive policy uses.
+
+mod fit;
+
+pub use fit::{PrefillEstimate, PrefillFit};
+
+use crate::hashing::SequenceHash;
+use crate::types::{RequestId, Time, WorkerId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+type Map<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The default limit on requests in flight in one ledger.
+pub const DEFAULT_MAX_INFLIGHT: usize = 1_000_000;
+
+/// What a worker can hold, when known (engine metrics or configuration).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerCapacity {
+    /// KV cache blocks of the worker.
+    pub kv_blocks: Option<u64>,
+    /// Most sequences the worker runs at once (`max_num_seqs`).
+    pub max_batch: Option<u32>,
+}
+
+/// Load an engine reported about itself (metrics scrape or load events).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineLoad {
+    /// Requests running.
+    pub running: u32,
+    /// Requests waiting in the engine's queue.
+    pub waiting: u32,
+    /// Fraction of the KV cache in use, 0..=1.
+    pub kv_usage: f64,
+}
+
+/// One worker's booked load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkerLoad {
+    /// Requests dispatched and not finished.
+    pub inflight: u32,
+    /// Uncached prompt tokens of in-flight requests that have no first token yet.
+    pub prefill_tokens: u64,
+    /// KV blocks of in-flight requests (shared full blocks once, partial tails each).
+    pub active_blocks: u64,
+    /// The engine's own report, when one arrived.
+    pub engine: Option<EngineLoad>,
+}
+
+/// A request being dispatched to a worker.
+#[derive(Clone, Copy, Debug)]
+pub struct Booking<'a> {
+    /// The request.
+    pub request: RequestId,
+    /// The chosen worker.
+    pub worker: WorkerId,
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens the router expects the worker to have cached.
+    pub cached_tokens: usize,
+    /// Sequence hashes of the prompt's full blocks.
+    pub blocks: &'a [SequenceHash],
+}
+
+/// Ledger misuse, reported rather than panicking.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    /// The worker was never added (or was removed).
+    #[error("worker {0} is not registered")]
+    UnknownWorker(WorkerId),
+    /// The request is already booked.
+    #[error("request {0} is already in flight")]
+    DuplicateRequest(RequestId),
+    /// The request is not in flight (never booked, or already finished).
+    #[error("request {0} is not in flight")]
+    UnknownRequest(RequestId),
+    /// Too many requests in flight.
+    #[error("the ledger already tracks its limit of {0} requests in flight")]
+    TooManyInflight(usize),
+}
+
+struct Inflight {
+    worker: WorkerId,
+    booked_at: Time,
+    /// The worker incarnation booked (a removed and re-added worker starts afresh).
+    generation: u64,
+    /// Uncached tokens of this request counted as outstanding prefill.
+    prefill_tokens: u64,
+    /// True once the first token released `prefill_tokens`.
+    prefilled: bool,
+    /// Prefill work ahead of and including this request at booking: the fit's x.
+    work_tokens: u64,
+    blocks: Box<[u64]>,
+    partial_block: bool,
+}
+
+#[derive(Default)]
+struct WorkerState {
+    generation: u64,
+    load: WorkerLoad,
+    capacity: WorkerCapacity,
+    /// In-flight count per active full block.
+    active: Map<u64, u32>,
+    partial_blocks: u64,
+    fit: PrefillFit,
+    /// Exponentially weighted mean of dispatch-to-finish seconds.
+    service_secs: Option<f64>,
+}
+
+impl WorkerState {
+    fn refresh_blocks(&mut self) {
+        self.load.active_blocks = self.active.len() as u64 + self.partial_blocks;
+    }
+}
+
+/// The per-worker load ledger. Workers iterate in id order (deterministic).
+pub struct LoadLedger {
+    block_size: usize,
+    max_inflight: usize,
+    workers: BTreeMap<WorkerId, WorkerState>,
+    requests: Map<RequestId, Inflight>,
+    generations: u64,
+}
+
+/// Weight of a new sample in the service-time mean (about the last 32 requests).
+const SERVICE_ALPHA: f64 = 1.0 / 32.0;
+
+impl LoadLedger {
+    /// An empty ledger for blocks of `block_size` tokens.
+    pub fn new(block_size: crate::BlockSize) -> Self {
+        Self::with_max_inflight(block_size, DEFAULT_MAX_INFLIGHT)
+    }
+
+    /// An empty ledger tracking at most `max_inflight` requests.
+    pub fn with_max_inflight(block_size: crate::BlockSize, max_inflight: usize) -> Self {
+        Self {
+            block_size: block_size.get(),
+            max_inflight,
+            workers: BTreeMap::new(),
+            requests: Map::default(),
+            generations: 0,
+        }
+    }
+
+    /// Registers a worker (or updates its capacity).
+    pub fn add_worker(&mut self, worker: WorkerId, capacity: WorkerCapacity) {
+        let generations = &mut self.generations;
+        self.workers
+            .entry(worker)
+            .or_insert_with(|| {
+                *generations += 1;
+                WorkerState {
+                    generation: *generations,
+                    ..WorkerState::default()
+                }
+            })
+            .capacity = capacity;
+    }
+
+    /// Forgets a worker. Its in-flight requests stay booked until finished, but no longer
+    /// count anywhere.
+    pub fn remove_worker(&mut self, worker: WorkerId) {
+        self.workers.remove(&worker);
+    }
+
+    /// Records an engine's own load report.
+    pub fn report_engine_load(
+        &mut self,
+        worker: WorkerId,
+        load: EngineLoad,
+    ) -> Result<(), LedgerError> {
+        let w = self
+            .workers
+            .get_mut(&worker)
+            .ok_or(LedgerError::UnknownWorker(worker))?;
+        w.load.engine = Some(load);
+        Ok(())
+    }
+
+    /// Registered workers in id order.
+    pub fn workers(&self) -> impl Iterator<Item = WorkerId> + '_ {
+        self.workers.keys().copied()
+    }
+
+    /// Number of registered workers.
+    pub fn worker_count(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// A worker's booked load.
+    pub fn load(&self, worker: WorkerId) -> Option<WorkerLoad> {
+        self.workers.get(&worker).map(|w| w.load)
+    }
+
+    /// A worker's capacity.
+    pub fn capacity(&self, worker: WorkerId) -> Option<WorkerCapacity> {
+        self.workers.get(&worker).map(|w| w.capacity)
+    }
+
+    /// A worker's learned prefill speed, when it has served a first token.
+    pub fn prefill_estimate(&self, worker: WorkerId) -> Option<PrefillEstimate> {
+        self.workers.get(&worker).and_then(|w| w.fit.estimate())
+    }
+
+    /// A worker's mean dispatch-to-finish time in seconds, when a request finished there.
+    pub fn service_secs(&self, worker: WorkerId) -> Option<f64> {
+        self.workers.get(&worker).and_then(|w| w.service_secs)
+    }
+
+    /// Requests in flight.
+    pub fn inflight(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Books a request on its worker at `now`.
+    pub fn book(&mut self, b: &Booking<'_>, now: Time) -> Result<(), LedgerError> {
+        if self.requests.contains_key(&b.request) {
+            return Err(LedgerError::DuplicateRequest(b.request));
+        }
+        if self.requests.len() >= self.max_inflight {
+            return Err(LedgerError::TooManyInflight(self.max_inflight));
+        }
+        let w = self
+            .workers
+            .get_mut(&b.worker)
+            .ok_or(LedgerError::UnknownWorker(b.worker))?;
+        let uncached = b.prompt_tokens.saturating_sub(b.cached_tokens) as u64;
+        let full = b.blocks.len().min(b.prompt_tokens / self.block_size);
+        let blocks: Box<[u64]> = b.blocks[..full].iter().map(|s| s.0).collect();
+        for s in blocks.iter() {
+            *w.active.entry(*s).or_insert(0) += 1;
+        }
+        let partial_block = b.prompt_tokens > full * self.block_size;
+        w.partial_blocks += u64::from(partial_block);
+        w.load.inflight += 1;
+        w.load.prefill_tokens += uncached;
+        w.refresh_blocks();
+        self.requests.insert(
+            b.request,
+            Inflight {
+                worker: b.worker,
+                booked_at: now,
+                generation: w.generation,
+                prefill_tokens: uncached,
+                prefilled: false,
+                work_tokens: w.load.prefill_tokens,
+                blocks,
+                partial_block,
+            },
+        );
+        Ok(())
+    }
+
+    /// The request produced its first token at `now`: its prefill is no longer outstanding,
+    /// and the time it took teaches the worker's prefill fit. Repeated calls are no-ops.
+    pub fn first_token(&mut self, request: RequestId, now: Time) -> Result<(), LedgerError> {
+        let r = self
+            .requests
+            .get_mut(&request)
+            .ok_or(LedgerError::UnknownRequest(request))?;
+        if r.prefilled {
+            return Ok(());
+        }
+        r.prefilled = true;
+        if let Some(w) = self
+            .workers
+            .get_mut(&r.worker)
+            .filter(|w| w.generation == r.generation)
+        {
+            w.load.prefill_tokens = w.load.prefill_tokens.saturating_sub(r.prefill_tokens);
+            w.fit
+                .observe(r.work_tokens as f64, now.since(r.booked_at).as_secs_f64());
+        }
+        Ok(())
+    }
+
+    /// The request finished at `now` (completed, failed or cancelled): all its load is
+    /// released.
+    pub fn finish(&mut self, request: RequestId, now: Time) -> Result<(), LedgerError> {
+        let r = self
+            .requests
+            .remove(&request)
+            .ok_or(LedgerError::UnknownRequest(request))?;
+        let Some(w) = self
+            .workers
+            .get_mut(&r.worker)
+            .filter(|w| w.generation == r.generation)
+        else {
+            return Ok(());
+        };
+        if !r.prefilled {
+            w.load.prefill_tokens = w.load.prefill_tokens.saturating_sub(r.prefill_tokens);
+        }
+        for s in r.blocks.iter() {
+            if let Some(c) = w.active.get_mut(s) {
+                *c -= 1;
+                if *c == 0 {
+                    w.active.remove(s);
+                }
+            }
+        }
+        w.partial_blocks -= u64::from(r.partial_block).min(w.partial_blocks);
+        w.load.inflight = w.load.inflight.saturating_sub(1);
+        w.refresh_blocks();
+        let secs = now.since(r.booked_at).as_secs_f64();
+        w.service_secs = Some(match w.service_secs {
+            None => secs,
+            Some(m) => m + SERVICE_ALPHA * (secs - m),
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

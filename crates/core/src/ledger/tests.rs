@@ -1,0 +1,156 @@
+use super::*;
+use crate::hashing::{sequence_hashes, LocalBlockHash};
+use crate::BlockSize;
+
+fn ledger() -> LoadLedger {
+    let mut l = LoadLedger::new(BlockSize::new(16).unwrap());
+    l.add_worker(WorkerId(1), WorkerCapacity::default());
+    l.add_worker(WorkerId(2), WorkerCapacity::default());
+    l
+}
+
+fn seqs(ids: &[u64]) -> Vec<SequenceHash> {
+    sequence_hashes(&ids.iter().map(|i| LocalBlockHash(*i)).collect::<Vec<_>>())
+}
+
+fn book(
+    l: &mut LoadLedger,
+    id: u64,
+    w: u64,
+    tokens: usize,
+    cached: usize,
+    blocks: &[SequenceHash],
+) {
+    l.book(
+        &Booking {
+            request: RequestId(id),
+            worker: WorkerId(w),
+            prompt_tokens: tokens,
+            cached_tokens: cached,
+            blocks,
+        },
+        Time::from_millis(id),
+    )
+    .unwrap();
+}
+
+#[test]
+fn shared_prefix_blocks_count_once() {
+    let mut l = ledger();
+    let a = seqs(&[1, 2, 3]);
+    let b = seqs(&[1, 2, 4]);
+    book(&mut l, 1, 1, 50, 0, &a); // 3 full blocks + partial
+    book(&mut l, 2, 1, 48, 32, &b); // 3 full blocks, 2 shared
+    let w = l.load(WorkerId(1)).unwrap();
+    assert_eq!(w.inflight, 2);
+    assert_eq!(w.prefill_tokens, 50 + 16);
+    assert_eq!(w.active_blocks, 4 + 1);
+    l.first_token(RequestId(1), Time::from_millis(100)).unwrap();
+    assert_eq!(l.load(WorkerId(1)).unwrap().prefill_tokens, 16);
+    l.finish(RequestId(1), Time::from_millis(200)).unwrap();
+    let w = l.load(WorkerId(1)).unwrap();
+    assert_eq!((w.inflight, w.prefill_tokens, w.active_blocks), (1, 16, 3));
+    l.finish(RequestId(2), Time::from_millis(200)).unwrap();
+    assert_eq!(l.load(WorkerId(1)).unwrap(), WorkerLoad::default());
+    assert_eq!(l.inflight(), 0);
+}
+
+#[test]
+fn finish_without_first_token_releases_prefill() {
+    let mut l = ledger();
+    book(&mut l, 7, 2, 100, 0, &seqs(&[1, 2, 3, 4, 5, 6]));
+    l.finish(RequestId(7), Time::from_millis(50)).unwrap();
+    assert_eq!(l.load(WorkerId(2)).unwrap(), WorkerLoad::default());
+    assert!(
+        l.prefill_estimate(WorkerId(2)).is_none(),
+        "failures teach no prefill speed"
+    );
+    assert!(l.service_secs(WorkerId(2)).is_some());
+}
+
+#[test]
+fn misuse_is_reported() {
+    let mut l = ledger();
+    let s = seqs(&[1]);
+    book(&mut l, 1, 1, 16, 0, &s);
+    let dup = Booking {
+        request: RequestId(1),
+        worker: WorkerId(1),
+        prompt_tokens: 16,
+        cached_tokens: 0,
+        blocks: &s,
+    };
+    assert_eq!(
+        l.book(&dup, Time::ZERO),
+        Err(LedgerError::DuplicateRequest(RequestId(1)))
+    );
+    let unknown = Booking {
+        request: RequestId(2),
+        worker: WorkerId(9),
+        ..dup
+    };
+    assert_eq!(
+        l.book(&unknown, Time::ZERO),
+        Err(LedgerError::UnknownWorker(WorkerId(9)))
+    );
+    assert_eq!(
+        l.first_token(RequestId(5), Time::ZERO),
+        Err(LedgerError::UnknownRequest(RequestId(5)))
+    );
+    l.first_token(RequestId(1), Time::from_millis(10)).unwrap();
+    l.first_token(RequestId(1), Time::from_millis(20)).unwrap();
+    l.finish(RequestId(1), Time::from_millis(30)).unwrap();
+    assert_eq!(
+        l.finish(RequestId(1), Time::ZERO),
+        Err(LedgerError::UnknownRequest(RequestId(1)))
+    );
+    let mut small = LoadLedger::with_max_inflight(BlockSize::new(16).unwrap(), 1);
+    small.add_worker(WorkerId(1), WorkerCapacity::default());
+    book(&mut small, 1, 1, 16, 0, &s);
+    let more = Booking {
+        request: RequestId(2),
+        ..dup
+    };
+    assert_eq!(
+        small.book(&more, Time::ZERO),
+        Err(LedgerError::TooManyInflight(1))
+    );
+}
+
+#[test]
+fn removed_worker_does_not_leak_into_its_successor() {
+    let mut l = ledger();
+    book(&mut l, 1, 1, 40, 0, &seqs(&[1, 2]));
+    l.remove_worker(WorkerId(1));
+    l.add_worker(WorkerId(1), WorkerCapacity::default());
+    book(&mut l, 2, 1, 40, 0, &seqs(&[1, 2]));
+    l.finish(RequestId(1), Time::from_millis(9)).unwrap();
+    let w = l.load(WorkerId(1)).unwrap();
+    assert_eq!((w.inflight, w.prefill_tokens, w.active_blocks), (1, 40, 3));
+}
+
+#[test]
+fn first_tokens_teach_the_prefill_speed() {
+    let mut l = ledger();
+    for i in 0..20u64 {
+        let tokens = 1_000 + 100 * i as usize;
+        book(&mut l, 100 + i, 1, tokens, 0, &[]);
+        let booked = Time::from_millis(100 + i);
+        // 10,000 tokens/s, 5 ms overhead.
+        let ttft = 0.005 + tokens as f64 / 10_000.0;
+        l.first_token(
+            RequestId(100 + i),
+            booked.plus(std::time::Duration::from_secs_f64(ttft)),
+        )
+        .unwrap();
+        l.finish(
+            RequestId(100 + i),
+            booked.plus(std::time::Duration::from_secs(1)),
+        )
+        .unwrap();
+    }
+    let e = l.prefill_estimate(WorkerId(1)).unwrap();
+    assert!((1.0 / e.secs_per_token - 10_000.0).abs() < 50.0, "{e:?}");
+    assert!((e.overhead_secs - 0.005).abs() < 1e-3, "{e:?}");
+    assert!((l.service_secs(WorkerId(1)).unwrap() - 1.0).abs() < 1e-6);
+}

@@ -1,0 +1,368 @@
+//! The router: prefix index + load ledger + policy + admission behind one facade, the object
+//! the gateway and the simulator both drive.
+//!
+//! [`Router::route`] is pure (it looks, it does not touch); [`Router::dispatch`] books the
+//! chosen worker; [`Router::first_token`] and [`Router::finish`] release it. KV events go to
+//! [`Router::apply_event`]; in approximate mode the router records its own guesses instead.
+
+mod explain;
+
+pub use explain::{Explanation, WorkerExplanation};
+
+use crate::admission::{
+    AdmissionConfig, AdmissionDecision, AdmissionMode, QueueState, RejectReason,
+};
+use crate::hashing::BlockedPrompt;
+use crate::index::{ApproxConfig, ApproxIndex, IndexError, KvEvent, Matches, PrefixIndex};
+use crate::ledger::{Booking, LedgerError, LoadLedger, WorkerCapacity};
+use crate::policy::{Candidate, Choice, Policy, PolicyConfig, PolicyInput};
+use crate::types::{BlockSize, RequestId, Time, WorkerId};
+use serde::{Deserialize, Serialize};
+
+/// Router settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    /// KV block size in tokens; must equal the engines'.
+    pub block_size: usize,
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// The policy.
+    pub policy: PolicyConfig,
+    /// Admission.
+    pub admission: AdmissionConfig,
+    /// Approximate mode (engines without KV events) when set.
+    pub approx: Option<ApproxConfig>,
+    /// Soft preference for a session's previous worker: its cost is multiplied by
+    /// `1 - affinity_bias` (0 = off, up to 1).
+    pub affinity_bias: f64,
+    /// Most workers tracked.
+    pub max_workers: usize,
+    /// Most requests in flight.
+    pub max_inflight: usize,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 16,
+            seed: 0,
+            policy: PolicyConfig::default(),
+            admission: AdmissionConfig::default(),
+            approx: None,
+            affinity_bias: 0.0,
+            max_workers: crate::index::DEFAULT_MAX_WORKERS,
+            max_inflight: crate::ledger::DEFAULT_MAX_INFLIGHT,
+        }
+    }
+}
+
+impl RouterConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), RouteError> {
+        let bad = RouteError::Config;
+        BlockSize::new(self.block_size).map_err(|e| bad(e.to_string()))?;
+        self.policy.validate().map_err(bad)?;
+        self.admission.validate().map_err(bad)?;
+        if let Some(a) = &self.approx {
+            a.validate().map_err(bad)?;
+        }
+        if !(0.0..=1.0).contains(&self.affinity_bias) {
+            return Err(bad(format!(
+                "affinity_bias must be within 0..=1, got {}",
+                self.affinity_bias
+            )));
+        }
+        if self.max_workers == 0 || self.max_inflight == 0 {
+            return Err(bad("max_workers and max_inflight must be > 0".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Router errors.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RouteError {
+    /// Invalid settings.
+    #[error("invalid router config: {0}")]
+    Config(String),
+    /// The index refused a change.
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    /// The ledger refused a change.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+/// A request to route.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteRequest<'a> {
+    /// The prompt, cut into blocks.
+    pub prompt: &'a BlockedPrompt,
+    /// The worker the request's session last went to.
+    pub affinity: Option<WorkerId>,
+    /// The gateway's queue now (not counting this request).
+    pub queue: QueueState,
+}
+
+/// The worker chosen for a request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Selection {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Leading prompt blocks it holds.
+    pub matched_blocks: usize,
+    /// Prompt tokens it is expected to have cached.
+    pub cached_tokens: usize,
+    /// The policy's cost for it, if the policy has costs.
+    pub cost: Option<f64>,
+}
+
+/// What to do with a request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteOutcome {
+    /// Send it to this worker now (then call [`Router::dispatch`]).
+    Dispatch(Selection),
+    /// Every worker is busy: hold it and route again later.
+    Queue,
+    /// Reject it.
+    Reject(RejectReason),
+}
+
+/// Enum over the two index modes.
+enum Index {
+    Events(PrefixIndex),
+    Approx(ApproxIndex),
+}
+
+/// Everything one routing evaluation computed (shared by `route` and `explain`).
+struct Evaluation {
+    candidates: Vec<Candidate>,
+    /// Parallel to `candidates`: busy by the admission thresholds.
+    busy: Vec<bool>,
+    /// Parallel to `candidates`: offered to the policy.
+    eligible: Vec<bool>,
+    decision: AdmissionDecision,
+    /// Indexes into `candidates` of the eligible ones, and the policy's answer over them.
+    choice: Option<(Vec<usize>, Choice)>,
+}
+
+/// The router.
+pub struct Router {
+    config: RouterConfig,
+    block_size: BlockSize,
+    index: Index,
+    ledger: LoadLedger,
+    policy: Box<dyn Policy>,
+    decisions: u64,
+}
+
+impl Router {
+    /// A router with no workers.
+    pub fn new(config: RouterConfig) -> Result<Self, RouteError> {
+        config.validate()?;
+        let block_size =
+            BlockSize::new(config.block_size).map_err(|e| RouteError::Config(e.to_string()))?;
+        let index = match &config.approx {
+            None => Index::Events(PrefixIndex::with_max_workers(
+                block_size,
+                config.max_workers,
+            )),
+            Some(a) => Index::Approx(ApproxIndex::new(block_size, a)),
+        };
+        Ok(Self {
+            block_size,
+            index,
+            ledger: LoadLedger::with_max_inflight(block_size, config.max_inflight),
+            policy: config.policy.build(),
+            decisions: 0,
+            config,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    /// The block size.
+    pub fn block_size(&self) -> BlockSize {
+        self.block_size
+    }
+
+    /// The prefix index (in approximate mode, the index of guesses).
+    pub fn index(&self) -> &PrefixIndex {
+        match &self.index {
+            Index::Events(i) => i,
+            Index::Approx(a) => a.index(),
+        }
+    }
+
+    /// The load ledger.
+    pub fn ledger(&self) -> &LoadLedger {
+        &self.ledger
+    }
+
+    /// Decisions dispatched so far.
+    pub fn decisions(&self) -> u64 {
+        self.decisions
+    }
+
+    /// Registers a worker (or updates its capacity).
+    pub fn add_worker(
+        &mut self,
+        worker: WorkerId,
+        capacity: WorkerCapacity,
+    ) -> Result<(), RouteError> {
+        if let Index::Events(i) = &mut self.index {
+            i.add_worker(worker)?;
+        }
+        self.ledger.add_worker(worker, capacity);
+        Ok(())
+    }
+
+    /// Forgets a worker, its cached blocks and its load.
+    pub fn remove_worker(&mut self, worker: WorkerId) {
+        match &mut self.index {
+            Index::Events(i) => i.remove_worker(worker),
+            Index::Approx(a) => a.remove_worker(worker),
+        }
+        self.ledger.remove_worker(worker);
+    }
+
+    /// Applies a KV event of `worker`. In approximate mode events are not expected and are
+    /// ignored (the router's own guesses stand).
+    pub fn apply_event(&mut self, worker: WorkerId, event: &KvEvent) -> Result<(), IndexError> {
+        match &mut self.index {
+            Index::Events(i) => i.apply(worker, event),
+            Index::Approx(_) => Ok(()),
+        }
+    }
+
+    /// Expires approximate-mode guesses (no-op with events).
+    pub fn prune(&mut self, now: Time) {
+        if let Index::Approx(a) = &mut self.index {
+            a.prune(now);
+        }
+    }
+
+    /// Decides where `req` goes, without changing anything.
+    pub fn route(&self, req: &RouteRequest<'_>) -> RouteOutcome {
+        let ev = self.evaluate(req);
+        match (ev.decision, ev.choice) {
+            (AdmissionDecision::Dispatch, Some((ix, choice))) => {
+                let i = ix[choice.chosen];
+                let c = &ev.candidates[i];
+                RouteOutcome::Dispatch(Selection {
+                    worker: c.worker,
+                    matched_blocks: c.matched_blocks,
+                    cached_tokens: (c.matched_blocks * self.block_size.get())
+                        .min(req.prompt.tokens),
+                    cost: choice.costs[choice.chosen],
+                })
+            }
+            (AdmissionDecision::Queue, _) => RouteOutcome::Queue,
+            (AdmissionDecision::Reject(r), _) => RouteOutcome::Reject(r),
+            (AdmissionDecision::Dispatch, None) => RouteOutcome::Reject(RejectReason::NoWorkers),
+        }
+    }
+
+    /// Books `selection` for `request` at `now` (after [`Router::route`] said dispatch).
+    pub fn dispatch(
+        &mut self,
+        request: RequestId,
+        prompt: &BlockedPrompt,
+        selection: &Selection,
+        now: Time,
+    ) -> Result<(), RouteError> {
+        self.ledger.book(
+            &Booking {
+                request,
+                worker: selection.worker,
+                prompt_tokens: prompt.tokens,
+                cached_tokens: selection.cached_tokens,
+                blocks: &prompt.sequence,
+            },
+            now,
+        )?;
+        if let Index::Approx(a) = &mut self.index {
+            if let Err(e) = a.insert(selection.worker, &prompt.sequence, now) {
+                // Keep the ledger consistent with a refused dispatch.
+                let _ = self.ledger.finish(request, now);
+                return Err(e.into());
+            }
+        }
+        self.decisions += 1;
+        Ok(())
+    }
+
+    /// The request's first token arrived at `now`.
+    pub fn first_token(&mut self, request: RequestId, now: Time) -> Result<(), LedgerError> {
+        self.ledger.first_token(request, now)
+    }
+
+    /// The request completed or failed at `now`.
+    pub fn finish(&mut self, request: RequestId, now: Time) -> Result<(), LedgerError> {
+        self.ledger.finish(request, now)
+    }
+
+    fn matches(&self, prompt: &BlockedPrompt) -> Matches {
+        self.index().find_matches_seq(&prompt.sequence)
+    }
+
+    fn evaluate(&self, req: &RouteRequest<'_>) -> Evaluation {
+        let matches = self.matches(req.prompt);
+        let bs = self.block_size.get();
+        let index = self.index();
+        let candidates: Vec<Candidate> = self
+            .ledger
+            .workers()
+            .map(|w| Candidate {
+                worker: w,
+                matched_blocks: matches.depth(w),
+                cached_blocks: index.block_count(w),
+                load: self.ledger.load(w).unwrap_or_default(),
+                capacity: self.ledger.capacity(w).unwrap_or_default(),
+                prefill: self.ledger.prefill_estimate(w),
+                service_secs: self.ledger.service_secs(w),
+            })
+            .collect();
+        let adm = &self.config.admission;
+        let busy: Vec<bool> = candidates
+            .iter()
+            .map(|c| adm.is_busy(&c.load, &c.capacity, bs))
+            .collect();
+        let free = busy.iter().filter(|b| !**b).count();
+        let decision = adm.decide(candidates.len(), free, req.queue, req.prompt.tokens);
+        let eligible: Vec<bool> = busy
+            .iter()
+            .map(|b| adm.mode == AdmissionMode::None || free == 0 || !b)
+            .collect();
+        let ix: Vec<usize> = (0..candidates.len()).filter(|&i| eligible[i]).collect();
+        let dispatch = decision == AdmissionDecision::Dispatch && !ix.is_empty();
+        let choice = dispatch.then(|| {
+            let offered: Vec<Candidate> = ix.iter().map(|&i| candidates[i].clone()).collect();
+            let input = PolicyInput {
+                prompt_tokens: req.prompt.tokens,
+                block_size: bs,
+                candidates: &offered,
+                decision: self.decisions,
+                seed: self.config.seed,
+                affinity: req.affinity,
+                affinity_bias: self.config.affinity_bias,
+            };
+            (ix, self.policy.select(&input))
+        });
+        Evaluation {
+            candidates,
+            busy,
+            eligible,
+            decision,
+            choice,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

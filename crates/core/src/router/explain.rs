@@ -1,0 +1,96 @@
+//! `explain`: one routing decision laid open, for the debug endpoint and the dashboard.
+
+use super::{RouteRequest, Router};
+use crate::admission::AdmissionDecision;
+use crate::types::WorkerId;
+use serde::{Deserialize, Serialize};
+
+/// Every worker's view of one request, and the outcome.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    /// The policy that decided.
+    pub policy: String,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Full blocks of the prompt.
+    pub prompt_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// What admission decided.
+    pub decision: AdmissionDecision,
+    /// The chosen worker, when dispatched.
+    pub winner: Option<WorkerId>,
+    /// Per worker, in id order.
+    pub workers: Vec<WorkerExplanation>,
+}
+
+/// One worker's terms.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkerExplanation {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Leading prompt blocks it holds.
+    pub matched_blocks: usize,
+    /// Prompt tokens it would have to compute.
+    pub uncached_tokens: usize,
+    /// Blocks the index holds for it.
+    pub cached_blocks: usize,
+    /// Requests in flight.
+    pub inflight: u32,
+    /// Outstanding prefill tokens.
+    pub prefill_tokens: u64,
+    /// Active KV blocks.
+    pub active_blocks: u64,
+    /// Busy by the admission thresholds.
+    pub busy: bool,
+    /// Offered to the policy.
+    pub eligible: bool,
+    /// The policy's cost (lower wins), when it computes one for this worker.
+    pub cost: Option<f64>,
+    /// Whether it won.
+    pub chosen: bool,
+}
+
+impl Router {
+    /// Explains how `req` would be routed now: every worker's matched blocks, load terms,
+    /// cost, and the winner. Changes nothing.
+    pub fn explain(&self, req: &RouteRequest<'_>) -> Explanation {
+        let ev = self.evaluate(req);
+        let bs = self.block_size.get();
+        let mut costs = vec![None; ev.candidates.len()];
+        let mut winner = None;
+        if let Some((ix, choice)) = &ev.choice {
+            for (k, &i) in ix.iter().enumerate() {
+                costs[i] = choice.costs[k];
+            }
+            winner = Some(ev.candidates[ix[choice.chosen]].worker);
+        }
+        let workers = ev
+            .candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| WorkerExplanation {
+                worker: c.worker,
+                matched_blocks: c.matched_blocks,
+                uncached_tokens: req.prompt.tokens.saturating_sub(c.matched_blocks * bs),
+                cached_blocks: c.cached_blocks,
+                inflight: c.load.inflight,
+                prefill_tokens: c.load.prefill_tokens,
+                active_blocks: c.load.active_blocks,
+                busy: ev.busy[i],
+                eligible: ev.eligible[i],
+                cost: costs[i],
+                chosen: Some(c.worker) == winner,
+            })
+            .collect();
+        Explanation {
+            policy: self.policy.name().to_string(),
+            prompt_tokens: req.prompt.tokens,
+            prompt_blocks: req.prompt.full_blocks(),
+            block_size: bs,
+            decision: ev.decision,
+            winner,
+            workers,
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! Small value types shared by every part of the core.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::time::Duration;
+
+/// A worker (engine replica, or one data-parallel rank of it), named by the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct WorkerId(pub u64);
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A request, named by the caller; unique among requests in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RequestId(pub u64);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A point in time, as the time since an origin the caller chose (process start for the
+/// gateway, zero for the simulator). The core never reads a clock.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub struct Time(pub Duration);
+
+impl Time {
+    /// The origin.
+    pub const ZERO: Time = Time(Duration::ZERO);
+
+    /// Time from seconds (negative and non-finite values clamp to zero / the maximum).
+    pub fn from_secs_f64(s: f64) -> Self {
+        Time(Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX))
+    }
+
+    /// Time from milliseconds.
+    pub fn from_millis(ms: u64) -> Self {
+        Time(Duration::from_millis(ms))
+    }
+
+    /// Seconds since the origin.
+    pub fn as_secs_f64(self) -> f64 {
+        self.0.as_secs_f64()
+    }
+
+    /// `self + d`, saturating.
+    pub fn plus(self, d: Duration) -> Time {
+        Time(self.0.saturating_add(d))
+    }
+
+    /// `self - earlier`, zero when `earlier` is later.
+    pub fn since(self, earlier: Time) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+/// The KV block size in tokens: non-zero and at most 1,048,576.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "usize", into = "usize")]
+pub struct BlockSize(usize);
+
+/// A block size that is zero or absurdly large.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("block size must be between 1 and {max} tokens, got {0}", max = BlockSize::MAX)]
+pub struct InvalidBlockSize(pub usize);
+
+impl BlockSize {
+    /// The largest accepted block size.
+    pub const MAX: usize = 1 << 20;
+
+    /// Validates a block size.
+    pub fn new(tokens: usize) -> Result<Self, InvalidBlockSize> {
+        if tokens == 0 || tokens > Self::MAX {
+            Err(InvalidBlockSize(tokens))
+        } else {
+            Ok(Self(tokens))
+        }
+    }
+
+    /// Tokens per block.
+    pub fn get(self) -> usize {
+        self.0
+    }
+
+    /// Number of blocks (full or partial) that `tokens` tokens occupy.
+    pub fn blocks_for(self, tokens: usize) -> usize {
+        tokens.div_ceil(self.0)
+    }
+}
+
+impl TryFrom<usize> for BlockSize {
+    type Error = InvalidBlockSize;
+    fn try_from(v: usize) -> Result<Self, Self::Error> {
+        Self::new(v)
+    }
+}
+
+impl From<BlockSize> for usize {
+    fn from(b: BlockSize) -> usize {
+        b.0
+    }
+}
+
+impl fmt::Display for BlockSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_size_rejects_zero_and_huge() {
+        assert!(BlockSize::new(0).is_err());
+        assert!(BlockSize::new(BlockSize::MAX + 1).is_err());
+        assert_eq!(BlockSize::new(16).unwrap().blocks_for(33), 3);
+        let parsed: Result<BlockSize, _> = serde_json::from_str("0");
+        assert!(parsed.is_err());
+    }
+
+    #[test]
+    fn time_saturates() {
+        assert_eq!(Time::from_secs_f64(-1.0), Time::ZERO);
+        assert_eq!(Time::from_secs_f64(f64::NAN), Time::ZERO);
+        assert_eq!(
+            Time::from_millis(5).since(Time::from_millis(9)),
+            Duration::ZERO
+        );
+    }
+}
