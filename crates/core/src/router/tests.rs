@@ -1,1 +1,259 @@
+use super::*;
+use crate::hashing::{local_block_hashes, Namespace};
+use crate::index::StoredBlocks;
+use crate::policy::PolicyKind;
+use crate::EngineHash;
 
+const BS: usize = 16;
+
+fn router(kind: PolicyKind, admission: AdmissionConfig) -> Router {
+    let mut cfg = RouterConfig {
+        block_size: BS,
+        admission,
+        ..RouterConfig::default()
+    };
+    cfg.policy.kind = kind;
+    let mut r = Router::new(cfg).unwrap();
+    for w in 1..=3 {
+        r.add_worker(
+            WorkerId(w),
+            WorkerCapacity {
+                kv_blocks: Some(1_000),
+                max_batch: Some(64),
+            },
+        )
+        .unwrap();
+    }
+    r
+}
+
+fn tokens(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| i.wrapping_mul(31).wrapping_add(salt))
+        .collect()
+}
+
+fn prompt(t: &[u32]) -> BlockedPrompt {
+    BlockedPrompt::new(t, BlockSize::new(BS).unwrap(), Namespace::default())
+}
+
+fn store(r: &mut Router, w: u64, t: &[u32]) {
+    let n = t.len() / BS;
+    r.apply_event(
+        WorkerId(w),
+        &KvEvent::Stored(StoredBlocks {
+            parent: None,
+            block_hashes: (0..n as u64).map(|i| EngineHash(w << 32 | i)).collect(),
+            token_ids: t[..n * BS].to_vec(),
+            block_size: BS,
+            namespace: Namespace::default(),
+        }),
+    )
+    .unwrap();
+}
+
+fn req(p: &BlockedPrompt) -> RouteRequest<'_> {
+    RouteRequest {
+        prompt: p,
+        affinity: None,
+        queue: QueueState::default(),
+    }
+}
+
+#[test]
+fn kv_routes_to_the_worker_holding_the_prefix() {
+    let mut r = router(PolicyKind::Kv, AdmissionConfig::default());
+    let t = tokens(1_000, 7);
+    store(&mut r, 2, &t[..640]);
+    let p = prompt(&t);
+    let RouteOutcome::Dispatch(sel) = r.route(&req(&p)) else {
+        panic!("expected dispatch")
+    };
+    assert_eq!(sel.worker, WorkerId(2));
+    assert_eq!(sel.matched_blocks, 40);
+    assert_eq!(sel.cached_tokens, 640);
+    assert_eq!(sel.cost, Some((1_000.0 - 640.0) / 16.0));
+    // route has no side effects.
+    assert_eq!(r.route(&req(&p)), RouteOutcome::Dispatch(sel.clone()));
+    assert_eq!(r.ledger().inflight(), 0);
+    r.dispatch(RequestId(1), &p, &sel, Time::ZERO).unwrap();
+    let load = r.ledger().load(WorkerId(2)).unwrap();
+    assert_eq!(
+        (load.inflight, load.prefill_tokens, load.active_blocks),
+        (1, 360, 63)
+    );
+    r.first_token(RequestId(1), Time::from_millis(40)).unwrap();
+    r.finish(RequestId(1), Time::from_millis(900)).unwrap();
+    assert_eq!(r.ledger().load(WorkerId(2)).unwrap().inflight, 0);
+    assert!(r.ledger().prefill_estimate(WorkerId(2)).is_some());
+}
+
+#[test]
+fn round_robin_advances_only_on_dispatch() {
+    let mut r = router(PolicyKind::RoundRobin, AdmissionConfig::default());
+    let p = prompt(&tokens(40, 1));
+    let mut seen = Vec::new();
+    for i in 0..6 {
+        let RouteOutcome::Dispatch(a) = r.route(&req(&p)) else {
+            panic!()
+        };
+        let RouteOutcome::Dispatch(b) = r.route(&req(&p)) else {
+            panic!()
+        };
+        assert_eq!(a, b);
+        r.dispatch(RequestId(i), &p, &a, Time::ZERO).unwrap();
+        seen.push(a.worker.0);
+    }
+    assert_eq!(seen, vec![1, 2, 3, 1, 2, 3]);
+}
+
+#[test]
+fn busy_workers_are_skipped_then_queued_or_shed() {
+    let adm = AdmissionConfig {
+        busy_prefill_tokens: Some(500),
+        ..AdmissionConfig::default()
+    };
+    let mut r = router(PolicyKind::Kv, adm.clone());
+    let t = tokens(600, 3);
+    store(&mut r, 1, &t);
+    let p = prompt(&t);
+    let load_up = |r: &mut Router, id: u64, w: u64| {
+        let other = prompt(&tokens(600, 100 + id as u32));
+        let sel = Selection {
+            worker: WorkerId(w),
+            matched_blocks: 0,
+            cached_tokens: 0,
+            cost: None,
+        };
+        r.dispatch(RequestId(id), &other, &sel, Time::ZERO).unwrap();
+    };
+    let RouteOutcome::Dispatch(s) = r.route(&req(&p)) else {
+        panic!()
+    };
+    assert_eq!(s.worker, WorkerId(1), "the prefix holder while it is free");
+    load_up(&mut r, 1, 1);
+    let RouteOutcome::Dispatch(s) = r.route(&req(&p)) else {
+        panic!()
+    };
+    assert_ne!(
+        s.worker,
+        WorkerId(1),
+        "busy worker skipped despite its cache"
+    );
+    load_up(&mut r, 2, 2);
+    let RouteOutcome::Dispatch(s) = r.route(&req(&p)) else {
+        panic!()
+    };
+    assert_eq!(s.worker, WorkerId(3), "the only free worker");
+    let ex = r.explain(&req(&p));
+    assert_eq!(ex.winner, Some(WorkerId(3)));
+    assert!(ex.workers[0].busy && !ex.workers[0].eligible && ex.workers[0].cost.is_none());
+    assert_eq!(ex.workers[0].matched_blocks, 37);
+    load_up(&mut r, 3, 3);
+    assert_eq!(r.route(&req(&p)), RouteOutcome::Queue);
+    let mut shed = AdmissionConfig {
+        mode: AdmissionMode::Shed,
+        ..adm
+    };
+    r.config.admission = shed.clone();
+    assert_eq!(
+        r.route(&req(&p)),
+        RouteOutcome::Reject(RejectReason::AllWorkersBusy)
+    );
+    shed.mode = AdmissionMode::None;
+    r.config.admission = shed;
+    assert!(matches!(r.route(&req(&p)), RouteOutcome::Dispatch(_)));
+}
+
+#[test]
+fn no_workers_is_a_rejection_not_a_panic() {
+    let r = Router::new(RouterConfig::default()).unwrap();
+    let p = prompt(&tokens(100, 1));
+    assert_eq!(
+        r.route(&req(&p)),
+        RouteOutcome::Reject(RejectReason::NoWorkers)
+    );
+    let ex = r.explain(&req(&p));
+    assert!(ex.workers.is_empty() && ex.winner.is_none());
+}
+
+#[test]
+fn approximate_mode_learns_from_its_own_routing() {
+    let cfg = RouterConfig {
+        block_size: BS,
+        approx: Some(ApproxConfig {
+            ttl_secs: 60.0,
+            max_blocks_per_worker: 10_000,
+        }),
+        policy: PolicyConfig {
+            kind: crate::policy::PolicyKind::Kv,
+            ..PolicyConfig::default()
+        },
+        ..RouterConfig::default()
+    };
+    let mut r = Router::new(cfg).unwrap();
+    for w in 1..=4 {
+        r.add_worker(WorkerId(w), WorkerCapacity::default())
+            .unwrap();
+    }
+    let t = tokens(800, 9);
+    let p = prompt(&t);
+    let RouteOutcome::Dispatch(first) = r.route(&req(&p)) else {
+        panic!()
+    };
+    r.dispatch(RequestId(1), &p, &first, Time::ZERO).unwrap();
+    r.finish(RequestId(1), Time::from_millis(500)).unwrap();
+    let follow = prompt(&[t.clone(), tokens(200, 5)].concat());
+    let RouteOutcome::Dispatch(second) = r.route(&req(&follow)) else {
+        panic!()
+    };
+    assert_eq!(second.worker, first.worker);
+    assert_eq!(second.matched_blocks, 50);
+    r.prune(Time::from_millis(61_000));
+    let RouteOutcome::Dispatch(third) = r.route(&req(&follow)) else {
+        panic!()
+    };
+    assert_eq!(third.matched_blocks, 0, "guesses expired");
+}
+
+#[test]
+fn explain_serialises_every_worker() {
+    let mut r = router(PolicyKind::Kv, AdmissionConfig::default());
+    let t = tokens(320, 2);
+    store(&mut r, 3, &t);
+    let p = prompt(&t);
+    let ex = r.explain(&req(&p));
+    assert_eq!(ex.policy, "kv");
+    assert_eq!(ex.winner, Some(WorkerId(3)));
+    assert_eq!(ex.workers.len(), 3);
+    assert_eq!(ex.workers.iter().filter(|w| w.chosen).count(), 1);
+    let json = serde_json::to_value(&ex).unwrap();
+    assert_eq!(json["workers"][2]["matched_blocks"], 20);
+    assert_eq!(json["decision"], "dispatch");
+    let expect = local_block_hashes(&t, BS, Namespace::default()).len();
+    assert_eq!(ex.prompt_blocks, expect);
+}
+
+#[test]
+fn invalid_config_is_refused() {
+    for cfg in [
+        RouterConfig {
+            block_size: 0,
+            ..RouterConfig::default()
+        },
+        RouterConfig {
+            affinity_bias: 2.0,
+            ..RouterConfig::default()
+        },
+        RouterConfig {
+            max_inflight: 0,
+            ..RouterConfig::default()
+        },
+    ] {
+        assert!(matches!(Router::new(cfg), Err(RouteError::Config(_))));
+    }
+    let json = r#"{"block_size": 32, "policy": {"kind": "kv", "kv": {"overlap_weight": 2.0}}}"#;
+    let cfg: RouterConfig = serde_json::from_str(json).unwrap();
+    assert_eq!(cfg.policy.kv.overlap_weight, 2.0);
+    assert!(serde_json::from_str::<RouterConfig>(r#"{"blocksize": 32}"#).is_err());
+}
