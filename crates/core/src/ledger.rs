@@ -54,6 +54,21 @@ pub struct WorkerLoad {
     pub engine: Option<EngineLoad>,
 }
 
+/// One worker as the ledger knows it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WorkerView {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Booked load.
+    pub load: WorkerLoad,
+    /// Known capacity.
+    pub capacity: WorkerCapacity,
+    /// Learned prefill speed.
+    pub prefill: Option<PrefillEstimate>,
+    /// Mean dispatch-to-finish seconds.
+    pub service_secs: Option<f64>,
+}
+
 /// A request being dispatched to a worker.
 #[derive(Clone, Copy, Debug)]
 pub struct Booking<'a> {
@@ -187,6 +202,18 @@ impl LoadLedger {
     /// Registered workers in id order.
     pub fn workers(&self) -> impl Iterator<Item = WorkerId> + '_ {
         self.workers.keys().copied()
+    }
+
+    /// Every registered worker's booked load, capacity and learned figures, in id order (one
+    /// pass, for routing).
+    pub fn views(&self) -> impl Iterator<Item = WorkerView> + '_ {
+        self.workers.iter().map(|(&worker, w)| WorkerView {
+            worker,
+            load: w.load,
+            capacity: w.capacity,
+            prefill: w.fit.estimate(),
+            service_secs: w.service_secs,
+        })
     }
 
     /// Number of registered workers.

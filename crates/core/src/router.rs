@@ -317,15 +317,15 @@ impl Router {
         let index = self.index();
         let candidates: Vec<Candidate> = self
             .ledger
-            .workers()
-            .map(|w| Candidate {
-                worker: w,
-                matched_blocks: matches.depth(w),
-                cached_blocks: index.block_count(w),
-                load: self.ledger.load(w).unwrap_or_default(),
-                capacity: self.ledger.capacity(w).unwrap_or_default(),
-                prefill: self.ledger.prefill_estimate(w),
-                service_secs: self.ledger.service_secs(w),
+            .views()
+            .map(|v| Candidate {
+                worker: v.worker,
+                matched_blocks: matches.depth(v.worker),
+                cached_blocks: index.block_count(v.worker),
+                load: v.load,
+                capacity: v.capacity,
+                prefill: v.prefill,
+                service_secs: v.service_secs,
             })
             .collect();
         let adm = &self.config.admission;
