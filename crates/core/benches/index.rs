@@ -38,6 +38,9 @@ const WORST_BASE: u64 = 1 << 40;
 const MISS_BASE: u64 = 1 << 41;
 const APPLY_BASE: u64 = 1 << 42;
 const APPLY_BIG_BASE: u64 = 1 << 43;
+const CHURN_BASE: u64 = 1 << 44;
+/// Distinct event sets of the churn bench (each 2,048 blocks): about 1M blocks in all.
+const CHURN_SETS: usize = 512;
 
 /// The splitmix64 finaliser: a well-mixed 64-bit function of `x`.
 fn mix(x: u64) -> u64 {
@@ -298,6 +301,51 @@ fn bench_apply(c: &mut Criterion, index: &mut PrefixIndex, group: &str, base: u6
     assert_eq!(index.entries(), before);
 }
 
+/// Churn at a steady size, the shape of a real event stream: engines store new chains while
+/// evicting old ones. `CHURN_SETS` distinct event sets are cycled through (so the keys are
+/// not cache-warm from the previous iteration), `CHURN_WINDOW` of them stored at any time;
+/// each iteration stores one set and removes the oldest.
+fn bench_churn(c: &mut Criterion, index: &mut PrefixIndex, base: u64, sets: usize) {
+    let window = sets / 2;
+    let per_set = APPLY_CHAINS * APPLY_CHAIN_BLOCKS as u64;
+    let all: Vec<(Events, Events)> = (0..sets as u64)
+        .map(|k| apply_set(base + k * per_set))
+        .collect();
+    for (stored, _) in &all[..window] {
+        apply_all(index, stored);
+    }
+    let before = index.entries();
+    let mut next = window;
+    let mut g = c.benchmark_group("apply_churn_filled_index");
+    g.throughput(Throughput::Elements(per_set));
+    // Each iteration stores the next set and removes the oldest; one of the two is timed.
+    for (name, time_store) in [("stored", true), ("removed", false)] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iters {
+                    let (store, remove) =
+                        (&all[next % sets].0, &all[(next + sets - window) % sets].1);
+                    let t = Instant::now();
+                    apply_all(index, store);
+                    if time_store {
+                        timed += t.elapsed();
+                    }
+                    let t = Instant::now();
+                    apply_all(index, remove);
+                    if !time_store {
+                        timed += t.elapsed();
+                    }
+                    next += 1;
+                }
+                timed
+            })
+        });
+    }
+    g.finish();
+    assert_eq!(index.entries(), before, "churn keeps the size");
+}
+
 fn entry_count(test_mode: bool) -> usize {
     match std::env::var("KVROUTE_BENCH_ENTRIES") {
         Ok(v) => v
@@ -353,6 +401,8 @@ fn main() {
     bench_apply(&mut c, &mut empty, "apply_empty_index", APPLY_BASE);
     drop(empty);
     bench_apply(&mut c, &mut index, "apply_filled_index", APPLY_BIG_BASE);
+    let churn_sets = if test_mode { 4 } else { CHURN_SETS };
+    bench_churn(&mut c, &mut index, CHURN_BASE, churn_sets);
 
     let mut g = c.benchmark_group("find_matches_1024_blocks");
     g.bench_function("seq_full_depth", |b| {
