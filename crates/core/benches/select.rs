@@ -82,7 +82,7 @@ fn prompt(tokens: &[u32]) -> BlockedPrompt {
 fn request(p: &BlockedPrompt) -> RouteRequest<'_> {
     RouteRequest {
         prompt: p,
-        affinity: None,
+        session: None,
         queue: QueueState::default(),
     }
 }
@@ -142,7 +142,8 @@ fn router(kind: PolicyKind, workers: u64) -> Router {
         };
         let at = Time::from_millis(n * 5);
         let req = RequestId(n);
-        r.dispatch(req, &p, &sel, at).expect("dispatch books");
+        r.dispatch(req, &request(&p), &sel, at)
+            .expect("dispatch books");
         let prefill = Duration::from_micros(20 * (t.len() - sel.cached_tokens) as u64);
         if n % 3 != 0 {
             r.first_token(req, at.plus(prefill)).expect("first token");

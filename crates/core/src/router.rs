@@ -6,6 +6,7 @@
 //! [`Router::apply_event`]; in approximate mode the router records its own guesses instead.
 
 mod explain;
+mod sessions;
 
 pub use explain::{Explanation, WorkerExplanation};
 
@@ -36,6 +37,10 @@ pub struct RouterConfig {
     /// Soft preference for a session's previous worker: its cost is multiplied by
     /// `1 - affinity_bias` (0 = off, up to 1).
     pub affinity_bias: f64,
+    /// Most sessions remembered for affinity.
+    pub max_sessions: usize,
+    /// Seconds a session is remembered after its last request.
+    pub session_ttl_secs: f64,
     /// Most workers tracked.
     pub max_workers: usize,
     /// Most requests in flight.
@@ -51,6 +56,8 @@ impl Default for RouterConfig {
             admission: AdmissionConfig::default(),
             approx: None,
             affinity_bias: 0.0,
+            max_sessions: 65_536,
+            session_ttl_secs: 600.0,
             max_workers: crate::index::DEFAULT_MAX_WORKERS,
             max_inflight: crate::ledger::DEFAULT_MAX_INFLIGHT,
         }
@@ -71,6 +78,12 @@ impl RouterConfig {
             return Err(bad(format!(
                 "affinity_bias must be within 0..=1, got {}",
                 self.affinity_bias
+            )));
+        }
+        if !(self.session_ttl_secs.is_finite() && self.session_ttl_secs > 0.0) {
+            return Err(bad(format!(
+                "session_ttl_secs must be > 0, got {}",
+                self.session_ttl_secs
             )));
         }
         if self.max_workers == 0 || self.max_inflight == 0 {
@@ -99,8 +112,8 @@ pub enum RouteError {
 pub struct RouteRequest<'a> {
     /// The prompt, cut into blocks.
     pub prompt: &'a BlockedPrompt,
-    /// The worker the request's session last went to.
-    pub affinity: Option<WorkerId>,
+    /// The request's session (a hash of its session id), for affinity.
+    pub session: Option<u64>,
     /// The gateway's queue now (not counting this request).
     pub queue: QueueState,
 }
@@ -155,6 +168,7 @@ pub struct Router {
     index: Index,
     ledger: LoadLedger,
     policy: Box<dyn Policy>,
+    sessions: sessions::Sessions,
     decisions: u64,
 }
 
@@ -176,6 +190,10 @@ impl Router {
             index,
             ledger: LoadLedger::with_max_inflight(block_size, config.max_inflight),
             policy: config.policy.build(),
+            sessions: sessions::Sessions::new(
+                config.max_sessions,
+                std::time::Duration::from_secs_f64(config.session_ttl_secs),
+            ),
             decisions: 0,
             config,
         })
@@ -240,11 +258,17 @@ impl Router {
         }
     }
 
-    /// Expires approximate-mode guesses (no-op with events).
+    /// Expires approximate-mode guesses and idle sessions.
     pub fn prune(&mut self, now: Time) {
         if let Index::Approx(a) = &mut self.index {
             a.prune(now);
         }
+        self.sessions.prune(now);
+    }
+
+    /// Sessions remembered for affinity.
+    pub fn sessions(&self) -> usize {
+        self.sessions.len()
     }
 
     /// Decides where `req` goes, without changing anything.
@@ -268,14 +292,16 @@ impl Router {
         }
     }
 
-    /// Books `selection` for `request` at `now` (after [`Router::route`] said dispatch).
+    /// Books `selection` for `request` at `now` (after [`Router::route`] said dispatch) and
+    /// remembers the worker for the request's session.
     pub fn dispatch(
         &mut self,
         request: RequestId,
-        prompt: &BlockedPrompt,
+        req: &RouteRequest<'_>,
         selection: &Selection,
         now: Time,
     ) -> Result<(), RouteError> {
+        let prompt = req.prompt;
         self.ledger.book(
             &Booking {
                 request,
@@ -292,6 +318,9 @@ impl Router {
                 let _ = self.ledger.finish(request, now);
                 return Err(e.into());
             }
+        }
+        if let Some(session) = req.session {
+            self.sessions.record(session, selection.worker, now);
         }
         self.decisions += 1;
         Ok(())
@@ -349,7 +378,7 @@ impl Router {
                 candidates: &offered,
                 decision: self.decisions,
                 seed: self.config.seed,
-                affinity: req.affinity,
+                affinity: req.session.and_then(|s| self.sessions.worker(s)),
                 affinity_bias: self.config.affinity_bias,
             };
             (ix, self.policy.select(&input))

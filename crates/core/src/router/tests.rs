@@ -55,7 +55,7 @@ fn store(r: &mut Router, w: u64, t: &[u32]) {
 fn req(p: &BlockedPrompt) -> RouteRequest<'_> {
     RouteRequest {
         prompt: p,
-        affinity: None,
+        session: None,
         queue: QueueState::default(),
     }
 }
@@ -76,7 +76,8 @@ fn kv_routes_to_the_worker_holding_the_prefix() {
     // route has no side effects.
     assert_eq!(r.route(&req(&p)), RouteOutcome::Dispatch(sel.clone()));
     assert_eq!(r.ledger().inflight(), 0);
-    r.dispatch(RequestId(1), &p, &sel, Time::ZERO).unwrap();
+    r.dispatch(RequestId(1), &req(&p), &sel, Time::ZERO)
+        .unwrap();
     let load = r.ledger().load(WorkerId(2)).unwrap();
     assert_eq!(
         (load.inflight, load.prefill_tokens, load.active_blocks),
@@ -101,7 +102,7 @@ fn round_robin_advances_only_on_dispatch() {
             panic!()
         };
         assert_eq!(a, b);
-        r.dispatch(RequestId(i), &p, &a, Time::ZERO).unwrap();
+        r.dispatch(RequestId(i), &req(&p), &a, Time::ZERO).unwrap();
         seen.push(a.worker.0);
     }
     assert_eq!(seen, vec![1, 2, 3, 1, 2, 3]);
@@ -125,7 +126,8 @@ fn busy_workers_are_skipped_then_queued_or_shed() {
             cached_tokens: 0,
             cost: None,
         };
-        r.dispatch(RequestId(id), &other, &sel, Time::ZERO).unwrap();
+        r.dispatch(RequestId(id), &req(&other), &sel, Time::ZERO)
+            .unwrap();
     };
     let RouteOutcome::Dispatch(s) = r.route(&req(&p)) else {
         panic!()
@@ -201,7 +203,8 @@ fn approximate_mode_learns_from_its_own_routing() {
     let RouteOutcome::Dispatch(first) = r.route(&req(&p)) else {
         panic!()
     };
-    r.dispatch(RequestId(1), &p, &first, Time::ZERO).unwrap();
+    r.dispatch(RequestId(1), &req(&p), &first, Time::ZERO)
+        .unwrap();
     r.finish(RequestId(1), Time::from_millis(500)).unwrap();
     let follow = prompt(&[t.clone(), tokens(200, 5)].concat());
     let RouteOutcome::Dispatch(second) = r.route(&req(&follow)) else {
@@ -256,4 +259,60 @@ fn invalid_config_is_refused() {
     let cfg: RouterConfig = serde_json::from_str(json).unwrap();
     assert_eq!(cfg.policy.kv.overlap_weight, 2.0);
     assert!(serde_json::from_str::<RouterConfig>(r#"{"blocksize": 32}"#).is_err());
+}
+
+#[test]
+fn sessions_bias_toward_their_last_worker() {
+    let mut cfg = RouterConfig {
+        block_size: BS,
+        affinity_bias: 0.5,
+        max_sessions: 8,
+        session_ttl_secs: 10.0,
+        ..RouterConfig::default()
+    };
+    cfg.policy.kind = PolicyKind::Kv;
+    let mut r = Router::new(cfg).unwrap();
+    for w in 1..=2 {
+        r.add_worker(WorkerId(w), WorkerCapacity::default())
+            .unwrap();
+    }
+    let p = prompt(&tokens(160, 1));
+    let in_session = RouteRequest {
+        session: Some(77),
+        ..req(&p)
+    };
+    // Put a little load on worker 1 and send the session there by hand.
+    let sel = Selection {
+        worker: WorkerId(1),
+        matched_blocks: 0,
+        cached_tokens: 0,
+        cost: None,
+    };
+    r.dispatch(RequestId(1), &in_session, &sel, Time::ZERO)
+        .unwrap();
+    assert_eq!(r.sessions(), 1);
+    // Worker 1 now costs 10 prefill blocks + 10 active blocks more than idle worker 2 ...
+    let RouteOutcome::Dispatch(s) = r.route(&req(&p)) else {
+        panic!()
+    };
+    assert_eq!(
+        s.worker,
+        WorkerId(2),
+        "without a session the idle worker wins"
+    );
+    // ... but halving its cost (40 -> 20 against 10) is not enough: a bias, not a pin.
+    let RouteOutcome::Dispatch(s) = r.route(&in_session) else {
+        panic!()
+    };
+    assert_eq!(s.worker, WorkerId(2));
+    r.finish(RequestId(1), Time::from_millis(10)).unwrap();
+    // Equal costs: the session's worker wins instead of a coin toss.
+    for _ in 0..10 {
+        let RouteOutcome::Dispatch(s) = r.route(&in_session) else {
+            panic!()
+        };
+        assert_eq!(s.worker, WorkerId(1));
+    }
+    r.prune(Time::from_secs_f64(11.0));
+    assert_eq!(r.sessions(), 0, "idle sessions expire");
 }
