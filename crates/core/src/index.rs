@@ -92,6 +92,9 @@ struct Slot {
     blocks: Map<u64, u64>,
     /// Sequence hashes the worker holds under more than one engine hash: the extra count.
     dups: Map<u64, u32>,
+    /// Engine hashes stored more than once (engines such as vLLM may cache several physical
+    /// copies of one hash and report each copy's store and eviction): the extra count.
+    copies: Map<u64, u32>,
     /// Distinct sequence hashes held (= (block, worker) entries of this worker).
     held: usize,
 }
@@ -102,6 +105,7 @@ impl Slot {
             worker,
             blocks: Map::default(),
             dups: Map::default(),
+            copies: Map::default(),
             held: 0,
         }
     }
@@ -207,7 +211,7 @@ impl PrefixIndex {
         warm(&self.nodes, seqs.iter().map(|&q| node_key(q, word)));
         warm(&slot.blocks, s.block_hashes.iter().map(|h| h.0));
         for (h, &seq) in s.block_hashes.iter().zip(&seqs) {
-            store(&mut self.nodes, slot, slot_ix, h.0, seq);
+            store(&mut self.nodes, slot, slot_ix, h.0, seq, true);
         }
         self.stats.blocks_stored += s.block_hashes.len() as u64;
         Ok(())
@@ -234,9 +238,8 @@ impl PrefixIndex {
             .collect();
         warm(&self.nodes, seqs.iter().map(|&q| node_key(q, word)));
         for h in hashes {
-            match slot.blocks.remove(&h.0) {
-                Some(seq) => release(&mut self.nodes, slot, slot_ix, seq),
-                None => unknown += 1,
+            if !unstore(&mut self.nodes, slot, slot_ix, h.0) {
+                unknown += 1;
             }
         }
         self.stats.blocks_removed += (hashes.len() - unknown) as u64;
@@ -263,7 +266,7 @@ impl PrefixIndex {
             .as_mut()
             .expect("slot_for returns a live slot");
         for s in seqs {
-            store(&mut self.nodes, slot, slot_ix, s.0, s.0);
+            store(&mut self.nodes, slot, slot_ix, s.0, s.0, false);
         }
         Ok(())
     }
@@ -274,13 +277,7 @@ impl PrefixIndex {
             return false;
         };
         let slot = self.slots[slot_ix].as_mut().expect("mapped slots are live");
-        match slot.blocks.remove(&engine_hash) {
-            Some(seq) => {
-                release(&mut self.nodes, slot, slot_ix, seq);
-                true
-            }
-            None => false,
-        }
+        unstore(&mut self.nodes, slot, slot_ix, engine_hash)
     }
 
     fn slot_for(&mut self, worker: WorkerId) -> Result<usize, IndexError> {
@@ -322,6 +319,7 @@ impl PrefixIndex {
             clear_bit(&mut self.nodes, seq, ix);
         }
         slot.dups = Map::default();
+        slot.copies = Map::default();
         slot.held = 0;
     }
 
@@ -372,7 +370,8 @@ impl PrefixIndex {
             + self.free_slots.capacity() * std::mem::size_of::<usize>();
         for s in self.slots.iter().flatten() {
             total += table_bytes::<u64, u64>(s.blocks.capacity())
-                + table_bytes::<u64, u32>(s.dups.capacity());
+                + table_bytes::<u64, u32>(s.dups.capacity())
+                + table_bytes::<u64, u32>(s.copies.capacity());
         }
         total
     }
@@ -446,10 +445,29 @@ impl PrefixIndex {
     }
 }
 
-fn store(nodes: &mut Map<u64, u64>, slot: &mut Slot, ix: usize, engine: u64, seq: u64) {
+/// Records that the slot holds block `seq` under `engine`. A repeated store of the same
+/// block counts as one more copy when `count_copies` (engine events), else it is a refresh.
+fn store(
+    nodes: &mut Map<u64, u64>,
+    slot: &mut Slot,
+    ix: usize,
+    engine: u64,
+    seq: u64,
+    count_copies: bool,
+) {
     match slot.blocks.insert(engine, seq) {
-        Some(old) if old == seq => return,
-        Some(old) => release(nodes, slot, ix, old),
+        Some(old) if old == seq => {
+            if count_copies {
+                let c = slot.copies.entry(engine).or_insert(0);
+                *c = c.saturating_add(1);
+            }
+            return;
+        }
+        Some(old) => {
+            // The engine reused a hash for other tokens: the old block and its copies are gone.
+            slot.copies.remove(&engine);
+            release(nodes, slot, ix, old);
+        }
         None => {}
     }
     if set_bit(nodes, seq, ix) {
@@ -459,6 +477,27 @@ fn store(nodes: &mut Map<u64, u64>, slot: &mut Slot, ix: usize, engine: u64, seq
     }
 }
 
+/// Drops one copy of the slot's block stored under `engine`; false when there is none.
+fn unstore(nodes: &mut Map<u64, u64>, slot: &mut Slot, ix: usize, engine: u64) -> bool {
+    if !slot.copies.is_empty() {
+        if let Entry::Occupied(mut c) = slot.copies.entry(engine) {
+            *c.get_mut() -= 1;
+            if *c.get() == 0 {
+                c.remove();
+            }
+            return true;
+        }
+    }
+    match slot.blocks.remove(&engine) {
+        Some(seq) => {
+            release(nodes, slot, ix, seq);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Drops the slot's hold on node `seq` (one engine hash's worth of it).
 fn release(nodes: &mut Map<u64, u64>, slot: &mut Slot, ix: usize, seq: u64) {
     if let Some(c) = (!slot.dups.is_empty())
         .then(|| slot.dups.get_mut(&seq))

@@ -55,10 +55,10 @@ fn op(workers: u64) -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The brute-force model: per worker, engine hash -> sequence hash.
+/// The brute-force model: per worker, engine hash -> (sequence hash, copies stored).
 #[derive(Default)]
 struct Model {
-    workers: HashMap<u64, HashMap<u64, SequenceHash>>,
+    workers: HashMap<u64, HashMap<u64, (SequenceHash, u32)>>,
 }
 
 impl Model {
@@ -76,14 +76,14 @@ impl Model {
         let Some(m) = self.workers.get(&w) else {
             return 0;
         };
-        let held: HashSet<SequenceHash> = m.values().copied().collect();
+        let held: HashSet<SequenceHash> = m.values().map(|v| v.0).collect();
         seqs.iter().take_while(|s| held.contains(s)).count()
     }
 
     fn entries(&self) -> usize {
         self.workers
             .values()
-            .map(|m| m.values().collect::<HashSet<_>>().len())
+            .map(|m| m.values().map(|v| v.0).collect::<HashSet<_>>().len())
             .sum()
     }
 }
@@ -114,7 +114,7 @@ fn run_op(ix: &mut PrefixIndex, model: &mut Model, op: &Op) {
             let mut prev = match parent_hash {
                 None => None,
                 Some(p) => match m.get(&p) {
-                    Some(s) => Some(*s),
+                    Some(s) => Some(s.0),
                     None => {
                         assert_eq!(
                             got,
@@ -130,7 +130,12 @@ fn run_op(ix: &mut PrefixIndex, model: &mut Model, op: &Op) {
             got.unwrap();
             for (h, toks) in blocks {
                 let s = chain(prev, local_block_hash(toks, Namespace::default()));
-                m.insert(*h, s);
+                match m.get_mut(h) {
+                    Some(e) if e.0 == s => e.1 += 1,
+                    _ => {
+                        m.insert(*h, (s, 1));
+                    }
+                }
                 prev = Some(s);
             }
         }
@@ -155,7 +160,12 @@ fn run_op(ix: &mut PrefixIndex, model: &mut Model, op: &Op) {
             let got = ix.apply(WorkerId(*worker), &ev);
             if let Some(m) = model.workers.get_mut(worker) {
                 for h in &hashes {
-                    m.remove(h);
+                    match m.get_mut(h) {
+                        Some(e) if e.1 > 1 => e.1 -= 1,
+                        _ => {
+                            m.remove(h);
+                        }
+                    }
                 }
             }
             assert_eq!(got.is_err(), *unknown, "{got:?}");
@@ -197,7 +207,7 @@ fn check_queries(ix: &PrefixIndex, model: &Model, queries: &[Vec<[u32; BS]>], wo
         let want = model
             .workers
             .get(&w)
-            .map(|m| m.values().collect::<HashSet<_>>().len())
+            .map(|m| m.values().map(|v| v.0).collect::<HashSet<_>>().len())
             .unwrap_or(0);
         assert_eq!(
             ix.block_count(WorkerId(w)),

@@ -238,3 +238,27 @@ fn table_bytes_follows_hashbrown_capacity() {
     assert_eq!(m.capacity(), 112);
     assert_eq!(table_bytes::<u64, u64>(m.capacity()), 128 * 17 + 16);
 }
+
+#[test]
+fn each_stored_copy_needs_its_own_removal() {
+    let mut ix = index();
+    let w = WorkerId(1);
+    ix.apply(w, &stored(None, &[10, 11], &[1, 2])).unwrap();
+    ix.apply(w, &stored(None, &[10, 11], &[1, 2])).unwrap();
+    assert_eq!(ix.block_count(w), 2);
+    ix.apply(w, &removed(&[10, 11])).unwrap();
+    assert_eq!(
+        ix.find_matches(&query(&[1, 2])).depth(w),
+        2,
+        "a copy remains"
+    );
+    ix.apply(w, &removed(&[11])).unwrap();
+    assert_eq!(ix.find_matches(&query(&[1, 2])).depth(w), 1);
+    ix.apply(w, &removed(&[10])).unwrap();
+    assert_eq!(ix.block_count(w), 0);
+    assert_eq!(ix.stats().rejected(RejectKind::UnknownRemovedHash), 0);
+    assert_eq!(
+        ix.apply(w, &removed(&[10])).unwrap_err().kind(),
+        RejectKind::UnknownRemovedHash
+    );
+}
