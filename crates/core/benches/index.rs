@@ -314,26 +314,80 @@ fn bench_churn(c: &mut Criterion, index: &mut PrefixIndex, base: u64, sets: usiz
     for (stored, _) in &all[..window] {
         apply_all(index, stored);
     }
+    // The removals again, one event per evicted block as vLLM and SGLang send them, grouped
+    // in one batch per chain.
+    let singles: Vec<Vec<(WorkerId, Vec<KvEvent>)>> = all
+        .iter()
+        .map(|(_, removed)| {
+            removed
+                .iter()
+                .map(|(w, e)| {
+                    let KvEvent::Removed { block_hashes } = e else {
+                        unreachable!("removal sets hold removals")
+                    };
+                    let events = block_hashes
+                        .iter()
+                        .map(|h| KvEvent::Removed {
+                            block_hashes: vec![*h],
+                        })
+                        .collect();
+                    (*w, events)
+                })
+                .collect()
+        })
+        .collect();
     let before = index.entries();
     let mut next = window;
     let mut g = c.benchmark_group("apply_churn_filled_index");
     g.throughput(Throughput::Elements(per_set));
     // Each iteration stores the next set and removes the oldest; one of the two is timed.
-    for (name, time_store) in [("stored", true), ("removed", false)] {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Timed {
+        Stored,
+        Removed,
+        RemovedOneEventPerBlock,
+        RemovedOneEventPerBlockBatched,
+    }
+    for (name, timed_part) in [
+        ("stored", Timed::Stored),
+        ("removed", Timed::Removed),
+        (
+            "removed_one_event_per_block",
+            Timed::RemovedOneEventPerBlock,
+        ),
+        (
+            "removed_one_event_per_block_batched",
+            Timed::RemovedOneEventPerBlockBatched,
+        ),
+    ] {
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 let mut timed = Duration::ZERO;
                 for _ in 0..iters {
-                    let (store, remove) =
-                        (&all[next % sets].0, &all[(next + sets - window) % sets].1);
+                    let old = (next + sets - window) % sets;
                     let t = Instant::now();
-                    apply_all(index, store);
-                    if time_store {
+                    apply_all(index, &all[next % sets].0);
+                    if timed_part == Timed::Stored {
                         timed += t.elapsed();
                     }
                     let t = Instant::now();
-                    apply_all(index, remove);
-                    if !time_store {
+                    match timed_part {
+                        Timed::Stored | Timed::Removed => apply_all(index, &all[old].1),
+                        Timed::RemovedOneEventPerBlock => {
+                            for (w, events) in &singles[old] {
+                                for e in events {
+                                    index.apply(*w, black_box(e)).expect("bench events apply");
+                                }
+                            }
+                        }
+                        Timed::RemovedOneEventPerBlockBatched => {
+                            for (w, events) in &singles[old] {
+                                let out = index.apply_batch(*w, black_box(events));
+                                assert!(out.rejected.is_empty());
+                            }
+                        }
+                    }
+                    if timed_part != Timed::Stored {
                         timed += t.elapsed();
                     }
                     next += 1;

@@ -42,6 +42,15 @@ fn node_key(seq: u64, word: usize) -> u64 {
     seq.wrapping_add((word as u64).wrapping_mul(WORD_SALT))
 }
 
+/// What [`PrefixIndex::apply_batch`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Events applied in full.
+    pub applied: usize,
+    /// Rejected events, in batch order.
+    pub rejected: Vec<IndexError>,
+}
+
 /// The default limit on workers tracked by one index.
 pub const DEFAULT_MAX_WORKERS: usize = 4096;
 
@@ -228,15 +237,11 @@ impl PrefixIndex {
                 total: hashes.len(),
             });
         };
+        if hashes.len() > 1 {
+            self.warm_removals(slot_ix, hashes.iter().map(|h| h.0));
+        }
         let slot = self.slots[slot_ix].as_mut().expect("mapped slots are live");
         let mut unknown = 0;
-        let word = slot_ix / 64;
-        // Independent lookups first (see `warm`): the engine hashes, then the nodes they name.
-        let seqs: Vec<u64> = hashes
-            .iter()
-            .filter_map(|h| slot.blocks.get(&h.0).copied())
-            .collect();
-        warm(&self.nodes, seqs.iter().map(|&q| node_key(q, word)));
         for h in hashes {
             if !unstore(&mut self.nodes, slot, slot_ix, h.0) {
                 unknown += 1;
@@ -251,6 +256,52 @@ impl PrefixIndex {
             });
         }
         Ok(())
+    }
+
+    /// Reads ahead for removals of `engine` hashes of a slot (see `warm`): the engine hashes,
+    /// then the nodes they name.
+    fn warm_removals(&self, slot_ix: usize, engine: impl Iterator<Item = u64>) {
+        let Some(slot) = &self.slots[slot_ix] else {
+            return;
+        };
+        let seqs: Vec<u64> = engine
+            .filter_map(|h| slot.blocks.get(&h).copied())
+            .collect();
+        let word = slot_ix / 64;
+        warm(&self.nodes, seqs.iter().map(|&q| node_key(q, word)));
+    }
+
+    /// Applies the events of one batch of `worker` in order (engines publish one batch per
+    /// scheduler step), reading ahead across runs of removals: engines report each evicted
+    /// block in an event of its own, so per-event read-ahead would not overlap anything.
+    /// Every event is applied or rejected as by [`PrefixIndex::apply`].
+    pub fn apply_batch(&mut self, worker: WorkerId, events: &[KvEvent]) -> BatchOutcome {
+        let mut out = BatchOutcome::default();
+        let mut i = 0;
+        while i < events.len() {
+            let run = events[i..]
+                .iter()
+                .take_while(|e| matches!(e, KvEvent::Removed { .. }))
+                .count()
+                .max(1);
+            if run > 1 {
+                if let Some(&slot_ix) = self.slot_of.get(&worker) {
+                    let hashes = events[i..i + run].iter().flat_map(|e| match e {
+                        KvEvent::Removed { block_hashes } => block_hashes.as_slice(),
+                        _ => &[],
+                    });
+                    self.warm_removals(slot_ix, hashes.map(|h| h.0));
+                }
+            }
+            for e in &events[i..i + run] {
+                match self.apply(worker, e) {
+                    Ok(()) => out.applied += 1,
+                    Err(err) => out.rejected.push(err),
+                }
+            }
+            i += run;
+        }
+        out
     }
 
     /// Inserts a chain of blocks for `worker` without an engine event, using each block's

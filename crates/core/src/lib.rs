@@ -23,7 +23,8 @@ mod types;
 pub use admission::{AdmissionConfig, AdmissionDecision, AdmissionMode, RejectReason};
 pub use hashing::{BlockedPrompt, EngineHash, LocalBlockHash, Namespace, SequenceHash};
 pub use index::{
-    ApproxConfig, ApproxIndex, IndexError, KvEvent, Matches, PrefixIndex, StoredBlocks,
+    ApproxConfig, ApproxIndex, BatchOutcome, IndexError, KvEvent, Matches, PrefixIndex,
+    StoredBlocks,
 };
 pub use ledger::{Booking, LedgerError, LoadLedger, WorkerLoad};
 pub use policy::{Policy, PolicyConfig, PolicyKind};

@@ -262,3 +262,28 @@ fn each_stored_copy_needs_its_own_removal() {
         RejectKind::UnknownRemovedHash
     );
 }
+
+#[test]
+fn batches_apply_in_order_and_report_rejections() {
+    let mut ix = index();
+    let w = WorkerId(1);
+    let batch = [
+        stored(None, &[10, 11, 12], &[1, 2, 3]),
+        removed(&[12]),
+        removed(&[99]),
+        removed(&[11]),
+        stored(Some(10), &[13], &[4]),
+        KvEvent::Cleared,
+        stored(None, &[20], &[5]),
+    ];
+    let out = ix.apply_batch(w, &batch[..5]);
+    assert_eq!(out.applied, 4);
+    assert_eq!(out.rejected.len(), 1);
+    assert_eq!(out.rejected[0].kind(), RejectKind::UnknownRemovedHash);
+    assert_eq!(ix.find_matches(&query(&[1, 4])).depth(w), 2);
+    assert_eq!(ix.find_matches(&query(&[1, 2])).depth(w), 1);
+    let out = ix.apply_batch(w, &batch[5..]);
+    assert_eq!((out.applied, out.rejected.len()), (2, 0));
+    assert_eq!(ix.entries(), 1);
+    assert_eq!(ix.stats().applied, 6);
+}
