@@ -18,6 +18,7 @@
 
 mod approx;
 mod event;
+mod table;
 
 pub use approx::{ApproxConfig, ApproxIndex};
 pub use event::{EventStats, IndexError, KvEvent, RejectKind, StoredBlocks};
@@ -34,13 +35,7 @@ use std::collections::BinaryHeap;
 
 type Map<K, V> = hashbrown::HashMap<K, V, RandomState>;
 
-/// Spreads the words of one node over the key space (word 0 keeps the sequence hash itself).
-const WORD_SALT: u64 = 0x9E37_79B9_7F4A_7C15;
-
-#[inline]
-fn node_key(seq: u64, word: usize) -> u64 {
-    seq.wrapping_add((word as u64).wrapping_mul(WORD_SALT))
-}
+use table::{clear_bit, has_bit, node_key, set_bit, table_bytes, warm};
 
 /// What [`PrefixIndex::apply_batch`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -563,62 +558,6 @@ fn release(nodes: &mut Map<u64, u64>, slot: &mut Slot, ix: usize, seq: u64) {
     if clear_bit(nodes, seq, ix) {
         slot.held -= 1;
     }
-}
-
-/// Reads the table entries of `keys` before a batch of writes to them. The reads do not
-/// depend on one another, so their cache misses overlap; the writes that follow then hit the
-/// cache instead of waiting for one miss after another. In the churn benchmark at 10M
-/// entries (docs/benchmarks.md) this took apply from 3.1M to about 4.6M block events/s.
-fn warm<V: Copy + Into<u64>>(map: &Map<u64, V>, keys: impl Iterator<Item = u64>) {
-    let mut acc = 0u64;
-    for k in keys {
-        acc ^= map.get(&k).map_or(0, |v| (*v).into());
-    }
-    std::hint::black_box(acc);
-}
-
-/// Sets the bit of slot `ix` at node `seq`; true when it was not set.
-fn set_bit(nodes: &mut Map<u64, u64>, seq: u64, ix: usize) -> bool {
-    let word = nodes.entry(node_key(seq, ix / 64)).or_insert(0);
-    let bit = 1u64 << (ix % 64);
-    let fresh = *word & bit == 0;
-    *word |= bit;
-    fresh
-}
-
-/// Clears the bit of slot `ix` at node `seq`, dropping empty words; true when it was set.
-fn clear_bit(nodes: &mut Map<u64, u64>, seq: u64, ix: usize) -> bool {
-    let bit = 1u64 << (ix % 64);
-    match nodes.entry(node_key(seq, ix / 64)) {
-        Entry::Occupied(mut word) if *word.get() & bit != 0 => {
-            *word.get_mut() &= !bit;
-            if *word.get() == 0 {
-                word.remove();
-            }
-            true
-        }
-        _ => false,
-    }
-}
-
-fn has_bit(nodes: &Map<u64, u64>, seq: u64, ix: usize) -> bool {
-    nodes
-        .get(&node_key(seq, ix / 64))
-        .is_some_and(|w| w & (1u64 << (ix % 64)) != 0)
-}
-
-/// Allocated bytes of a hashbrown table of `capacity` (one control byte per bucket plus one
-/// group of trailing control bytes).
-fn table_bytes<K, V>(capacity: usize) -> usize {
-    if capacity == 0 {
-        return 0;
-    }
-    let buckets = if capacity < 8 {
-        capacity + 1
-    } else {
-        capacity / 7 * 8
-    };
-    buckets * (std::mem::size_of::<(K, V)>() + 1) + 16
 }
 
 #[cfg(test)]
