@@ -20,13 +20,15 @@ pub mod policy;
 pub mod router;
 mod types;
 
-pub use admission::{AdmissionConfig, AdmissionDecision, AdmissionMode, RejectReason};
+pub use admission::{AdmissionConfig, AdmissionDecision, AdmissionMode, QueueState, RejectReason};
 pub use hashing::{BlockedPrompt, EngineHash, LocalBlockHash, Namespace, SequenceHash};
 pub use index::{
     ApproxConfig, ApproxIndex, BatchOutcome, IndexError, KvEvent, Matches, PrefixIndex,
     StoredBlocks,
 };
-pub use ledger::{Booking, LedgerError, LoadLedger, WorkerLoad};
+pub use ledger::{Booking, EngineLoad, LedgerError, LoadLedger, WorkerCapacity, WorkerLoad};
 pub use policy::{Policy, PolicyConfig, PolicyKind};
-pub use router::{Explanation, RouteError, RouteRequest, Router, RouterConfig, Selection};
+pub use router::{
+    Explanation, RouteError, RouteOutcome, RouteRequest, Router, RouterConfig, Selection,
+};
 pub use types::{BlockSize, InvalidBlockSize, RequestId, Time, WorkerId};
