@@ -11,6 +11,34 @@
 //! - [`policy`]: routing policies behind one trait.
 //! - [`admission`]: busy thresholds and the dispatch / queue / shed decision.
 //! - [`router`]: the facade tying them together, with `route`, `dispatch` and `explain`.
+//!
+//! ```
+//! use kvroute_core::*;
+//!
+//! let mut router = Router::new(RouterConfig { block_size: 4, ..RouterConfig::default() })?;
+//! for w in [1, 2] {
+//!     router.add_worker(WorkerId(w), WorkerCapacity::default())?;
+//! }
+//! // Worker 2 reports that it cached two blocks of a prompt.
+//! let tokens: Vec<u32> = (0..10).collect();
+//! router.apply_event(WorkerId(2), &KvEvent::Stored(StoredBlocks {
+//!     parent: None,
+//!     block_hashes: vec![EngineHash(0xa), EngineHash(0xb)],
+//!     token_ids: tokens[..8].to_vec(),
+//!     block_size: 4,
+//!     namespace: Namespace::default(),
+//! }))?;
+//! // A request with that prefix goes there.
+//! let prompt = BlockedPrompt::new(&tokens, router.block_size(), Namespace::default());
+//! let req = RouteRequest { prompt: &prompt, session: None, queue: QueueState::default() };
+//! let RouteOutcome::Dispatch(choice) = router.route(&req) else { unreachable!() };
+//! assert_eq!((choice.worker, choice.cached_tokens), (WorkerId(2), 8));
+//! // Book it, then release it as the stream progresses.
+//! router.dispatch(RequestId(1), &req, &choice, Time::from_millis(0))?;
+//! router.first_token(RequestId(1), Time::from_millis(30))?;
+//! router.finish(RequestId(1), Time::from_millis(900))?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod admission;
 pub mod hashing;
