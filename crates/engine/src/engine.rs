@@ -1,0 +1,452 @@
+//! The continuous-batching scheduler of the simulated engine (vLLM v1 style).
+//!
+//! Each step: running sequences first (decoding ones, then those still prefilling), then
+//! waiting ones in FCFS order, within `max_num_seqs` sequences and `max_num_batched_tokens`
+//! tokens; long prompts are prefilled in chunks. A sequence needs KV for all its tokens; when
+//! a step computes its last one, it samples a new token (the first token ends the prefill).
+//! When the pool has no block for a running sequence, the most recently admitted unscheduled
+//! sequence is preempted (its blocks freed, recomputed later from the front of the queue).
+//! Admission reuses the longest cached prefix (at most all but one prompt token).
+//!
+//! A step's effects (tokens, cached blocks) land at its end; its duration comes from the
+//! [`StepModel`]. Time is an argument everywhere.
+
+mod request;
+
+pub use request::{EngineError, EngineRequest, Finished, StepOutput};
+
+use crate::pool::{BlockPool, FullBlock};
+use crate::profile::Profile;
+use crate::timing::{StepModel, StepShape};
+use kvroute_core::{RequestId, Time};
+use request::Seq;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Engine settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    /// KV block size in tokens.
+    pub block_size: usize,
+    /// KV blocks.
+    pub num_gpu_blocks: usize,
+    /// Most sequences per step.
+    pub max_num_seqs: usize,
+    /// Most tokens per step.
+    pub max_num_batched_tokens: usize,
+    /// Most requests waiting.
+    pub max_waiting: usize,
+    /// Step timing.
+    pub model: StepModel,
+}
+
+impl EngineConfig {
+    /// The settings of a profile, at its own block size.
+    pub fn from_profile(p: &Profile) -> Self {
+        Self::from_profile_with_block_size(p, p.block_size)
+    }
+
+    /// The settings of a profile at another block size (same KV memory).
+    pub fn from_profile_with_block_size(p: &Profile, block_size: usize) -> Self {
+        Self {
+            block_size,
+            num_gpu_blocks: p.kv_blocks(block_size),
+            max_num_seqs: p.max_num_seqs,
+            max_num_batched_tokens: p.max_num_batched_tokens,
+            max_waiting: 100_000,
+            model: p.step_model(),
+        }
+    }
+
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let bad = |m: &str| Err(EngineError::InvalidConfig(m.to_string()));
+        if self.block_size == 0 || self.block_size > kvroute_core::BlockSize::MAX {
+            return bad("block_size out of range");
+        }
+        if self.num_gpu_blocks == 0 || self.num_gpu_blocks >= u32::MAX as usize {
+            return bad("num_gpu_blocks must be between 1 and 2^32 - 2");
+        }
+        if self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 || self.max_waiting == 0 {
+            return bad("max_num_seqs, max_num_batched_tokens and max_waiting must be > 0");
+        }
+        Ok(())
+    }
+}
+
+/// A metrics snapshot (counters are totals since the engine started).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineMetrics {
+    /// Sequences running.
+    pub running: usize,
+    /// Requests waiting.
+    pub waiting: usize,
+    /// Fraction of KV blocks referenced by sequences.
+    pub kv_usage: f64,
+    /// KV blocks in all.
+    pub kv_blocks: usize,
+    /// Distinct block hashes cached.
+    pub cached_blocks: usize,
+    /// Prompt tokens of admitted requests.
+    pub prompt_tokens_total: u64,
+    /// Of those, tokens found in the prefix cache.
+    pub prefix_hit_tokens_total: u64,
+    /// Tokens generated.
+    pub generated_tokens_total: u64,
+    /// Requests admitted (first time).
+    pub admitted_total: u64,
+    /// Seconds admitted requests waited before their first step.
+    pub queue_secs_total: f64,
+    /// Seconds spent in steps (busy ratio = its growth over elapsed time).
+    pub busy_secs_total: f64,
+    /// Steps run.
+    pub steps_total: u64,
+    /// Preemptions.
+    pub preemptions_total: u64,
+}
+
+struct Inflight {
+    ended: Time,
+    /// `(index in running, tokens computed)`.
+    work: Vec<(usize, usize)>,
+}
+
+/// The simulated engine. See the module documentation.
+pub struct Engine {
+    cfg: EngineConfig,
+    pool: BlockPool,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    live: hashbrown::HashSet<RequestId, foldhash::fast::RandomState>,
+    inflight: Option<Inflight>,
+    now: Time,
+    stalled: bool,
+    metrics: EngineMetrics,
+}
+
+impl Engine {
+    /// An idle engine with an empty cache.
+    pub fn new(cfg: EngineConfig) -> Result<Self, EngineError> {
+        cfg.validate()?;
+        Ok(Self {
+            pool: BlockPool::new(cfg.num_gpu_blocks, cfg.block_size),
+            cfg,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            live: Default::default(),
+            inflight: None,
+            now: Time::ZERO,
+            stalled: false,
+            metrics: EngineMetrics::default(),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The block pool (read only).
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Queues a request arriving at `now`.
+    pub fn submit(&mut self, req: EngineRequest, now: Time) -> Result<(), EngineError> {
+        if req.tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt(req.id));
+        }
+        if req.max_tokens == 0 {
+            return Err(EngineError::ZeroMaxTokens(req.id));
+        }
+        let total = req.tokens.len() + req.max_tokens as usize;
+        if total.div_ceil(self.cfg.block_size) > self.cfg.num_gpu_blocks {
+            return Err(EngineError::TooLong {
+                id: req.id,
+                tokens: total,
+                capacity: self.cfg.num_gpu_blocks * self.cfg.block_size,
+            });
+        }
+        if self.waiting.len() >= self.cfg.max_waiting {
+            return Err(EngineError::QueueFull(self.cfg.max_waiting));
+        }
+        if !self.live.insert(req.id) {
+            return Err(EngineError::DuplicateRequest(req.id));
+        }
+        self.now = self.now.max(now);
+        self.stalled = false;
+        self.waiting.push_back(Seq::new(req, now));
+        Ok(())
+    }
+
+    /// Drops a request (client gone): its blocks are released. False when unknown.
+    pub fn abort(&mut self, id: RequestId) -> bool {
+        if !self.live.remove(&id) {
+            return false;
+        }
+        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            let s = self.waiting.remove(i).expect("position is in range");
+            self.release(&s);
+            return true;
+        }
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            // Mark it; the step in flight (if any) still refers to running indexes.
+            self.running[i].aborted = true;
+            if self.inflight.is_none() {
+                let s = self.running.remove(i);
+                self.release(&s);
+            }
+        }
+        true
+    }
+
+    /// When the engine next has something to report: the end of the step in flight, or now
+    /// when it is idle with work it can start. None when there is nothing to do.
+    pub fn next_event_time(&self) -> Option<Time> {
+        match &self.inflight {
+            Some(f) => Some(f.ended),
+            None if !self.stalled && (!self.waiting.is_empty() || !self.running.is_empty()) => {
+                Some(self.now)
+            }
+            None => None,
+        }
+    }
+
+    /// Advances to `now`: finishes the step in flight if it ended, then starts the next one.
+    pub fn step(&mut self, now: Time) -> StepOutput {
+        self.now = self.now.max(now);
+        let mut out = StepOutput {
+            time: self.now,
+            ..StepOutput::default()
+        };
+        if let Some(f) = &self.inflight {
+            if f.ended > self.now {
+                return out;
+            }
+            self.complete(&mut out);
+        }
+        self.schedule();
+        out.events = self.pool.take_events();
+        out
+    }
+
+    /// A metrics snapshot.
+    pub fn metrics(&self) -> EngineMetrics {
+        EngineMetrics {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            kv_usage: self.pool.used_count() as f64 / self.pool.capacity() as f64,
+            kv_blocks: self.pool.capacity(),
+            cached_blocks: self.pool.cached_count(),
+            ..self.metrics.clone()
+        }
+    }
+
+    /// Drops the prefix cache (a `Cleared` event follows with the next step's output).
+    pub fn reset_prefix_cache(&mut self) {
+        self.pool.clear();
+    }
+
+    fn release(&mut self, s: &Seq) {
+        let rev: Vec<_> = s.blocks.iter().rev().copied().collect();
+        self.pool.release(&rev);
+    }
+
+    /// Applies the effects of the step in flight at its end.
+    fn complete(&mut self, out: &mut StepOutput) {
+        let Some(f) = self.inflight.take() else {
+            return;
+        };
+        let bs = self.cfg.block_size;
+        for &(i, new) in &f.work {
+            let s = &mut self.running[i];
+            if s.aborted {
+                continue;
+            }
+            s.computed += new;
+            // Cache the blocks this step completed.
+            let full = s.computed / bs;
+            if full > s.cached_blocks {
+                s.hash_blocks(bs, full);
+                let run: Vec<FullBlock<'_>> = (s.cached_blocks..full)
+                    .map(|b| FullBlock {
+                        block: s.blocks[b],
+                        seq: s.seqs[b],
+                        tokens: &s.tokens[b * bs..(b + 1) * bs],
+                    })
+                    .collect();
+                let parent = s.cached_blocks.checked_sub(1).map(|p| s.seqs[p]);
+                self.pool.cache(parent, &run, s.ns);
+                s.cached_blocks = full;
+            }
+            if s.computed == s.tokens.len() {
+                let tok = request::output_token(s.id, s.generated);
+                s.tokens.push(tok);
+                s.generated += 1;
+                s.first_token.get_or_insert(f.ended);
+                out.tokens.push((s.id, tok));
+                self.metrics.generated_tokens_total += 1;
+            }
+        }
+        let mut kept = Vec::with_capacity(self.running.len());
+        for s in std::mem::take(&mut self.running) {
+            if s.aborted {
+                self.release(&s);
+            } else if s.generated >= s.max_tokens {
+                self.release(&s);
+                self.live.remove(&s.id);
+                out.finished.push(s.finish(f.ended));
+            } else {
+                kept.push(s);
+            }
+        }
+        self.running = kept;
+    }
+
+    /// Picks the next step's work and starts it at `self.now`.
+    fn schedule(&mut self) {
+        let bs = self.cfg.block_size;
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut work: Vec<(usize, usize)> = Vec::new();
+        let mut scheduled = vec![false; self.running.len()];
+        let mut preempted = vec![false; self.running.len()];
+        // Decoding sequences first, then those still prefilling, in admission order.
+        let mut order: Vec<usize> = (0..self.running.len()).collect();
+        order.sort_by_key(|&i| !self.running[i].is_decoding());
+        for i in order {
+            if budget == 0 {
+                break;
+            }
+            if preempted[i] {
+                continue;
+            }
+            let s = &self.running[i];
+            let new = (s.tokens.len() - s.computed).min(budget);
+            let need = (s.computed + new)
+                .div_ceil(bs)
+                .saturating_sub(s.blocks.len());
+            let got = loop {
+                if let Some(b) = self.pool.allocate(need) {
+                    break Some(b);
+                }
+                // Preempt the most recently admitted sequence not scheduled yet.
+                let victim = (0..self.running.len())
+                    .rev()
+                    .find(|&v| v != i && !scheduled[v] && !preempted[v]);
+                let v = victim.unwrap_or(i);
+                self.preempt(v);
+                preempted[v] = true;
+                if v == i {
+                    break None;
+                }
+            };
+            if let Some(b) = got {
+                self.running[i].blocks.extend(b);
+                scheduled[i] = true;
+                work.push((i, new));
+                budget -= new;
+            }
+        }
+        // Drop preempted sequences from the running set (to the front of the queue, oldest
+        // first) and renumber the work.
+        let any_preempted = preempted.iter().any(|p| *p);
+        if any_preempted {
+            let mut remap = vec![usize::MAX; self.running.len()];
+            let mut kept = Vec::with_capacity(self.running.len());
+            let mut back = Vec::new();
+            for (i, s) in std::mem::take(&mut self.running).into_iter().enumerate() {
+                if preempted[i] {
+                    back.push(s);
+                } else {
+                    remap[i] = kept.len();
+                    kept.push(s);
+                }
+            }
+            for s in back.into_iter().rev() {
+                self.waiting.push_front(s);
+            }
+            self.running = kept;
+            for w in &mut work {
+                w.0 = remap[w.0];
+            }
+        }
+        // Admit waiting requests in order while there is room.
+        while budget > 0 && !any_preempted && self.running.len() < self.cfg.max_num_seqs {
+            let Some(s) = self.waiting.front_mut() else {
+                break;
+            };
+            s.hash_blocks(bs, (s.tokens.len() - 1) / bs);
+            let max_hit = (s.tokens.len() - 1) / bs;
+            let hit = self.pool.match_prefix(&s.seqs[..max_hit]);
+            let new = (s.tokens.len() - hit * bs).min(budget);
+            let need = (hit * bs + new).div_ceil(bs) - hit;
+            let Some(mut blocks) = self.pool.acquire(&s.seqs[..hit]) else {
+                break;
+            };
+            match self.pool.allocate(need) {
+                Some(fresh) => blocks.extend(fresh),
+                None => {
+                    let rev: Vec<_> = blocks.iter().rev().copied().collect();
+                    self.pool.release(&rev);
+                    break;
+                }
+            }
+            let mut s = self.waiting.pop_front().expect("front exists");
+            s.blocks = blocks;
+            s.computed = hit * bs;
+            s.cached_blocks = hit;
+            if s.cached_tokens.is_none() {
+                s.cached_tokens = Some(hit * bs);
+                self.metrics.admitted_total += 1;
+                self.metrics.prompt_tokens_total += s.prompt_len as u64;
+                self.metrics.prefix_hit_tokens_total += (hit * bs) as u64;
+                self.metrics.queue_secs_total += self.now.since(s.arrived).as_secs_f64();
+            }
+            work.push((self.running.len(), new));
+            self.running.push(s);
+            budget -= new;
+        }
+        if work.is_empty() {
+            self.stalled = !self.waiting.is_empty() || !self.running.is_empty();
+            return;
+        }
+        self.stalled = false;
+        let mut shape = StepShape {
+            kv_usage: self.pool.used_count() as f64 / self.pool.capacity() as f64,
+            ..StepShape::default()
+        };
+        for &(i, new) in &work {
+            let s = &self.running[i];
+            if s.is_decoding() {
+                shape.decode_seqs += 1;
+                shape.decode_context += s.tokens.len() as u64;
+            } else {
+                shape.prefill_tokens += new as u64;
+                shape.prefill_attention += new as f64 * (s.computed as f64 + new as f64 / 2.0);
+                shape.prefill_context += (s.computed + new) as u64;
+            }
+        }
+        // At least a microsecond, so that time always moves forward.
+        let secs = self.cfg.model.step_secs(&shape).max(1e-6);
+        self.metrics.busy_secs_total += secs;
+        self.metrics.steps_total += 1;
+        self.inflight = Some(Inflight {
+            ended: self.now.plus(Duration::from_secs_f64(secs)),
+            work,
+        });
+    }
+
+    fn preempt(&mut self, i: usize) {
+        let s = &mut self.running[i];
+        let rev: Vec<_> = s.blocks.drain(..).rev().collect();
+        s.computed = 0;
+        s.cached_blocks = 0;
+        s.preemptions += 1;
+        self.metrics.preemptions_total += 1;
+        self.pool.release(&rev);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,256 @@
+use super::*;
+use crate::Profile;
+use kvroute_core::hashing::local_block_hashes;
+use kvroute_core::{BlockSize, KvEvent, Namespace, PrefixIndex, WorkerId};
+
+fn tiny() -> EngineConfig {
+    EngineConfig::from_profile(&Profile::builtin("tiny").unwrap())
+}
+
+fn req(id: u64, tokens: Vec<u32>, max_tokens: u32) -> EngineRequest {
+    EngineRequest {
+        id: RequestId(id),
+        tokens,
+        max_tokens,
+        namespace: Namespace::default(),
+    }
+}
+
+fn prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| i.wrapping_mul(7).wrapping_add(salt) % 1000)
+        .collect()
+}
+
+/// Drives the engine through `arrivals` (time in ms, request) until it is idle; returns
+/// every step output.
+fn drive(e: &mut Engine, mut arrivals: Vec<(u64, EngineRequest)>) -> Vec<StepOutput> {
+    arrivals.sort_by_key(|a| a.0);
+    let mut arrivals: VecDeque<_> = arrivals.into();
+    let mut outs = Vec::new();
+    for _ in 0..1_000_000 {
+        let next_arrival = arrivals.front().map(|a| Time::from_millis(a.0));
+        let t = match (next_arrival, e.next_event_time()) {
+            (None, None) => return outs,
+            (Some(a), None) => a,
+            (None, Some(s)) => s,
+            (Some(a), Some(s)) => a.min(s),
+        };
+        while arrivals
+            .front()
+            .is_some_and(|a| Time::from_millis(a.0) <= t)
+        {
+            let (_, r) = arrivals.pop_front().unwrap();
+            e.submit(r, t).unwrap();
+        }
+        outs.push(e.step(t));
+        e.pool().check_invariants().unwrap();
+        assert!(e.running.len() <= e.cfg.max_num_seqs);
+    }
+    panic!("the engine never went idle");
+}
+
+fn finished(outs: &[StepOutput]) -> Vec<Finished> {
+    let mut f: Vec<Finished> = outs.iter().flat_map(|o| o.finished.clone()).collect();
+    f.sort_by_key(|f| f.id);
+    f
+}
+
+#[test]
+fn one_request_prefills_then_decodes_on_the_step_model() {
+    let mut e = Engine::new(tiny()).unwrap();
+    let outs = drive(&mut e, vec![(0, req(1, prompt(10, 0), 3))]);
+    let f = finished(&outs);
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].output.len(), 3);
+    assert_eq!(f[0].cached_tokens, 0);
+    // tiny: prefill 1 ms + 0.01 ms/token, decode 2 ms.
+    let first = f[0].first_token.as_secs_f64();
+    assert!((first - 0.0011).abs() < 1e-9, "{first}");
+    let last = f[0].finished.as_secs_f64();
+    assert!((last - (0.0011 + 2.0 * 0.002)).abs() < 1e-9, "{last}");
+    assert_eq!(e.metrics().generated_tokens_total, 3);
+    assert_eq!(e.pool().used_count(), 0, "blocks released");
+    // 10 prompt + 2 generated tokens with KV = 12 tokens = 3 full blocks cached.
+    assert_eq!(e.pool().cached_count(), 3);
+}
+
+#[test]
+fn a_repeated_prompt_hits_the_prefix_cache() {
+    let mut e = Engine::new(tiny()).unwrap();
+    let p = prompt(22, 3);
+    let outs = drive(
+        &mut e,
+        vec![(0, req(1, p.clone(), 2)), (100, req(2, p.clone(), 2))],
+    );
+    let f = finished(&outs);
+    assert_eq!(
+        f[1].cached_tokens, 20,
+        "all full blocks but the last token's"
+    );
+    let ttft = |f: &Finished| f.first_token.since(f.arrived).as_secs_f64();
+    assert!(ttft(&f[1]) < ttft(&f[0]));
+    let m = e.metrics();
+    assert_eq!((m.prompt_tokens_total, m.prefix_hit_tokens_total), (44, 20));
+    // A prompt of exactly whole blocks still computes its last block.
+    let q = prompt(8, 9);
+    let outs = drive(
+        &mut e,
+        vec![(200, req(3, q.clone(), 1)), (300, req(4, q, 1))],
+    );
+    assert_eq!(finished(&outs)[1].cached_tokens, 4);
+}
+
+#[test]
+fn limits_on_sequences_and_tokens_per_step_hold() {
+    let mut e = Engine::new(tiny()).unwrap();
+    let arrivals = (0..20)
+        .map(|i| (0, req(i, prompt(30, i as u32 * 100), 4)))
+        .collect();
+    let outs = drive(&mut e, arrivals);
+    assert_eq!(finished(&outs).len(), 20);
+    assert!(e.metrics().steps_total > 0);
+    // Budget: the 64-token step budget forces chunks; with 20 x 30 prompt tokens there must
+    // be at least 600 / 64 prefill steps.
+    assert!(e.metrics().steps_total >= 10, "{}", e.metrics().steps_total);
+}
+
+#[test]
+fn long_prompts_are_prefilled_in_chunks() {
+    let mut e = Engine::new(tiny()).unwrap();
+    let outs = drive(&mut e, vec![(0, req(1, prompt(200, 5), 1))]);
+    // 200 tokens at 64 per step: 4 steps of 1 + 0.01 * chunk ms.
+    let f = &finished(&outs)[0];
+    let expect = 3.0 * (1.0 + 0.64) + (1.0 + 0.08);
+    assert!((f.first_token.as_secs_f64() * 1e3 - expect).abs() < 1e-6);
+    assert_eq!(e.metrics().steps_total, 4);
+}
+
+#[test]
+fn preemption_recomputes_and_everything_finishes() {
+    let mut cfg = tiny();
+    cfg.num_gpu_blocks = 64; // 256 tokens for 8 sequences of up to 48 tokens
+    let mut e = Engine::new(cfg).unwrap();
+    let arrivals = (0..8)
+        .map(|i| (0, req(i, prompt(16, i as u32 * 50), 32)))
+        .collect();
+    let outs = drive(&mut e, arrivals);
+    let f = finished(&outs);
+    assert_eq!(f.len(), 8);
+    assert!(f.iter().all(|f| f.output.len() == 32));
+    assert!(
+        e.metrics().preemptions_total > 0,
+        "the pool was too small for all"
+    );
+    assert!(f.iter().any(|f| f.preemptions > 0));
+    assert_eq!(e.pool().free_count(), 64);
+    // Outputs do not depend on preemption: token k of request i is fixed.
+    for f in &f {
+        for (k, t) in f.output.iter().enumerate() {
+            assert_eq!(*t, request::output_token(f.id, k as u32));
+        }
+    }
+}
+
+#[test]
+fn same_inputs_same_run() {
+    let run = || {
+        let mut e = Engine::new(tiny()).unwrap();
+        let arrivals = (0..12)
+            .map(|i| {
+                (
+                    i * 3,
+                    req(i, prompt(10 + i as usize * 7, (i % 3) as u32), 5),
+                )
+            })
+            .collect();
+        drive(&mut e, arrivals)
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn bad_requests_are_refused() {
+    let mut cfg = tiny();
+    cfg.max_waiting = 1;
+    let mut e = Engine::new(cfg).unwrap();
+    let t = Time::ZERO;
+    assert_eq!(
+        e.submit(req(1, vec![], 1), t),
+        Err(EngineError::EmptyPrompt(RequestId(1)))
+    );
+    assert_eq!(
+        e.submit(req(1, vec![1], 0), t),
+        Err(EngineError::ZeroMaxTokens(RequestId(1)))
+    );
+    assert!(matches!(
+        e.submit(req(1, prompt(1_000, 0), 100), t),
+        Err(EngineError::TooLong { .. })
+    ));
+    e.submit(req(1, vec![1, 2], 1), t).unwrap();
+    assert_eq!(
+        e.submit(req(2, vec![1], 1), t),
+        Err(EngineError::QueueFull(1))
+    );
+    let mut e = Engine::new(tiny()).unwrap();
+    e.submit(req(1, vec![1, 2], 1), t).unwrap();
+    assert_eq!(
+        e.submit(req(1, vec![1], 1), t),
+        Err(EngineError::DuplicateRequest(RequestId(1)))
+    );
+    let mut bad = tiny();
+    bad.num_gpu_blocks = 0;
+    assert!(Engine::new(bad).is_err());
+}
+
+#[test]
+fn aborted_requests_free_their_blocks() {
+    let mut e = Engine::new(tiny()).unwrap();
+    e.submit(req(1, prompt(40, 1), 50), Time::ZERO).unwrap();
+    e.submit(req(2, prompt(40, 2), 50), Time::ZERO).unwrap();
+    let o = e.step(Time::ZERO);
+    assert!(o.tokens.is_empty());
+    assert!(e.abort(RequestId(1)));
+    assert!(!e.abort(RequestId(1)));
+    let outs = drive(&mut e, vec![]);
+    let f = finished(&outs);
+    assert_eq!(
+        f.iter().map(|f| f.id).collect::<Vec<_>>(),
+        vec![RequestId(2)]
+    );
+    assert_eq!(e.pool().used_count(), 0);
+}
+
+#[test]
+fn kv_events_keep_a_router_index_in_step_with_the_cache() {
+    let mut e = Engine::new(tiny()).unwrap();
+    let mut ix = PrefixIndex::new(BlockSize::new(4).unwrap());
+    let w = WorkerId(0);
+    // Shared prefixes, reuse and eviction pressure (256 blocks, ~40 x 25 blocks).
+    let arrivals: Vec<(u64, EngineRequest)> = (0..40)
+        .map(|i| {
+            let mut p = prompt(40, (i % 4) as u32);
+            p.extend(prompt(50 + i as usize, 1_000 + i as u32));
+            (i * 2, req(i, p, 8))
+        })
+        .collect();
+    let prompts: Vec<Vec<u32>> = arrivals.iter().map(|a| a.1.tokens.clone()).collect();
+    let outs = drive(&mut e, arrivals);
+    let mut removed = 0;
+    for o in &outs {
+        for ev in &o.events {
+            removed += matches!(ev, KvEvent::Removed { .. }) as usize;
+            ix.apply(w, ev).unwrap();
+        }
+    }
+    assert!(removed > 0, "the test must exercise eviction");
+    assert_eq!(ix.block_count(w), e.pool().cached_count());
+    for p in &prompts {
+        let locals = local_block_hashes(p, 4, Namespace::default());
+        let seqs = kvroute_core::hashing::sequence_hashes(&locals);
+        assert_eq!(
+            ix.find_matches(&locals).depth(w),
+            e.pool().match_prefix(&seqs)
+        );
+    }
+}

@@ -1,0 +1,351 @@
+//! The paged KV block pool with prefix caching.
+//!
+//! `num_gpu_blocks` blocks of `block_size` tokens. A full, computed block is *cached* under
+//! the chained hash of its prefix so later requests with the same prefix reuse it. Blocks
+//! hold a reference count; a block nobody references goes to the tail of an LRU free list but
+//! keeps its cached content, and is only evicted (its hash dropped, a `Removed` event emitted)
+//! when an allocation takes it from the head of the list. Requests release their blocks last
+//! block first, so the deepest blocks of a prefix are evicted before its root.
+//!
+//! Two requests computing the same prefix at once end up with two physical copies of the
+//! same hash; as in vLLM, each copy is cached and reported on its own, and a hit uses the
+//! first. Every change of the cached set is reported as a KV event, exactly when it happens:
+//! `Stored` (parent-chained, with token ids) when a copy is cached, `Removed` when a copy is
+//! evicted, `Cleared` on a reset. The engine's block hash in the events is an opaque mix of the
+//! sequence hash, as a real engine's would be.
+
+use kvroute_core::{EngineHash, KvEvent, Namespace, SequenceHash, StoredBlocks};
+
+type Map<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Index of a block in the pool.
+pub type BlockId = u32;
+
+const NIL: u32 = u32::MAX;
+
+/// The engine's own hash of a cached block (opaque to the router).
+pub fn engine_hash(seq: SequenceHash) -> EngineHash {
+    EngineHash(seq.0.rotate_left(29) ^ 0x5eed_cafe_f00d_d00d)
+}
+
+#[derive(Clone, Debug)]
+struct Block {
+    seq: Option<SequenceHash>,
+    refs: u32,
+    prev: u32,
+    next: u32,
+    free: bool,
+}
+
+/// The block pool. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    block_size: usize,
+    blocks: Vec<Block>,
+    /// The first cached copy of each hash.
+    cached: Map<SequenceHash, BlockId>,
+    /// Further copies of a hash (rare: concurrent computation of one prefix).
+    copies: Map<SequenceHash, Vec<BlockId>>,
+    head: u32,
+    tail: u32,
+    free_len: usize,
+    events: Vec<KvEvent>,
+}
+
+/// One block to cache: the pool block, its sequence hash and its token ids.
+#[derive(Clone, Copy, Debug)]
+pub struct FullBlock<'a> {
+    /// The pool block holding it.
+    pub block: BlockId,
+    /// Its sequence hash.
+    pub seq: SequenceHash,
+    /// Its tokens.
+    pub tokens: &'a [u32],
+}
+
+impl BlockPool {
+    /// A pool of `num_blocks` free, empty blocks.
+    pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        let n = num_blocks.min(NIL as usize - 1);
+        let mut pool = Self {
+            block_size,
+            blocks: vec![
+                Block {
+                    seq: None,
+                    refs: 0,
+                    prev: NIL,
+                    next: NIL,
+                    free: false,
+                };
+                n
+            ],
+            cached: Map::default(),
+            copies: Map::default(),
+            head: NIL,
+            tail: NIL,
+            free_len: 0,
+            events: Vec::new(),
+        };
+        for b in 0..n as u32 {
+            pool.push_tail(b);
+        }
+        pool
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks in the pool.
+    pub fn capacity(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Blocks nobody references (allocatable; some still hold cached content).
+    pub fn free_count(&self) -> usize {
+        self.free_len
+    }
+
+    /// Blocks referenced by requests.
+    pub fn used_count(&self) -> usize {
+        self.blocks.len() - self.free_len
+    }
+
+    /// Distinct hashes cached (referenced or not; copies count once).
+    pub fn cached_count(&self) -> usize {
+        self.cached.len()
+    }
+
+    /// Whether a block with this sequence hash is cached.
+    pub fn is_cached(&self, seq: SequenceHash) -> bool {
+        self.cached.contains_key(&seq)
+    }
+
+    /// How many leading blocks of `seqs` are cached.
+    pub fn match_prefix(&self, seqs: &[SequenceHash]) -> usize {
+        seqs.iter()
+            .take_while(|s| self.cached.contains_key(*s))
+            .count()
+    }
+
+    /// References the cached blocks of `seqs` (all must be cached: see
+    /// [`BlockPool::match_prefix`]); returns their ids, or None (changing nothing) when one is
+    /// not cached.
+    pub fn acquire(&mut self, seqs: &[SequenceHash]) -> Option<Vec<BlockId>> {
+        let ids: Vec<BlockId> = seqs
+            .iter()
+            .map(|s| self.cached.get(s).copied())
+            .collect::<Option<_>>()?;
+        for &b in &ids {
+            if self.blocks[b as usize].free {
+                self.unlink(b);
+            }
+            self.blocks[b as usize].refs += 1;
+        }
+        Some(ids)
+    }
+
+    /// Takes `n` blocks from the head of the free list, evicting their cached content; None
+    /// (changing nothing) when fewer than `n` are free.
+    pub fn allocate(&mut self, n: usize) -> Option<Vec<BlockId>> {
+        if n > self.free_len {
+            return None;
+        }
+        let mut out = Vec::with_capacity(n);
+        let mut evicted = Vec::new();
+        for _ in 0..n {
+            let b = self.head;
+            self.unlink(b);
+            if let Some(seq) = self.blocks[b as usize].seq.take() {
+                self.uncache(seq, b);
+                evicted.push(engine_hash(seq));
+            }
+            self.blocks[b as usize].refs = 1;
+            out.push(b);
+        }
+        if !evicted.is_empty() {
+            self.events.push(KvEvent::Removed {
+                block_hashes: evicted,
+            });
+        }
+        Some(out)
+    }
+
+    /// Drops the cache entry of copy `b` of `seq`.
+    fn uncache(&mut self, seq: SequenceHash, b: BlockId) {
+        let extra = self.copies.get_mut(&seq);
+        match extra {
+            Some(list) => {
+                if self.cached.get(&seq) == Some(&b) {
+                    // The first copy goes: promote another.
+                    let next = list.pop().expect("copy lists are never empty");
+                    self.cached.insert(seq, next);
+                } else {
+                    list.retain(|&x| x != b);
+                }
+                if list.is_empty() {
+                    self.copies.remove(&seq);
+                }
+            }
+            None => {
+                self.cached.remove(&seq);
+            }
+        }
+    }
+
+    /// Caches a run of full, computed blocks of one request whose first block follows
+    /// `parent` (None: the root), and announces them in one `Stored` event. Blocks already
+    /// cached are skipped (the run is split around them).
+    pub fn cache(&mut self, parent: Option<SequenceHash>, run: &[FullBlock<'_>], ns: Namespace) {
+        let mut stored: Option<StoredBlocks> = None;
+        let mut prev = parent;
+        for fb in run {
+            let block = &mut self.blocks[fb.block as usize];
+            if block.seq.is_none() {
+                block.seq = Some(fb.seq);
+                match self.cached.entry(fb.seq) {
+                    hashbrown::hash_map::Entry::Occupied(_) => {
+                        self.copies.entry(fb.seq).or_default().push(fb.block);
+                    }
+                    hashbrown::hash_map::Entry::Vacant(v) => {
+                        v.insert(fb.block);
+                    }
+                }
+                let s = stored.get_or_insert_with(|| StoredBlocks {
+                    parent: prev.map(engine_hash),
+                    block_hashes: Vec::new(),
+                    token_ids: Vec::new(),
+                    block_size: self.block_size,
+                    namespace: ns,
+                });
+                s.block_hashes.push(engine_hash(fb.seq));
+                s.token_ids.extend_from_slice(fb.tokens);
+            } else if let Some(s) = stored.take() {
+                self.events.push(KvEvent::Stored(s));
+            }
+            prev = Some(fb.seq);
+        }
+        if let Some(s) = stored {
+            self.events.push(KvEvent::Stored(s));
+        }
+    }
+
+    /// Drops one reference to each block, in the order given (pass a request's blocks last
+    /// first); unreferenced blocks join the tail of the free list, keeping their content.
+    pub fn release(&mut self, blocks: &[BlockId]) {
+        for &b in blocks {
+            let block = &mut self.blocks[b as usize];
+            debug_assert!(block.refs > 0, "release of an unreferenced block");
+            block.refs = block.refs.saturating_sub(1);
+            if block.refs == 0 && !block.free {
+                self.push_tail(b);
+            }
+        }
+    }
+
+    /// Forgets every cached hash (blocks in use keep their data but are no longer shared).
+    pub fn clear(&mut self) {
+        for b in &mut self.blocks {
+            b.seq = None;
+        }
+        self.cached.clear();
+        self.copies.clear();
+        self.events.push(KvEvent::Cleared);
+    }
+
+    /// The events since the last call, in order.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    fn push_tail(&mut self, b: u32) {
+        let block = &mut self.blocks[b as usize];
+        block.free = true;
+        block.prev = self.tail;
+        block.next = NIL;
+        if self.tail == NIL {
+            self.head = b;
+        } else {
+            self.blocks[self.tail as usize].next = b;
+        }
+        self.tail = b;
+        self.free_len += 1;
+    }
+
+    fn unlink(&mut self, b: u32) {
+        let (prev, next) = {
+            let block = &mut self.blocks[b as usize];
+            block.free = false;
+            (block.prev, block.next)
+        };
+        if prev == NIL {
+            self.head = next;
+        } else {
+            self.blocks[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            self.blocks[next as usize].prev = prev;
+        }
+        self.free_len -= 1;
+    }
+
+    /// Checks the pool's internal invariants (tests and debug assertions).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut walked = 0;
+        let mut b = self.head;
+        let mut prev = NIL;
+        while b != NIL {
+            let block = &self.blocks[b as usize];
+            if !block.free || block.refs != 0 || block.prev != prev {
+                return Err(format!("free list broken at block {b}"));
+            }
+            walked += 1;
+            if walked > self.blocks.len() {
+                return Err("free list has a cycle".into());
+            }
+            prev = b;
+            b = block.next;
+        }
+        if walked != self.free_len || prev != self.tail {
+            return Err(format!(
+                "free list holds {walked}, counted {}",
+                self.free_len
+            ));
+        }
+        let unreferenced = self.blocks.iter().filter(|b| b.refs == 0).count();
+        if unreferenced != self.free_len {
+            return Err(format!(
+                "{unreferenced} unreferenced blocks, {} free",
+                self.free_len
+            ));
+        }
+        let named = self.cached.iter().chain(
+            self.copies
+                .iter()
+                .flat_map(|(s, l)| l.iter().map(move |b| (s, b))),
+        );
+        let mut count = 0;
+        for (seq, &b) in named {
+            count += 1;
+            if self.blocks[b as usize].seq != Some(*seq) {
+                return Err(format!("cache names block {b} for a hash it does not hold"));
+            }
+        }
+        if self.copies.keys().any(|s| !self.cached.contains_key(s)) {
+            return Err("a copy list without a first copy".into());
+        }
+        let with_hash = self.blocks.iter().filter(|b| b.seq.is_some()).count();
+        if with_hash != count {
+            return Err(format!(
+                "{with_hash} blocks hold hashes, {count} named by the cache"
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

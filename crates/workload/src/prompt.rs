@@ -1,0 +1,341 @@
+//! Prompts as a simulator sees them: explicit token ids, or Mooncake-style hash blocks that
+//! stand for deterministic token ids and are only expanded when needed.
+//!
+//! Token ids are drawn from a fixed pseudo-random function of `(key, position)`
+//! ([`token_at`]): no tokenizer, no text, no randomness state. Equal keys give equal tokens,
+//! so two prompts that share a hash id at the same position share that block's tokens, and so
+//! share KV blocks in any engine, whatever its block size.
+
+use kvroute_core::{BlockSize, BlockedPrompt, Namespace};
+use serde::{Deserialize, Serialize};
+
+/// Size of the synthetic vocabulary: every generated token id is below it.
+pub const VOCAB_SIZE: u32 = 128_000;
+
+/// The splitmix64 finaliser: a bijective mix of 64 bits.
+pub(crate) fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Combines two words into one key (order matters); used to derive independent token streams
+/// from a seed, a purpose tag and an index.
+pub fn mix_key(a: u64, b: u64) -> u64 {
+    splitmix64(splitmix64(a) ^ b.rotate_left(23) ^ 0x6b76_776c_6f61_6431)
+}
+
+/// The token at `position` of the stream named `key`: a pseudo-random id below
+/// [`VOCAB_SIZE`], a pure function of its arguments.
+pub fn token_at(key: u64, position: u64) -> u32 {
+    let x = splitmix64(splitmix64(key) ^ position.wrapping_mul(0xd6e8_feb8_6659_fd93));
+    // Multiply-shift maps 32 random bits onto [0, VOCAB_SIZE) with negligible bias.
+    (((x >> 32) * u64::from(VOCAB_SIZE)) >> 32) as u32
+}
+
+/// Appends `count` tokens of the stream `key`, starting at position `start`, to `out`.
+pub fn extend_tokens(out: &mut Vec<u32>, key: u64, start: u64, count: usize) {
+    out.reserve(count);
+    out.extend((0..count as u64).map(|i| token_at(key, start.wrapping_add(i))));
+}
+
+/// The `block_tokens` tokens of the block with hash id `id`.
+///
+/// Equal ids give equal blocks; two different ids give equal blocks with probability about
+/// `VOCAB_SIZE^-block_tokens` (for any block of two or more tokens: never, in practice).
+pub fn token_block(id: u64, block_tokens: usize) -> Vec<u32> {
+    let mut out = Vec::with_capacity(block_tokens);
+    extend_tokens(&mut out, block_key(id), 0, block_tokens);
+    out
+}
+
+/// The token stream of hash-block `id` (separate from every other stream of this crate).
+fn block_key(id: u64) -> u64 {
+    mix_key(0x6861_7368_626c_6f63, id) // "hashbloc"
+}
+
+/// A prompt, cheap to hold for a long trace.
+///
+/// `HashBlocks` is the Mooncake form: `len` tokens made of blocks of `block_tokens` tokens,
+/// block `i` holding `token_block(ids[i], block_tokens)`, the last block possibly truncated.
+/// Its fields are public, so a value may be inconsistent (too few ids, zero block size); every
+/// method then uses the consistent part only: the prompt is the first
+/// `min(len, ids.len() * block_tokens)` tokens. [`Prompt::hash_blocks`] checks the fields.
+///
+/// Appending ([`Prompt::append`]) turns a `HashBlocks` prompt into `Tokens`: a follow-up
+/// turn is no longer made of whole hash blocks, and turns are short-lived, so the simple form
+/// wins over a hybrid.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Prompt {
+    /// Explicit token ids.
+    Tokens(Vec<u32>),
+    /// Deterministic token blocks named by hash ids.
+    HashBlocks {
+        /// One hash id per block (the last block may be partial).
+        ids: Vec<u64>,
+        /// Tokens per block.
+        block_tokens: usize,
+        /// Prompt length in tokens.
+        len: usize,
+    },
+}
+
+/// A `HashBlocks` prompt whose fields disagree.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PromptError {
+    /// Zero tokens per block.
+    #[error("block size must be positive")]
+    ZeroBlockSize,
+    /// `ids.len()` is not `ceil(len / block_tokens)`.
+    #[error("{len} tokens in blocks of {block_tokens} need {expected} hash ids, got {got}")]
+    IdCount {
+        /// Prompt length.
+        len: usize,
+        /// Tokens per block.
+        block_tokens: usize,
+        /// `ceil(len / block_tokens)`.
+        expected: usize,
+        /// `ids.len()`.
+        got: usize,
+    },
+}
+
+impl Prompt {
+    /// A checked `HashBlocks` prompt: `block_tokens > 0` and `ids.len() == ceil(len / block_tokens)`.
+    pub fn hash_blocks(
+        ids: Vec<u64>,
+        block_tokens: usize,
+        len: usize,
+    ) -> Result<Self, PromptError> {
+        if block_tokens == 0 {
+            return Err(PromptError::ZeroBlockSize);
+        }
+        let expected = len.div_ceil(block_tokens);
+        if ids.len() != expected {
+            return Err(PromptError::IdCount {
+                len,
+                block_tokens,
+                expected,
+                got: ids.len(),
+            });
+        }
+        Ok(Prompt::HashBlocks {
+            ids,
+            block_tokens,
+            len,
+        })
+    }
+
+    /// Number of tokens (for an inconsistent `HashBlocks`, of its consistent part).
+    pub fn len(&self) -> usize {
+        match self {
+            Prompt::Tokens(t) => t.len(),
+            Prompt::HashBlocks {
+                ids,
+                block_tokens,
+                len,
+            } => (*len).min(ids.len().saturating_mul(*block_tokens)),
+        }
+    }
+
+    /// Whether the prompt has no token.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The token ids.
+    pub fn materialize(&self) -> Vec<u32> {
+        match self {
+            Prompt::Tokens(t) => t.clone(),
+            Prompt::HashBlocks {
+                ids, block_tokens, ..
+            } => {
+                let total = self.len();
+                let mut out = Vec::with_capacity(total);
+                for &id in ids {
+                    let take = (*block_tokens).min(total - out.len());
+                    if take == 0 {
+                        break;
+                    }
+                    extend_tokens(&mut out, block_key(id), 0, take);
+                }
+                out
+            }
+        }
+    }
+
+    /// The token ids, reusing the vector of a `Tokens` prompt.
+    pub fn into_tokens(self) -> Vec<u32> {
+        match self {
+            Prompt::Tokens(t) => t,
+            other => other.materialize(),
+        }
+    }
+
+    /// Appends tokens (a follow-up turn: the answer, then the next question). A `HashBlocks`
+    /// prompt becomes `Tokens`.
+    pub fn append(&mut self, tokens: &[u32]) {
+        if let Prompt::HashBlocks { .. } = self {
+            *self = Prompt::Tokens(self.materialize());
+        }
+        if let Prompt::Tokens(t) = self {
+            t.extend_from_slice(tokens);
+        }
+    }
+
+    /// This prompt followed by `tokens`, as a new prompt.
+    pub fn followed_by(&self, tokens: &[u32]) -> Prompt {
+        let mut out = match self {
+            Prompt::Tokens(t) => {
+                let mut v = Vec::with_capacity(t.len() + tokens.len());
+                v.extend_from_slice(t);
+                v
+            }
+            other => other.materialize(),
+        };
+        out.extend_from_slice(tokens);
+        Prompt::Tokens(out)
+    }
+
+    /// The prompt cut into the router's blocks (materializes the tokens).
+    pub fn blocked(&self, block_size: BlockSize, ns: Namespace) -> BlockedPrompt {
+        match self {
+            Prompt::Tokens(t) => BlockedPrompt::new(t, block_size, ns),
+            other => BlockedPrompt::new(&other.materialize(), block_size, ns),
+        }
+    }
+}
+
+impl From<Vec<u32>> for Prompt {
+    fn from(tokens: Vec<u32>) -> Self {
+        Prompt::Tokens(tokens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_blocks_are_deterministic_and_distinct() {
+        assert_eq!(token_block(7, 512), token_block(7, 512));
+        assert_ne!(token_block(7, 512), token_block(8, 512));
+        assert_eq!(token_block(7, 16)[..], token_block(7, 512)[..16]);
+        assert!(token_block(3, 4096).iter().all(|&t| t < VOCAB_SIZE));
+        // Spread over the vocabulary: a few thousand draws cover both halves and many values.
+        let b = token_block(11, 4096);
+        let mut distinct = b.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() > 3_900, "{} distinct", distinct.len());
+        assert!(b.iter().any(|&t| t < VOCAB_SIZE / 2));
+        assert!(b.iter().any(|&t| t >= VOCAB_SIZE / 2));
+    }
+
+    #[test]
+    fn many_ids_give_pairwise_different_blocks() {
+        let mut blocks: Vec<Vec<u32>> = (0..2_000).map(|id| token_block(id, 4)).collect();
+        blocks.sort();
+        blocks.dedup();
+        assert_eq!(blocks.len(), 2_000);
+    }
+
+    #[test]
+    fn hash_blocks_materialize_with_truncated_tail() {
+        let p = Prompt::hash_blocks(vec![1, 2, 3], 4, 10).unwrap();
+        assert_eq!(p.len(), 10);
+        let t = p.materialize();
+        assert_eq!(t.len(), 10);
+        assert_eq!(t[..4], token_block(1, 4)[..]);
+        assert_eq!(t[4..8], token_block(2, 4)[..]);
+        assert_eq!(t[8..], token_block(3, 4)[..2]);
+    }
+
+    #[test]
+    fn shared_ids_give_shared_prefixes() {
+        let a = Prompt::hash_blocks(vec![0, 1, 2], 8, 20)
+            .unwrap()
+            .materialize();
+        let b = Prompt::hash_blocks(vec![0, 1, 9], 8, 24)
+            .unwrap()
+            .materialize();
+        assert_eq!(a[..16], b[..16]);
+        assert_ne!(a[16..20], b[16..20]);
+    }
+
+    #[test]
+    fn checked_constructor_rejects_inconsistent_fields() {
+        assert_eq!(
+            Prompt::hash_blocks(vec![1], 0, 1),
+            Err(PromptError::ZeroBlockSize)
+        );
+        assert!(matches!(
+            Prompt::hash_blocks(vec![1, 2], 512, 512),
+            Err(PromptError::IdCount {
+                expected: 1,
+                got: 2,
+                ..
+            })
+        ));
+        assert!(Prompt::hash_blocks(vec![], 512, 0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn inconsistent_hash_blocks_never_panic() {
+        let zero = Prompt::HashBlocks {
+            ids: vec![1, 2],
+            block_tokens: 0,
+            len: 10,
+        };
+        assert_eq!(zero.len(), 0);
+        assert!(zero.materialize().is_empty());
+        let short = Prompt::HashBlocks {
+            ids: vec![1],
+            block_tokens: 4,
+            len: 10,
+        };
+        assert_eq!(short.len(), 4);
+        assert_eq!(short.materialize(), token_block(1, 4));
+    }
+
+    #[test]
+    fn append_turns_hash_blocks_into_tokens() {
+        let mut p = Prompt::hash_blocks(vec![5, 6], 4, 6).unwrap();
+        let before = p.materialize();
+        p.append(&[1, 2, 3]);
+        assert!(matches!(p, Prompt::Tokens(_)));
+        assert_eq!(p.len(), 9);
+        let t = p.materialize();
+        assert_eq!(t[..6], before[..]);
+        assert_eq!(t[6..], [1, 2, 3]);
+        let q = Prompt::from(vec![9]).followed_by(&[8]);
+        assert_eq!(q.into_tokens(), vec![9, 8]);
+    }
+
+    #[test]
+    fn blocked_matches_router_hashing_of_the_tokens() {
+        let p = Prompt::hash_blocks(vec![1, 2, 3], 16, 40).unwrap();
+        let bs = BlockSize::new(16).unwrap();
+        let b = p.blocked(bs, Namespace::default());
+        assert_eq!(b.tokens, 40);
+        assert_eq!(b.full_blocks(), 2);
+        assert_eq!(
+            b,
+            BlockedPrompt::new(&p.materialize(), bs, Namespace::default())
+        );
+    }
+
+    #[test]
+    fn streams_with_different_keys_differ() {
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        extend_tokens(&mut a, mix_key(1, 2), 0, 32);
+        extend_tokens(&mut b, mix_key(2, 1), 0, 32);
+        assert_ne!(a, b);
+        let mut c = Vec::new();
+        extend_tokens(&mut c, mix_key(1, 2), 16, 16);
+        assert_eq!(a[16..], c[..]);
+    }
+}
