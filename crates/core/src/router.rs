@@ -14,7 +14,9 @@ use crate::admission::{
     AdmissionConfig, AdmissionDecision, AdmissionMode, QueueState, RejectReason,
 };
 use crate::hashing::BlockedPrompt;
-use crate::index::{ApproxConfig, ApproxIndex, IndexError, KvEvent, Matches, PrefixIndex};
+use crate::index::{
+    ApproxConfig, ApproxIndex, BatchOutcome, IndexError, KvEvent, Matches, PrefixIndex,
+};
 use crate::ledger::{Booking, LedgerError, LoadLedger, WorkerCapacity};
 use crate::policy::{Candidate, Choice, Policy, PolicyConfig, PolicyInput};
 use crate::types::{BlockSize, RequestId, Time, WorkerId};
@@ -255,6 +257,15 @@ impl Router {
         match &mut self.index {
             Index::Events(i) => i.apply(worker, event),
             Index::Approx(_) => Ok(()),
+        }
+    }
+
+    /// Applies a batch of KV events of `worker` in order (see [`PrefixIndex::apply_batch`]).
+    /// In approximate mode events are ignored.
+    pub fn apply_events(&mut self, worker: WorkerId, events: &[KvEvent]) -> BatchOutcome {
+        match &mut self.index {
+            Index::Events(i) => i.apply_batch(worker, events),
+            Index::Approx(_) => BatchOutcome::default(),
         }
     }
 

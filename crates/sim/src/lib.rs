@@ -1,0 +1,122 @@
+//! The fleet simulator: a workload, the routing core (the same `Router` the gateway uses)
+//! and N simulated engines, in virtual time.
+//!
+//! A discrete-event loop: request arrivals (trace timestamps, or a closed loop that sends a
+//! client's next request when its previous one finishes), engine steps (each engine says when
+//! its next step ends), KV event deliveries (after a configurable delay, as over a network)
+//! and queue timeouts. Deterministic for a seed: events at the same instant run in the order
+//! they were scheduled. Produces per-request records and a summary, like a live benchmark.
+//!
+//! ```
+//! use kvroute_sim::{simulate, SimConfig, Workload};
+//! use kvroute_workload::{Synthetic, SyntheticConfig};
+//!
+//! let cfg = SimConfig::for_profile("tiny", 2)?;
+//! let gen = Synthetic::new(SyntheticConfig { prefixes: 4, prefix_tokens: 64, suffix_tokens: 16,
+//!     max_tokens: 8, ..SyntheticConfig::default() }, 1)?;
+//! let result = simulate(&cfg, Workload::Synthetic { gen, concurrency: 4, requests: 40 })?;
+//! assert_eq!(result.summary.completed, 40);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod driver;
+mod sim;
+
+pub use driver::Workload;
+pub use sim::simulate;
+
+use kvroute_core::{RouteError, RouterConfig};
+use kvroute_engine::{EngineConfig, EngineMetrics, Profile, ProfileError};
+use kvroute_workload::{RequestRecord, Summary};
+use serde::Serialize;
+use std::time::Duration;
+
+/// Simulator settings.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Engine replicas.
+    pub workers: usize,
+    /// The router (policy, admission, seed). Its block size must equal the engines'.
+    pub router: RouterConfig,
+    /// Every engine's settings.
+    pub engine: EngineConfig,
+    /// Delay between an engine's KV event and the router seeing it.
+    pub kv_event_delay: Duration,
+    /// Closed loops stop starting requests after this much virtual time.
+    pub duration: Option<Duration>,
+    /// Virtual time after which the simulation stops, finished or not.
+    pub max_sim_time: Duration,
+}
+
+impl SimConfig {
+    /// `workers` engines of a built-in profile, with the default router at its block size.
+    pub fn for_profile(profile: &str, workers: usize) -> Result<Self, SimError> {
+        let p = Profile::builtin(profile)?;
+        let engine = EngineConfig::from_profile(&p);
+        Ok(Self {
+            workers,
+            router: RouterConfig {
+                block_size: p.block_size,
+                ..RouterConfig::default()
+            },
+            engine,
+            kv_event_delay: Duration::ZERO,
+            duration: None,
+            max_sim_time: Duration::from_secs(7 * 24 * 3600),
+        })
+    }
+
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), SimError> {
+        if self.workers == 0 || self.workers > 4096 {
+            return Err(SimError::Config(format!(
+                "workers must be between 1 and 4096, got {}",
+                self.workers
+            )));
+        }
+        if self.router.block_size != self.engine.block_size {
+            return Err(SimError::Config(format!(
+                "the router's block size {} differs from the engines' {}",
+                self.router.block_size, self.engine.block_size
+            )));
+        }
+        self.router.validate()?;
+        self.engine
+            .validate()
+            .map_err(|e| SimError::Config(e.to_string()))
+    }
+}
+
+/// Simulator errors.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// Bad settings.
+    #[error("simulator config: {0}")]
+    Config(String),
+    /// Unknown or bad profile.
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
+    /// The router refused its settings.
+    #[error(transparent)]
+    Route(#[from] RouteError),
+    /// The workload refused its settings.
+    #[error("workload: {0}")]
+    Workload(String),
+}
+
+/// What a simulation produced.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimResult {
+    /// One record per request sent, by request id.
+    pub records: Vec<RequestRecord>,
+    /// The summary over all records.
+    pub summary: Summary,
+    /// Virtual seconds from the first arrival to the last event.
+    pub sim_seconds: f64,
+    /// Each engine's metrics at the end.
+    pub engines: Vec<EngineMetrics>,
+    /// KV events the router rejected (should be 0: engines and router agree).
+    pub kv_events_rejected: u64,
+    /// Requests that entered the admission queue.
+    pub queued: u64,
+}

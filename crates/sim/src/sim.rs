@@ -1,0 +1,336 @@
+//! The discrete-event loop.
+
+use crate::driver::{Driver, NewRequest, Outcome};
+use crate::{SimConfig, SimError, SimResult, Workload};
+use kvroute_core::admission::QueueState;
+use kvroute_core::router::RouteOutcome;
+use kvroute_core::{
+    BlockedPrompt, KvEvent, Namespace, RejectReason, RequestId, RouteRequest, Router, Time,
+    WorkerCapacity, WorkerId,
+};
+use kvroute_engine::{Engine, EngineRequest, StepOutput};
+use kvroute_workload::{ConversationId, RequestRecord, Status, Summary};
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::Duration;
+
+enum Event {
+    TraceArrival(usize),
+    Arrival(Box<NewRequest>),
+    Wake(usize),
+    KvDelivery(usize, Vec<KvEvent>),
+    QueueTimeout(RequestId),
+}
+
+struct Entry {
+    t: Time,
+    seq: u64,
+    ev: Event,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, o: &Self) -> bool {
+        (self.t, self.seq) == (o.t, o.seq)
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Entry {
+    /// Reversed: the heap pops the earliest (then first scheduled) event.
+    fn cmp(&self, o: &Self) -> Ordering {
+        (o.t, o.seq).cmp(&(self.t, self.seq))
+    }
+}
+
+/// A request routed but not dispatched yet (admission queue).
+struct Queued {
+    id: RequestId,
+    tokens: Vec<u32>,
+    prompt: BlockedPrompt,
+    max_tokens: u32,
+    session: Option<u64>,
+}
+
+struct Sim {
+    cfg: SimConfig,
+    router: Router,
+    engines: Vec<Engine>,
+    wake: Vec<Option<Time>>,
+    heap: BinaryHeap<Entry>,
+    seq: u64,
+    driver: Driver,
+    records: Vec<RequestRecord>,
+    last_token: Vec<Time>,
+    conversation: Vec<Option<ConversationId>>,
+    queue: VecDeque<Queued>,
+    queued_tokens: u64,
+    queued_total: u64,
+    kv_rejected: u64,
+    now: Time,
+}
+
+/// Runs a simulation to its end.
+pub fn simulate(cfg: &SimConfig, workload: Workload) -> Result<SimResult, SimError> {
+    cfg.validate()?;
+    let mut router = Router::new(cfg.router.clone())?;
+    let mut engines = Vec::with_capacity(cfg.workers);
+    for w in 0..cfg.workers {
+        router.add_worker(
+            WorkerId(w as u64),
+            WorkerCapacity {
+                kv_blocks: Some(cfg.engine.num_gpu_blocks as u64),
+                max_batch: Some(cfg.engine.max_num_seqs as u32),
+            },
+        )?;
+        engines.push(Engine::new(cfg.engine.clone()).map_err(|e| SimError::Config(e.to_string()))?);
+    }
+    let stop_at = cfg.duration.map(Time);
+    let mut sim = Sim {
+        cfg: cfg.clone(),
+        router,
+        wake: vec![None; engines.len()],
+        engines,
+        heap: BinaryHeap::new(),
+        seq: 0,
+        driver: Driver::new(workload, stop_at),
+        records: Vec::new(),
+        last_token: Vec::new(),
+        conversation: Vec::new(),
+        queue: VecDeque::new(),
+        queued_tokens: 0,
+        queued_total: 0,
+        kv_rejected: 0,
+        now: Time::ZERO,
+    };
+    for (i, t) in sim.driver.trace_arrivals() {
+        sim.push(t, Event::TraceArrival(i));
+    }
+    for r in sim.driver.initial() {
+        sim.push(Time::ZERO, Event::Arrival(Box::new(r)));
+    }
+    sim.run();
+    for r in &mut sim.records {
+        if r.finished.is_none() {
+            r.status = Status::Failed("unfinished when the simulation stopped".into());
+        }
+    }
+    let start = sim
+        .records
+        .iter()
+        .map(|r| r.arrival)
+        .min()
+        .unwrap_or(Time::ZERO);
+    let span = sim.now.since(start);
+    Ok(SimResult {
+        summary: Summary::from_records(&sim.records, span),
+        sim_seconds: span.as_secs_f64(),
+        engines: sim.engines.iter().map(|e| e.metrics()).collect(),
+        kv_events_rejected: sim.kv_rejected,
+        queued: sim.queued_total,
+        records: sim.records,
+    })
+}
+
+impl Sim {
+    fn push(&mut self, t: Time, ev: Event) {
+        self.seq += 1;
+        self.heap.push(Entry {
+            t,
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    fn run(&mut self) {
+        let end = Time(self.cfg.max_sim_time);
+        while let Some(Entry { t, ev, .. }) = self.heap.pop() {
+            if t > end {
+                break;
+            }
+            self.now = t;
+            match ev {
+                Event::TraceArrival(i) => {
+                    if let Some(r) = self.driver.trace_request(i) {
+                        self.arrive(t, r);
+                    }
+                }
+                Event::Arrival(r) => self.arrive(t, *r),
+                Event::Wake(w) => {
+                    if self.wake[w] == Some(t) {
+                        self.wake[w] = None;
+                        let out = self.engines[w].step(t);
+                        self.handle(w, out);
+                        self.reschedule(w);
+                    }
+                }
+                Event::KvDelivery(w, events) => self.deliver(w, &events),
+                Event::QueueTimeout(id) => self.expire(id),
+            }
+        }
+    }
+
+    /// A new request arrives at `t`: record it, then route it.
+    fn arrive(&mut self, t: Time, r: NewRequest) {
+        let id = RequestId(self.records.len() as u64);
+        let tokens = r.prompt.materialize();
+        let prompt = BlockedPrompt::new(&tokens, self.router.block_size(), Namespace::default());
+        let mut rec = RequestRecord::new(id, t, tokens.len() as u64);
+        rec.session = r.session;
+        self.records.push(rec);
+        self.last_token.push(t);
+        self.conversation.push(r.conversation);
+        let q = Queued {
+            id,
+            tokens,
+            prompt,
+            max_tokens: r.max_tokens,
+            session: r.session,
+        };
+        if let Some(q) = self.try_dispatch(t, q) {
+            self.queued_total += 1;
+            self.queued_tokens += q.tokens.len() as u64;
+            let wait = Duration::from_secs_f64(self.cfg.router.admission.max_queue_wait_secs);
+            self.push(t.plus(wait), Event::QueueTimeout(q.id));
+            self.queue.push_back(q);
+        }
+    }
+
+    /// Routes and dispatches `q`; gives it back when it must wait in the queue.
+    fn try_dispatch(&mut self, t: Time, q: Queued) -> Option<Queued> {
+        let req = RouteRequest {
+            prompt: &q.prompt,
+            session: q.session,
+            queue: QueueState {
+                requests: self.queue.len(),
+                tokens: self.queued_tokens,
+            },
+        };
+        match self.router.route(&req) {
+            RouteOutcome::Queue => return Some(q),
+            RouteOutcome::Reject(reason) => {
+                self.end(t, q.id, Status::Rejected(reason.as_str().into()), None)
+            }
+            RouteOutcome::Dispatch(sel) => {
+                if let Err(e) = self.router.dispatch(q.id, &req, &sel, t) {
+                    self.end(t, q.id, Status::Failed(e.to_string()), None);
+                    return None;
+                }
+                let w = sel.worker.0 as usize;
+                let rec = &mut self.records[q.id.0 as usize];
+                rec.worker = Some(sel.worker.0);
+                rec.predicted_cached_tokens = sel.cached_tokens as u64;
+                let submitted = self.engines[w].submit(
+                    EngineRequest {
+                        id: q.id,
+                        tokens: q.tokens,
+                        max_tokens: q.max_tokens,
+                        namespace: Namespace::default(),
+                    },
+                    t,
+                );
+                match submitted {
+                    Ok(()) => self.reschedule(w),
+                    Err(e) => {
+                        let _ = self.router.finish(q.id, t);
+                        self.end(t, q.id, Status::Failed(e.to_string()), None);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Dispatches queued requests, oldest first, while the router lets them go.
+    fn drain_queue(&mut self, t: Time) {
+        while let Some(q) = self.queue.pop_front() {
+            self.queued_tokens -= q.tokens.len() as u64;
+            if let Some(q) = self.try_dispatch(t, q) {
+                self.queued_tokens += q.tokens.len() as u64;
+                self.queue.push_front(q);
+                break;
+            }
+        }
+    }
+
+    fn expire(&mut self, id: RequestId) {
+        if let Some(i) = self.queue.iter().position(|q| q.id == id) {
+            let q = self.queue.remove(i).expect("position is in range");
+            self.queued_tokens -= q.tokens.len() as u64;
+            let reason = RejectReason::QueueTimeout.as_str().to_string();
+            self.end(self.now, id, Status::Rejected(reason), None);
+        }
+    }
+
+    /// Applies an engine step's output: tokens, finished requests, KV events.
+    fn handle(&mut self, w: usize, out: StepOutput) {
+        let t = out.time;
+        for (id, _) in &out.tokens {
+            let i = id.0 as usize;
+            let rec = &mut self.records[i];
+            if rec.first_token.is_none() {
+                rec.first_token = Some(t);
+                let _ = self.router.first_token(*id, t);
+            } else {
+                rec.push_gaps(t.since(self.last_token[i]).as_secs_f64(), 1);
+            }
+            self.last_token[i] = t;
+        }
+        if !out.events.is_empty() {
+            if self.cfg.kv_event_delay.is_zero() {
+                self.deliver(w, &out.events);
+            } else {
+                self.push(
+                    t.plus(self.cfg.kv_event_delay),
+                    Event::KvDelivery(w, out.events),
+                );
+            }
+        }
+        let any_finished = !out.finished.is_empty();
+        for f in out.finished {
+            let _ = self.router.finish(f.id, t);
+            let rec = &mut self.records[f.id.0 as usize];
+            rec.cached_tokens = f.cached_tokens as u64;
+            rec.output_tokens = f.output.len() as u64;
+            self.end(t, f.id, Status::Completed, Some(&f.output));
+        }
+        if any_finished && !self.queue.is_empty() {
+            self.drain_queue(t);
+        }
+    }
+
+    fn deliver(&mut self, w: usize, events: &[KvEvent]) {
+        let out = self.router.apply_events(WorkerId(w as u64), events);
+        self.kv_rejected += out.rejected.len() as u64;
+    }
+
+    /// A request ended: close its record and let a closed-loop client go on.
+    fn end(&mut self, t: Time, id: RequestId, status: Status, answer: Option<&[u32]>) {
+        let i = id.0 as usize;
+        let rec = &mut self.records[i];
+        rec.finished = Some(t);
+        rec.status = status;
+        let outcome = match answer {
+            Some(a) => Outcome::Answered(a),
+            None => Outcome::Failed,
+        };
+        if let Some(next) = self.driver.next(t, self.conversation[i], outcome) {
+            self.push(t, Event::Arrival(Box::new(next)));
+        }
+    }
+
+    fn reschedule(&mut self, w: usize) {
+        if let Some(t) = self.engines[w].next_event_time() {
+            if self.wake[w] != Some(t) {
+                self.wake[w] = Some(t);
+                self.push(t, Event::Wake(w));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,174 @@
+use super::*;
+use kvroute_core::admission::AdmissionMode;
+use kvroute_core::PolicyKind;
+use kvroute_workload::{
+    mooncake, MultiTurn, MultiTurnConfig, Synthetic, SyntheticConfig, TraceOptions,
+};
+
+fn small_chat(seed: u64) -> MultiTurn {
+    MultiTurn::new(
+        MultiTurnConfig {
+            starters: 6,
+            starter_min_tokens: 200,
+            starter_max_tokens: 300,
+            question_min_tokens: 10,
+            question_max_tokens: 30,
+            max_tokens: 20,
+            ..MultiTurnConfig::default()
+        },
+        seed,
+    )
+    .unwrap()
+}
+
+fn tiny(workers: usize, policy: PolicyKind) -> SimConfig {
+    let mut cfg = SimConfig::for_profile("tiny", workers).unwrap();
+    cfg.router.policy.kind = policy;
+    cfg
+}
+
+fn chat_run(policy: PolicyKind, seed: u64) -> SimResult {
+    let w = Workload::MultiTurn {
+        gen: small_chat(seed),
+        concurrency: 4,
+        requests: 60,
+    };
+    simulate(&tiny(3, policy), w).unwrap()
+}
+
+#[test]
+fn a_closed_loop_chat_completes_and_is_deterministic() {
+    let a = chat_run(PolicyKind::Kv, 1);
+    assert_eq!(a.summary.sent, 60);
+    assert_eq!(a.summary.completed, 60);
+    assert_eq!(a.kv_events_rejected, 0, "engine events and router agree");
+    let b = chat_run(PolicyKind::Kv, 1);
+    assert_eq!(
+        serde_json::to_string(&a.records).unwrap(),
+        serde_json::to_string(&b.records).unwrap()
+    );
+    let c = chat_run(PolicyKind::Kv, 2);
+    assert_ne!(
+        serde_json::to_string(&a.records).unwrap(),
+        serde_json::to_string(&c.records).unwrap(),
+        "another seed, another run"
+    );
+}
+
+#[test]
+fn kv_aware_routing_finds_more_cache_than_round_robin() {
+    let kv = chat_run(PolicyKind::Kv, 3);
+    let rr = chat_run(PolicyKind::RoundRobin, 3);
+    let pred = chat_run(PolicyKind::Predictive, 3);
+    let hit = |r: &SimResult| r.summary.hit_rate.unwrap();
+    assert!(
+        hit(&kv) > hit(&rr) + 0.1,
+        "kv {} vs round robin {}",
+        hit(&kv),
+        hit(&rr)
+    );
+    assert!(hit(&pred) > hit(&rr) + 0.1, "predictive {}", hit(&pred));
+    // The router's predictions match what the engines report when events are immediate.
+    for r in &kv.records {
+        assert!(r.predicted_cached_tokens >= r.cached_tokens, "{r:?}");
+    }
+}
+
+#[test]
+fn a_trace_replays_on_its_timestamps() {
+    let text = [
+        r#"{"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": [0, 1]}"#,
+        r#"{"timestamp": 0, "input_length": 120, "output_length": 5, "hash_ids": [0, 2]}"#,
+        r#"{"timestamp": 1000, "input_length": 100, "output_length": 5, "hash_ids": [0, 1]}"#,
+    ]
+    .join("\n");
+    let opts = TraceOptions {
+        block_tokens: 64,
+        ..TraceOptions::default()
+    };
+    let trace = mooncake::parse_str(&text, &opts).unwrap();
+    let r = simulate(&tiny(2, PolicyKind::Kv), Workload::Trace(trace)).unwrap();
+    assert_eq!(r.summary.completed, 3);
+    assert_eq!(r.records[2].arrival, Time::from_millis(1_000));
+    // The repeat of request 0 lands on its worker and hits the cache.
+    assert_eq!(r.records[2].worker, r.records[0].worker);
+    assert!(r.records[2].cached_tokens >= 96);
+}
+
+#[test]
+fn shedding_and_queue_timeouts_are_counted_not_hidden() {
+    let gen = || {
+        Synthetic::new(
+            SyntheticConfig {
+                prefixes: 4,
+                prefix_tokens: 64,
+                suffix_tokens: 64,
+                max_tokens: 40,
+                ..SyntheticConfig::default()
+            },
+            5,
+        )
+        .unwrap()
+    };
+    let mut cfg = tiny(2, PolicyKind::Kv);
+    cfg.router.admission.mode = AdmissionMode::Shed;
+    cfg.router.admission.busy_prefill_tokens = Some(100);
+    let w = Workload::Synthetic {
+        gen: gen(),
+        concurrency: 16,
+        requests: 100,
+    };
+    let shed = simulate(&cfg, w).unwrap();
+    assert_eq!(shed.summary.sent, 100);
+    assert!(shed.summary.rejected > 0);
+    assert_eq!(shed.summary.completed + shed.summary.rejected, 100);
+    // Rejections count as infinite waits in the all-sent TTFT: they cannot pass for speed.
+    assert!(shed.summary.rejected > 5, "{}", shed.summary.rejected);
+    assert_eq!(shed.summary.ttft_all_ms.p99, Some(f64::INFINITY));
+    cfg.router.admission.mode = AdmissionMode::Queue;
+    cfg.router.admission.max_queue_wait_secs = 0.001;
+    let w = Workload::Synthetic {
+        gen: gen(),
+        concurrency: 16,
+        requests: 100,
+    };
+    let queued = simulate(&cfg, w).unwrap();
+    assert!(queued.queued > 0);
+    assert!(queued
+        .records
+        .iter()
+        .any(|r| r.status == Status::Rejected("queue_timeout".into())));
+    cfg.router.admission.max_queue_wait_secs = 60.0;
+    let w = Workload::Synthetic {
+        gen: gen(),
+        concurrency: 16,
+        requests: 100,
+    };
+    let patient = simulate(&cfg, w).unwrap();
+    assert!(patient.queued > 0);
+    assert_eq!(
+        patient.summary.completed, 100,
+        "a patient queue loses nothing"
+    );
+}
+
+#[test]
+fn delayed_kv_events_still_agree_and_bad_configs_are_refused() {
+    let mut cfg = tiny(3, PolicyKind::Kv);
+    cfg.kv_event_delay = Duration::from_millis(50);
+    let w = Workload::MultiTurn {
+        gen: small_chat(4),
+        concurrency: 4,
+        requests: 40,
+    };
+    let r = simulate(&cfg, w).unwrap();
+    assert_eq!(r.summary.completed, 40);
+    assert_eq!(r.kv_events_rejected, 0);
+    let mut bad = tiny(2, PolicyKind::Kv);
+    bad.router.block_size = 16;
+    let w = Workload::Trace(Vec::new());
+    assert!(matches!(simulate(&bad, w), Err(SimError::Config(_))));
+    let mut none = tiny(2, PolicyKind::Kv);
+    none.workers = 0;
+    assert!(simulate(&none, Workload::Trace(Vec::new())).is_err());
+}
