@@ -1,5 +1,8 @@
-//! The `kvroute` binary. Subcommands arrive with the components they drive; today it can
-//! hash a prompt the way the router does.
+//! The `kvroute` binary: `simulate` runs the fleet simulator, `profiles` lists the engine
+//! profiles, `hash` shows how the router hashes a prompt. More subcommands arrive with the
+//! components they drive.
+
+mod simulate;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -18,6 +21,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Simulate a fleet in virtual time: compare policies, plan capacity.
+    Simulate(simulate::SimulateArgs),
+    /// List the built-in engine profiles.
+    Profiles,
     /// Cut token ids into KV blocks and print the router's block hashes as JSON.
     Hash {
         /// Token ids, comma-separated (e.g. 1,2,3).
@@ -37,6 +44,20 @@ enum Command {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Simulate(a) => simulate::run(&a)?,
+        Command::Profiles => {
+            for name in kvroute_engine::profile::builtin_names() {
+                let p = kvroute_engine::Profile::builtin(&name)?;
+                println!(
+                    "{name}: {} (block {}, {} KV blocks, max {} seqs, {} tokens/step)",
+                    p.description,
+                    p.block_size,
+                    p.kv_blocks(p.block_size),
+                    p.max_num_seqs,
+                    p.max_num_batched_tokens
+                );
+            }
+        }
         Command::Hash {
             tokens,
             block_size,

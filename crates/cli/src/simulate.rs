@@ -1,0 +1,235 @@
+//! `kvroute simulate`: policy x workers x load sweeps of the fleet simulator, printed as a
+//! table or JSON lines, with per-request TSV records and a Markdown report on request.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use kvroute_core::{AdmissionMode, PolicyKind};
+use kvroute_engine::{EngineConfig, Profile};
+use kvroute_sim::{simulate, SimConfig, SimResult, Workload};
+use kvroute_workload::{
+    markdown_table, mooncake, records_tsv, MultiTurn, MultiTurnConfig, Summary, Synthetic,
+    SyntheticConfig, TraceOptions, TraceRequest,
+};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Options of `kvroute simulate`.
+#[derive(Args, Debug)]
+pub struct SimulateArgs {
+    /// The load: `mooncake:<file>` (trace replay), `multiturn` or `synthetic` (closed loops).
+    #[arg(long, default_value = "multiturn")]
+    workload: String,
+    /// Engine replicas; several values make a sweep.
+    #[arg(long, value_delimiter = ',', default_value = "3")]
+    workers: Vec<usize>,
+    /// Routing policies to compare.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "round_robin,kv,predictive"
+    )]
+    policy: Vec<PolicyKind>,
+    /// Engine profile (see `kvroute profiles`).
+    #[arg(long, default_value = "mocker-poly")]
+    profile: String,
+    /// KV block size in tokens (default: the profile's; same KV memory).
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// Most sequences per engine step (default: the profile's).
+    #[arg(long)]
+    max_batch: Option<usize>,
+    /// Most tokens per engine step (default: the profile's).
+    #[arg(long)]
+    max_batched_tokens: Option<usize>,
+    /// Clients (conversations) in flight, for closed loops; several values make a sweep.
+    #[arg(long, value_delimiter = ',', default_value = "16")]
+    concurrency: Vec<usize>,
+    /// Trace replay speed-up (2 = twice as fast).
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+    /// Trace: replay the first K requests; closed loop: send K requests (default 10 per client).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Trace: drop requests with longer prompts.
+    #[arg(long)]
+    max_input_tokens: Option<usize>,
+    /// Seed of every random choice.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// When every worker is busy: queue, shed or none.
+    #[arg(long, default_value = "queue")]
+    admission: AdmissionMode,
+    /// Delay of KV events from engine to router, ms.
+    #[arg(long, default_value_t = 0.0)]
+    kv_event_delay_ms: f64,
+    /// One JSON object per cell on stdout instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Write per-request records (TSV) and a Markdown report into this directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+enum Load {
+    Trace(Vec<TraceRequest>),
+    MultiTurn,
+    Synthetic,
+}
+
+/// Runs the sweep.
+pub fn run(a: &SimulateArgs) -> Result<()> {
+    if !(a.speedup.is_finite() && a.speedup > 0.0) {
+        bail!("--speedup must be > 0, got {}", a.speedup);
+    }
+    if !(a.kv_event_delay_ms.is_finite() && a.kv_event_delay_ms >= 0.0) {
+        bail!("--kv-event-delay-ms must be >= 0");
+    }
+    if a.workers.iter().any(|w| *w == 0) || a.concurrency.iter().any(|c| *c == 0) {
+        bail!("--workers and --concurrency values must be >= 1");
+    }
+    let profile = Profile::builtin(&a.profile)?;
+    let load = match a.workload.split_once(':') {
+        Some(("mooncake", path)) => {
+            let opts = TraceOptions {
+                speedup: a.speedup,
+                max_input_tokens: a.max_input_tokens,
+                first: a.limit,
+                ..TraceOptions::default()
+            };
+            let file =
+                std::fs::File::open(path).with_context(|| format!("opening trace {path}"))?;
+            let trace = mooncake::parse_reader(std::io::BufReader::new(file), &opts)
+                .with_context(|| format!("reading trace {path}"))?;
+            Load::Trace(trace)
+        }
+        None if a.workload == "multiturn" => Load::MultiTurn,
+        None if a.workload == "synthetic" => Load::Synthetic,
+        _ => bail!(
+            "unknown --workload {:?} (expected mooncake:<file>, multiturn or synthetic)",
+            a.workload
+        ),
+    };
+    let concurrency: Vec<Option<usize>> = match load {
+        Load::Trace(_) => vec![None],
+        _ => a.concurrency.iter().map(|c| Some(*c)).collect(),
+    };
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut rows: Vec<(String, Summary)> = Vec::new();
+    for &workers in &a.workers {
+        for &c in &concurrency {
+            for &policy in &a.policy {
+                let cfg = sim_config(a, &profile, workers, policy)?;
+                let workload = match &load {
+                    Load::Trace(t) => Workload::Trace(t.clone()),
+                    Load::MultiTurn => Workload::MultiTurn {
+                        gen: MultiTurn::new(MultiTurnConfig::default(), a.seed)?,
+                        concurrency: c.unwrap_or(1),
+                        requests: a.limit.unwrap_or(10 * c.unwrap_or(1)),
+                    },
+                    Load::Synthetic => Workload::Synthetic {
+                        gen: Synthetic::new(SyntheticConfig::default(), a.seed)?,
+                        concurrency: c.unwrap_or(1),
+                        requests: a.limit.unwrap_or(10 * c.unwrap_or(1)),
+                    },
+                };
+                let started = Instant::now();
+                let r = simulate(&cfg, workload)?;
+                let wall = started.elapsed().as_secs_f64();
+                let label = match c {
+                    Some(c) => format!("{} w{workers} c{c}", policy.as_str()),
+                    None => format!("{} w{workers}", policy.as_str()),
+                };
+                if a.json {
+                    println!("{}", cell_json(policy, workers, c, &r, wall));
+                } else {
+                    eprintln!(
+                        "{label}: {} requests in {:.0} simulated s, {wall:.2} s wall",
+                        r.summary.sent, r.sim_seconds
+                    );
+                }
+                if let Some(dir) = &a.out {
+                    let file = dir.join(format!("{}.tsv", label.replace(' ', "-")));
+                    std::fs::write(&file, records_tsv(&r.records))
+                        .with_context(|| format!("writing {}", file.display()))?;
+                }
+                rows.push((label, r.summary));
+            }
+        }
+    }
+    let table: Vec<(&str, &Summary)> = rows.iter().map(|(l, s)| (l.as_str(), s)).collect();
+    let table = markdown_table(&table);
+    if !a.json {
+        print!("{table}");
+    }
+    if let Some(dir) = &a.out {
+        let report = format!(
+            "# kvroute simulate\n\nworkload `{}`, profile `{}`, admission `{:?}`, seed {}, KV event delay {} ms\n\n{table}",
+            a.workload, a.profile, a.admission, a.seed, a.kv_event_delay_ms
+        );
+        let file = dir.join("report.md");
+        std::fs::write(&file, report).with_context(|| format!("writing {}", file.display()))?;
+    }
+    Ok(())
+}
+
+fn sim_config(
+    a: &SimulateArgs,
+    p: &Profile,
+    workers: usize,
+    policy: PolicyKind,
+) -> Result<SimConfig> {
+    let bs = a.block_size.unwrap_or(p.block_size);
+    let mut engine = EngineConfig::from_profile_with_block_size(p, bs);
+    if let Some(m) = a.max_batch {
+        engine.max_num_seqs = m;
+    }
+    if let Some(m) = a.max_batched_tokens {
+        engine.max_num_batched_tokens = m;
+    }
+    let mut cfg = SimConfig::for_profile(&a.profile, workers)?;
+    cfg.engine = engine;
+    cfg.router.block_size = bs;
+    cfg.router.seed = a.seed;
+    cfg.router.policy.kind = policy;
+    cfg.router.admission.mode = a.admission;
+    cfg.kv_event_delay = Duration::from_secs_f64(a.kv_event_delay_ms / 1e3);
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn cell_json(
+    policy: PolicyKind,
+    workers: usize,
+    concurrency: Option<usize>,
+    r: &SimResult,
+    wall: f64,
+) -> serde_json::Value {
+    let s = &r.summary;
+    json!({
+        "policy": policy.as_str(),
+        "workers": workers,
+        "concurrency": concurrency,
+        "sent": s.sent,
+        "completed": s.completed,
+        "failed": s.failed,
+        "rejected": s.rejected,
+        "rejected_by_reason": s.rejected_by_reason,
+        "failed_by_reason": s.failed_by_reason,
+        "ttft_ms": {"p50": s.ttft_ms.p50, "p95": s.ttft_ms.p95, "p99": s.ttft_ms.p99, "mean": s.ttft_ms.mean},
+        "ttft_all_ms": s.ttft_all_ms,
+        "tpot_ms": {"p50": s.tpot_ms.p50, "p95": s.tpot_ms.p95},
+        "itl_ms": {"p50": s.itl_ms.p50, "p95": s.itl_ms.p95},
+        "e2e_ms": {"p50": s.e2e_ms.p50, "p95": s.e2e_ms.p95},
+        "hit_rate": s.hit_rate,
+        "prediction_ratio": s.prediction_ratio,
+        "output_tokens_per_s": s.output_tokens_per_s,
+        "requests_per_s": s.requests_per_s,
+        "sim_seconds": r.sim_seconds,
+        "wall_seconds": wall,
+        "kv_events_rejected": r.kv_events_rejected,
+        "preemptions": r.engines.iter().map(|e| e.preemptions_total).sum::<u64>(),
+    })
+}
