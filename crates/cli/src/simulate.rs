@@ -85,7 +85,7 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
     if !(a.kv_event_delay_ms.is_finite() && a.kv_event_delay_ms >= 0.0) {
         bail!("--kv-event-delay-ms must be >= 0");
     }
-    if a.workers.iter().any(|w| *w == 0) || a.concurrency.iter().any(|c| *c == 0) {
+    if a.workers.contains(&0) || a.concurrency.contains(&0) {
         bail!("--workers and --concurrency values must be >= 1");
     }
     let profile = Profile::builtin(&a.profile)?;
