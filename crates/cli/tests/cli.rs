@@ -37,3 +37,84 @@ fn bad_input_is_a_clear_error() {
     let out = kvroute(&["hash", "--tokens", "1,x"]);
     assert_eq!(out.status.code(), Some(2), "clap usage error");
 }
+
+#[test]
+fn simulate_prints_one_json_object_per_cell() {
+    let out = kvroute(&[
+        "simulate",
+        "--profile",
+        "tiny",
+        "--workload",
+        "synthetic",
+        "--workers",
+        "1,2",
+        "--policy",
+        "round_robin,kv",
+        "--concurrency",
+        "2",
+        "--limit",
+        "10",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cells: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(cells.len(), 4);
+    for c in &cells {
+        for key in [
+            "policy",
+            "workers",
+            "concurrency",
+            "sent",
+            "completed",
+            "failed",
+            "rejected",
+            "ttft_ms",
+            "tpot_ms",
+            "itl_ms",
+            "e2e_ms",
+            "hit_rate",
+            "output_tokens_per_s",
+            "requests_per_s",
+            "sim_seconds",
+            "wall_seconds",
+        ] {
+            assert!(c.get(key).is_some(), "{key} missing from {c}");
+        }
+        assert_eq!(c["sent"], 10);
+    }
+    assert_eq!(cells[3]["workers"], 2);
+    assert_eq!(cells[3]["policy"], "kv");
+}
+
+#[test]
+fn simulate_reports_a_bad_trace_line_by_number() {
+    let dir = std::env::temp_dir().join(format!("kvroute-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("bad.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 2, \"hash_ids\": [0]}\nnot json\n",
+    )
+    .unwrap();
+    let arg = format!("mooncake:{}", trace.display());
+    let out = kvroute(&["simulate", "--profile", "tiny", "--workload", &arg]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 2"), "{err}");
+    let out = kvroute(&[
+        "simulate",
+        "--workload",
+        "mooncake:/nonexistent/trace.jsonl",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("opening trace"));
+    let out = kvroute(&["simulate", "--profile", "b200"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown profile"));
+    std::fs::remove_dir_all(&dir).ok();
+}
