@@ -60,6 +60,15 @@ pub struct SimulateArgs {
     /// When every worker is busy: queue, shed or none.
     #[arg(long, default_value = "queue")]
     admission: AdmissionMode,
+    /// Closed loops: stop starting requests after this many simulated seconds.
+    #[arg(long)]
+    duration_secs: Option<f64>,
+    /// Closed loops: start the clients evenly over this many seconds.
+    #[arg(long, default_value_t = 0.0)]
+    ramp_secs: f64,
+    /// Leave requests arriving in the first seconds out of the summary.
+    #[arg(long, default_value_t = 0.0)]
+    warmup_secs: f64,
     /// Delay of KV events from engine to router, ms.
     #[arg(long, default_value_t = 0.0)]
     kv_event_delay_ms: f64,
@@ -84,6 +93,17 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
     }
     if !(a.kv_event_delay_ms.is_finite() && a.kv_event_delay_ms >= 0.0) {
         bail!("--kv-event-delay-ms must be >= 0");
+    }
+    for (name, v) in [
+        ("--warmup-secs", Some(a.warmup_secs)),
+        ("--ramp-secs", Some(a.ramp_secs)),
+        ("--duration-secs", a.duration_secs),
+    ] {
+        if let Some(v) = v {
+            if !(v.is_finite() && v >= 0.0) {
+                bail!("{name} must be >= 0, got {v}");
+            }
+        }
     }
     if a.workers.contains(&0) || a.concurrency.contains(&0) {
         bail!("--workers and --concurrency values must be >= 1");
@@ -127,12 +147,12 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
                     Load::MultiTurn => Workload::MultiTurn {
                         gen: MultiTurn::new(MultiTurnConfig::default(), a.seed)?,
                         concurrency: c.unwrap_or(1),
-                        requests: a.limit.unwrap_or(10 * c.unwrap_or(1)),
+                        requests: closed_loop_requests(a, c.unwrap_or(1)),
                     },
                     Load::Synthetic => Workload::Synthetic {
                         gen: Synthetic::new(SyntheticConfig::default(), a.seed)?,
                         concurrency: c.unwrap_or(1),
-                        requests: a.limit.unwrap_or(10 * c.unwrap_or(1)),
+                        requests: closed_loop_requests(a, c.unwrap_or(1)),
                     },
                 };
                 let started = Instant::now();
@@ -175,6 +195,16 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
     Ok(())
 }
 
+/// Requests a closed loop sends: `--limit`, else unbounded under `--duration-secs`, else 10
+/// per client.
+fn closed_loop_requests(a: &SimulateArgs, clients: usize) -> usize {
+    match (a.limit, a.duration_secs) {
+        (Some(l), _) => l,
+        (None, Some(_)) => usize::MAX,
+        (None, None) => 10 * clients,
+    }
+}
+
 fn sim_config(
     a: &SimulateArgs,
     p: &Profile,
@@ -196,6 +226,9 @@ fn sim_config(
     cfg.router.policy.kind = policy;
     cfg.router.admission.mode = a.admission;
     cfg.kv_event_delay = Duration::from_secs_f64(a.kv_event_delay_ms / 1e3);
+    cfg.duration = a.duration_secs.map(Duration::from_secs_f64);
+    cfg.warmup = Duration::from_secs_f64(a.warmup_secs);
+    cfg.ramp = Duration::from_secs_f64(a.ramp_secs);
     cfg.validate()?;
     Ok(cfg)
 }

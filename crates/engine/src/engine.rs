@@ -37,6 +37,9 @@ pub struct EngineConfig {
     pub max_num_batched_tokens: usize,
     /// Most requests waiting.
     pub max_waiting: usize,
+    /// Fixed latency between a request's arrival and its first possible step (frontend,
+    /// tokenization, engine queueing outside the step loop).
+    pub request_overhead: Duration,
     /// Step timing.
     pub model: StepModel,
 }
@@ -55,6 +58,7 @@ impl EngineConfig {
             max_num_seqs: p.max_num_seqs,
             max_num_batched_tokens: p.max_num_batched_tokens,
             max_waiting: 100_000,
+            request_overhead: Duration::from_secs_f64(p.request_overhead_ms.max(0.0) / 1e3),
             model: p.step_model(),
         }
     }
@@ -176,7 +180,8 @@ impl Engine {
         }
         self.now = self.now.max(now);
         self.stalled = false;
-        self.waiting.push_back(Seq::new(req, now));
+        let ready = now.plus(self.cfg.request_overhead);
+        self.waiting.push_back(Seq::new(req, now, ready));
         Ok(())
     }
 
@@ -206,10 +211,9 @@ impl Engine {
     pub fn next_event_time(&self) -> Option<Time> {
         match &self.inflight {
             Some(f) => Some(f.ended),
-            None if !self.stalled && (!self.waiting.is_empty() || !self.running.is_empty()) => {
-                Some(self.now)
-            }
-            None => None,
+            None if self.stalled => None,
+            None if !self.running.is_empty() => Some(self.now),
+            None => self.waiting.front().map(|s| s.ready.max(self.now)),
         }
     }
 
@@ -376,6 +380,9 @@ impl Engine {
             let Some(s) = self.waiting.front_mut() else {
                 break;
             };
+            if s.ready > self.now {
+                break;
+            }
             s.hash_blocks(bs, (s.tokens.len() - 1) / bs);
             let max_hit = (s.tokens.len() - 1) / bs;
             let hit = self.pool.match_prefix(&s.seqs[..max_hit]);
@@ -408,7 +415,8 @@ impl Engine {
             budget -= new;
         }
         if work.is_empty() {
-            self.stalled = !self.waiting.is_empty() || !self.running.is_empty();
+            let head_ready = self.waiting.front().is_some_and(|s| s.ready <= self.now);
+            self.stalled = head_ready || !self.running.is_empty();
             return;
         }
         self.stalled = false;

@@ -24,6 +24,10 @@ pub struct Profile {
     pub max_num_seqs: usize,
     /// Most tokens in a step.
     pub max_num_batched_tokens: usize,
+    /// Fixed latency per request before its first step, ms (frontend, tokenization,
+    /// queueing outside the step loop).
+    #[serde(default)]
+    pub request_overhead_ms: f64,
     /// Roofline timing.
     #[serde(default)]
     pub roofline: Option<Roofline>,
@@ -60,8 +64,12 @@ pub struct Roofline {
     pub memory_fraction: f64,
     /// Achieved fraction of peak FLOP/s.
     pub mfu: f64,
-    /// Achieved fraction of peak bandwidth.
+    /// Achieved fraction of peak bandwidth reading weights.
     pub mbu: f64,
+    /// Achieved fraction of peak bandwidth reading the KV cache in attention (paged,
+    /// scattered reads run below the weights' streaming rate); `mbu` when absent.
+    #[serde(default)]
+    pub attention_mbu: Option<f64>,
     /// Fixed time per step, ms (scheduling, kernel launches, communication).
     pub step_overhead_ms: f64,
 }
@@ -169,6 +177,9 @@ impl Profile {
                 self.block_size
             )));
         }
+        if !(self.request_overhead_ms.is_finite() && self.request_overhead_ms >= 0.0) {
+            return Err(bad("request_overhead_ms must be >= 0".into()));
+        }
         if self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 {
             return Err(bad(
                 "max_num_seqs and max_num_batched_tokens must be > 0".into()
@@ -196,6 +207,7 @@ impl Profile {
                     || r.kv_heads == 0
                     || r.head_dim == 0
                     || !(r.step_overhead_ms.is_finite() && r.step_overhead_ms >= 0.0)
+                    || r.attention_mbu.is_some_and(|a| !(a.is_finite() && a > 0.0))
                 {
                     return Err(bad("roofline values must be positive and finite".into()));
                 }

@@ -47,10 +47,12 @@ impl StepModel {
                 let flops =
                     2.0 * r.params_billion * 1e9 * (s.prefill_tokens + s.decode_seqs) as f64
                         + attn * (s.prefill_attention + s.decode_context as f64);
-                let bytes = r.weight_bytes()
-                    + r.kv_bytes_per_token() * (s.prefill_context + s.decode_context) as f64;
+                let kv_bytes =
+                    r.kv_bytes_per_token() * (s.prefill_context + s.decode_context) as f64;
+                let bw = r.hbm_tb_per_s * 1e12;
                 let compute = flops / (r.peak_tflops * 1e12 * r.mfu);
-                let memory = bytes / (r.hbm_tb_per_s * 1e12 * r.mbu);
+                let memory = r.weight_bytes() / (bw * r.mbu)
+                    + kv_bytes / (bw * r.attention_mbu.unwrap_or(r.mbu));
                 compute.max(memory) + r.step_overhead_ms / 1e3
             }
             StepModel::Polynomial(p) => {

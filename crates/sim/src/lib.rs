@@ -44,6 +44,12 @@ pub struct SimConfig {
     pub kv_event_delay: Duration,
     /// Closed loops stop starting requests after this much virtual time.
     pub duration: Option<Duration>,
+    /// Requests arriving before this much virtual time are left out of the summary (they
+    /// still run and load the fleet).
+    pub warmup: Duration,
+    /// Closed-loop clients start one after another, evenly over this time (a load generator
+    /// ramping up), instead of all at once.
+    pub ramp: Duration,
     /// Virtual time after which the simulation stops, finished or not.
     pub max_sim_time: Duration,
 }
@@ -62,6 +68,8 @@ impl SimConfig {
             engine,
             kv_event_delay: Duration::ZERO,
             duration: None,
+            warmup: Duration::ZERO,
+            ramp: Duration::ZERO,
             max_sim_time: Duration::from_secs(7 * 24 * 3600),
         })
     }
@@ -109,9 +117,9 @@ pub enum SimError {
 pub struct SimResult {
     /// One record per request sent, by request id.
     pub records: Vec<RequestRecord>,
-    /// The summary over all records.
+    /// The summary over the records that arrived after the warm-up.
     pub summary: Summary,
-    /// Virtual seconds from the first arrival to the last event.
+    /// Virtual seconds from the first measured arrival to the last event.
     pub sim_seconds: f64,
     /// Each engine's metrics at the end.
     pub engines: Vec<EngineMetrics>,

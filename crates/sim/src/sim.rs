@@ -109,8 +109,12 @@ pub fn simulate(cfg: &SimConfig, workload: Workload) -> Result<SimResult, SimErr
     for (i, t) in sim.driver.trace_arrivals() {
         sim.push(t, Event::TraceArrival(i));
     }
-    for r in sim.driver.initial() {
-        sim.push(Time::ZERO, Event::Arrival(Box::new(r)));
+    // Closed-loop clients start evenly spread over the ramp (all at once without one).
+    let first = sim.driver.initial();
+    let n = first.len().max(1) as u32;
+    for (i, r) in first.into_iter().enumerate() {
+        let at = Time(cfg.ramp * i as u32 / n);
+        sim.push(at, Event::Arrival(Box::new(r)));
     }
     sim.run();
     for r in &mut sim.records {
@@ -118,15 +122,22 @@ pub fn simulate(cfg: &SimConfig, workload: Workload) -> Result<SimResult, SimErr
             r.status = Status::Failed("unfinished when the simulation stopped".into());
         }
     }
-    let start = sim
+    let warm = Time(cfg.warmup);
+    let measured: Vec<RequestRecord> = sim
         .records
         .iter()
-        .map(|r| r.arrival)
-        .min()
-        .unwrap_or(Time::ZERO);
-    let span = sim.now.since(start);
+        .filter(|r| r.arrival >= warm)
+        .cloned()
+        .collect();
+    let start = measured.iter().map(|r| r.arrival).min().unwrap_or(warm);
+    // A closed loop with a set duration is measured over its window; otherwise from the
+    // first measured arrival to the last event.
+    let span = match cfg.duration {
+        Some(d) if d > cfg.warmup => d - cfg.warmup,
+        _ => sim.now.since(start),
+    };
     Ok(SimResult {
-        summary: Summary::from_records(&sim.records, span),
+        summary: Summary::from_records(&measured, span),
         sim_seconds: span.as_secs_f64(),
         engines: sim.engines.iter().map(|e| e.metrics()).collect(),
         kv_events_rejected: sim.kv_rejected,

@@ -115,13 +115,15 @@ pub(crate) struct Seq {
     /// Prefix-cache hit at the first admission.
     pub cached_tokens: Option<usize>,
     pub arrived: Time,
+    /// When it may first be scheduled (arrival plus the request overhead).
+    pub ready: Time,
     pub first_token: Option<Time>,
     pub preemptions: u32,
     pub aborted: bool,
 }
 
 impl Seq {
-    pub fn new(req: EngineRequest, now: Time) -> Self {
+    pub fn new(req: EngineRequest, now: Time, ready: Time) -> Self {
         Self {
             id: req.id,
             ns: req.namespace,
@@ -135,6 +137,7 @@ impl Seq {
             computed: 0,
             cached_tokens: None,
             arrived: now,
+            ready,
             first_token: None,
             preemptions: 0,
             aborted: false,
