@@ -19,6 +19,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per run: the size of its variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Simulate a fleet in virtual time: compare policies, plan capacity.
