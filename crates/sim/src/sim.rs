@@ -15,7 +15,6 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
 
 enum Event {
-    TraceArrival(usize),
     Arrival(Box<NewRequest>),
     Wake(usize),
     KvDelivery(usize, Vec<KvEvent>),
@@ -67,6 +66,9 @@ struct Sim {
     last_token: Vec<Time>,
     conversation: Vec<Option<ConversationId>>,
     queue: VecDeque<Queued>,
+    /// Trace arrivals not yet due, in time order (kept out of the heap: they are many, and
+    /// already sorted). At equal times they go before heap events.
+    trace: VecDeque<(usize, Time)>,
     queued_tokens: u64,
     queued_total: u64,
     kv_rejected: u64,
@@ -101,14 +103,13 @@ pub fn simulate(cfg: &SimConfig, workload: Workload) -> Result<SimResult, SimErr
         last_token: Vec::new(),
         conversation: Vec::new(),
         queue: VecDeque::new(),
+        trace: VecDeque::new(),
         queued_tokens: 0,
         queued_total: 0,
         kv_rejected: 0,
         now: Time::ZERO,
     };
-    for (i, t) in sim.driver.trace_arrivals() {
-        sim.push(t, Event::TraceArrival(i));
-    }
+    sim.trace = sim.driver.trace_arrivals().into();
     // Closed-loop clients start evenly spread over the ramp (all at once without one).
     let first = sim.driver.initial();
     let n = first.len().max(1) as u32;
@@ -158,17 +159,32 @@ impl Sim {
 
     fn run(&mut self) {
         let end = Time(self.cfg.max_sim_time);
-        while let Some(Entry { t, ev, .. }) = self.heap.pop() {
+        loop {
+            let trace_first = match (self.trace.front(), self.heap.peek()) {
+                (None, None) => break,
+                (Some(a), Some(e)) => a.1 <= e.t,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+            };
+            if trace_first {
+                let (i, t) = self.trace.pop_front().expect("peeked");
+                if t > end {
+                    break;
+                }
+                self.now = t;
+                if let Some(r) = self.driver.trace_request(i) {
+                    self.arrive(t, r);
+                }
+                continue;
+            }
+            let Some(Entry { t, ev, .. }) = self.heap.pop() else {
+                break;
+            };
             if t > end {
                 break;
             }
             self.now = t;
             match ev {
-                Event::TraceArrival(i) => {
-                    if let Some(r) = self.driver.trace_request(i) {
-                        self.arrive(t, r);
-                    }
-                }
                 Event::Arrival(r) => self.arrive(t, *r),
                 Event::Wake(w) => {
                     if self.wake[w] == Some(t) {
