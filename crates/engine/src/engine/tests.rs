@@ -254,3 +254,23 @@ fn kv_events_keep_a_router_index_in_step_with_the_cache() {
         );
     }
 }
+
+#[test]
+fn request_overhead_delays_the_first_step() {
+    let mut cfg = tiny();
+    cfg.request_overhead = Duration::from_millis(50);
+    let mut e = Engine::new(cfg).unwrap();
+    e.submit(req(1, prompt(10, 0), 2), Time::ZERO).unwrap();
+    assert_eq!(e.next_event_time(), Some(Time::from_millis(50)));
+    let o = e.step(Time::from_millis(10));
+    assert!(o.tokens.is_empty());
+    assert_eq!(
+        e.metrics().steps_total,
+        0,
+        "nothing runs before the overhead"
+    );
+    let outs = drive(&mut e, vec![]);
+    let f = finished(&outs);
+    let first = f[0].first_token.as_secs_f64();
+    assert!((first - (0.050 + 0.0011)).abs() < 1e-9, "{first}");
+}
