@@ -293,19 +293,24 @@ impl Engine {
                 self.metrics.generated_tokens_total += 1;
             }
         }
-        let mut kept = Vec::with_capacity(self.running.len());
-        for s in std::mem::take(&mut self.running) {
-            if s.aborted {
+        // Most steps finish nothing: only then is the running set rebuilt.
+        if self
+            .running
+            .iter()
+            .any(|s| s.aborted || s.generated >= s.max_tokens)
+        {
+            let done: Vec<Seq> = self
+                .running
+                .extract_if(.., |s| s.aborted || s.generated >= s.max_tokens)
+                .collect();
+            for s in done {
                 self.release(&s);
-            } else if s.generated >= s.max_tokens {
-                self.release(&s);
-                self.live.remove(&s.id);
-                out.finished.push(s.finish(f.ended));
-            } else {
-                kept.push(s);
+                if !s.aborted {
+                    self.live.remove(&s.id);
+                    out.finished.push(s.finish(f.ended));
+                }
             }
         }
-        self.running = kept;
     }
 
     /// Picks the next step's work and starts it at `self.now`.
@@ -316,8 +321,11 @@ impl Engine {
         let mut scheduled = vec![false; self.running.len()];
         let mut preempted = vec![false; self.running.len()];
         // Decoding sequences first, then those still prefilling, in admission order.
-        let mut order: Vec<usize> = (0..self.running.len()).collect();
-        order.sort_by_key(|&i| !self.running[i].is_decoding());
+        let n = self.running.len();
+        let decoding: Vec<bool> = self.running.iter().map(|s| s.is_decoding()).collect();
+        let order = (0..n)
+            .filter(|&i| decoding[i])
+            .chain((0..n).filter(|&i| !decoding[i]));
         for i in order {
             if budget == 0 {
                 break;
