@@ -264,5 +264,6 @@ fn cell_json(
         "wall_seconds": wall,
         "kv_events_rejected": r.kv_events_rejected,
         "preemptions": r.engines.iter().map(|e| e.preemptions_total).sum::<u64>(),
+        "engine_steps": r.engines.iter().map(|e| e.steps_total).sum::<u64>(),
     })
 }

@@ -29,15 +29,22 @@ pub fn mix_key(a: u64, b: u64) -> u64 {
 /// The token at `position` of the stream named `key`: a pseudo-random id below
 /// [`VOCAB_SIZE`], a pure function of its arguments.
 pub fn token_at(key: u64, position: u64) -> u32 {
-    let x = splitmix64(splitmix64(key) ^ position.wrapping_mul(0xd6e8_feb8_6659_fd93));
+    token_of_mixed(splitmix64(key), position)
+}
+
+/// [`token_at`] with the stream key already mixed (hoisted out of loops over positions).
+#[inline]
+fn token_of_mixed(mixed_key: u64, position: u64) -> u32 {
+    let x = splitmix64(mixed_key ^ position.wrapping_mul(0xd6e8_feb8_6659_fd93));
     // Multiply-shift maps 32 random bits onto [0, VOCAB_SIZE) with negligible bias.
     (((x >> 32) * u64::from(VOCAB_SIZE)) >> 32) as u32
 }
 
 /// Appends `count` tokens of the stream `key`, starting at position `start`, to `out`.
 pub fn extend_tokens(out: &mut Vec<u32>, key: u64, start: u64, count: usize) {
+    let mixed = splitmix64(key);
     out.reserve(count);
-    out.extend((0..count as u64).map(|i| token_at(key, start.wrapping_add(i))));
+    out.extend((0..count as u64).map(|i| token_of_mixed(mixed, start.wrapping_add(i))));
 }
 
 /// The `block_tokens` tokens of the block with hash id `id`.
