@@ -42,13 +42,7 @@ const CHURN_BASE: u64 = 1 << 44;
 /// Distinct event sets of the churn bench (each 2,048 blocks): about 1M blocks in all.
 const CHURN_SETS: usize = 512;
 
-/// The splitmix64 finaliser: a well-mixed 64-bit function of `x`.
-fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+use kvroute_core::hashing::splitmix64 as mix;
 
 /// A seeded, deterministic random stream (splitmix64).
 struct Rng(u64);

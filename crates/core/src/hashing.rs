@@ -77,6 +77,16 @@ impl Namespace {
     }
 }
 
+/// The splitmix64 finaliser: a fast, well-mixed 64-bit function of `x` (for deterministic
+/// pseudo-random streams: synthetic tokens, test data; not a block hash).
+#[inline]
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// Local hash of one block of token ids (any length; callers pass full blocks).
 pub fn local_block_hash(tokens: &[u32], ns: Namespace) -> LocalBlockHash {
     LocalBlockHash(hash_tokens_le(tokens, ns.seed))

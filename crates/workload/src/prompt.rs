@@ -12,13 +12,7 @@ use serde::{Deserialize, Serialize};
 /// Size of the synthetic vocabulary: every generated token id is below it.
 pub const VOCAB_SIZE: u32 = 128_000;
 
-/// The splitmix64 finaliser: a bijective mix of 64 bits.
-pub(crate) fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+pub(crate) use kvroute_core::hashing::splitmix64;
 
 /// Combines two words into one key (order matters); used to derive independent token streams
 /// from a seed, a purpose tag and an index.

@@ -86,12 +86,7 @@ pub struct StepOutput {
 
 /// The deterministic `k`-th output token of a request.
 pub fn output_token(id: RequestId, k: u32) -> u32 {
-    let mut x = id.0 ^ (u64::from(k) << 40) ^ 0x9E37_79B9_7F4A_7C15;
-    x ^= x >> 30;
-    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x ^= x >> 27;
-    x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^= x >> 31;
+    let x = kvroute_core::hashing::splitmix64(id.0 ^ (u64::from(k) << 40));
     100 + (x % 32_000) as u32
 }
 
