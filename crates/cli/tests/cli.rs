@@ -118,3 +118,37 @@ fn simulate_reports_a_bad_trace_line_by_number() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown profile"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn simulate_writes_records_and_a_report() {
+    let dir = std::env::temp_dir().join(format!("kvroute-out-{}", std::process::id()));
+    let out = kvroute(&[
+        "simulate",
+        "--profile",
+        "tiny",
+        "--workload",
+        "synthetic",
+        "--workers",
+        "2",
+        "--policy",
+        "kv",
+        "--concurrency",
+        "3",
+        "--limit",
+        "12",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("| kv w2 c3 |"), "{table}");
+    let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(report.contains("| kv w2 c3 |"));
+    let tsv = std::fs::read_to_string(dir.join("kv-w2-c3.tsv")).unwrap();
+    assert_eq!(tsv.lines().count(), 13, "a header and one line per request");
+    std::fs::remove_dir_all(&dir).ok();
+}
