@@ -7,8 +7,8 @@ use kvroute_core::{AdmissionMode, PolicyKind};
 use kvroute_engine::{EngineConfig, Profile};
 use kvroute_sim::{simulate, SimConfig, SimResult, Workload};
 use kvroute_workload::{
-    markdown_table, mooncake, records_tsv, MultiTurn, MultiTurnConfig, Summary, Synthetic,
-    SyntheticConfig, TraceOptions, TraceRequest,
+    markdown_table, mooncake, records_tsv, text_tokens, MultiTurn, MultiTurnConfig, Summary,
+    Synthetic, SyntheticConfig, TraceOptions, TraceRequest,
 };
 use serde_json::json;
 use std::path::PathBuf;
@@ -20,6 +20,10 @@ pub struct SimulateArgs {
     /// The load: `mooncake:<file>` (trace replay), `multiturn` or `synthetic` (closed loops).
     #[arg(long, default_value = "multiturn")]
     workload: String,
+    /// Multi-turn: conversation starters, one text file each, from this directory (default:
+    /// built-in generated starters).
+    #[arg(long)]
+    starters: Option<PathBuf>,
     /// Engine replicas; several values make a sweep.
     #[arg(long, value_delimiter = ',', default_value = "3")]
     workers: Vec<usize>,
@@ -130,6 +134,10 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
             a.workload
         ),
     };
+    let starters = match &a.starters {
+        Some(dir) => Some(read_starters(dir)?),
+        None => None,
+    };
     let concurrency: Vec<Option<usize>> = match load {
         Load::Trace(_) => vec![None],
         _ => a.concurrency.iter().map(|c| Some(*c)).collect(),
@@ -145,7 +153,14 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
                 let workload = match &load {
                     Load::Trace(t) => Workload::Trace(t.clone()),
                     Load::MultiTurn => Workload::MultiTurn {
-                        gen: MultiTurn::new(MultiTurnConfig::default(), a.seed)?,
+                        gen: match &starters {
+                            Some(s) => MultiTurn::with_starters(
+                                MultiTurnConfig::default(),
+                                s.clone(),
+                                a.seed,
+                            )?,
+                            None => MultiTurn::new(MultiTurnConfig::default(), a.seed)?,
+                        },
                         concurrency: c.unwrap_or(1),
                         requests: closed_loop_requests(a, c.unwrap_or(1)),
                     },
@@ -193,6 +208,47 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         std::fs::write(&file, report).with_context(|| format!("writing {}", file.display()))?;
     }
     Ok(())
+}
+
+/// Most starter files read, and the largest one.
+const MAX_STARTERS: usize = 10_000;
+const MAX_STARTER_BYTES: u64 = 4 << 20;
+
+/// Conversation starters: every regular file of `dir`, in name order, tokenized.
+fn read_starters(dir: &std::path::Path) -> Result<Vec<Vec<u32>>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading starters directory {}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        bail!("no starter files in {}", dir.display());
+    }
+    if files.len() > MAX_STARTERS {
+        bail!(
+            "{} holds {} files; at most {MAX_STARTERS} starters",
+            dir.display(),
+            files.len()
+        );
+    }
+    files
+        .iter()
+        .map(|f| {
+            let size = std::fs::metadata(f)?.len();
+            if size > MAX_STARTER_BYTES {
+                bail!(
+                    "starter {} is {size} bytes; at most {MAX_STARTER_BYTES}",
+                    f.display()
+                );
+            }
+            let text = std::fs::read_to_string(f).with_context(|| {
+                format!("reading starter {} (UTF-8 text expected)", f.display())
+            })?;
+            Ok(text_tokens(&text))
+        })
+        .collect()
 }
 
 /// Requests a closed loop sends: `--limit`, else unbounded under `--duration-secs`, else 10

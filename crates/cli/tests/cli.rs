@@ -152,3 +152,50 @@ fn simulate_writes_records_and_a_report() {
     assert_eq!(tsv.lines().count(), 13, "a header and one line per request");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn simulate_reads_conversation_starters_from_a_directory() {
+    let dir = std::env::temp_dir().join(format!("kvroute-starters-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..3 {
+        let text = format!("Document {i}. ") + &"Some words about a topic. ".repeat(40);
+        std::fs::write(dir.join(format!("{i}.txt")), text).unwrap();
+    }
+    let args = [
+        "simulate",
+        "--profile",
+        "mocker-poly",
+        "--workload",
+        "multiturn",
+        "--workers",
+        "2",
+        "--policy",
+        "kv",
+        "--concurrency",
+        "2",
+        "--limit",
+        "6",
+        "--json",
+        "--starters",
+    ];
+    let mut args: Vec<&str> = args.to_vec();
+    args.push(dir.to_str().unwrap());
+    let out = kvroute(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cell: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(cell["completed"], 6);
+    assert!(
+        cell["hit_rate"].as_f64().unwrap() > 0.5,
+        "follow-up turns reuse their history"
+    );
+    std::fs::write(dir.join("bad.txt"), [0xff, 0xfe]).unwrap();
+    let out = kvroute(&args);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("UTF-8"));
+    std::fs::remove_dir_all(&dir).ok();
+    let out = kvroute(&["simulate", "--starters", "/nonexistent/dir"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("starters directory"));
+}

@@ -33,7 +33,7 @@ pub mod synthetic;
 
 pub use mooncake::{LineError, TraceError, TraceOptions, TraceRequest, TraceStats};
 pub use multiturn::{ConversationId, MultiTurn, MultiTurnConfig, MultiTurnError, TurnRequest};
-pub use prompt::{token_block, Prompt, PromptError, VOCAB_SIZE};
+pub use prompt::{text_tokens, token_block, Prompt, PromptError, VOCAB_SIZE};
 pub use stats::{
     markdown_table, records_tsv, Distribution, Goodput, RequestRecord, Slo, Status, Summary,
 };
