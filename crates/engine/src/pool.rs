@@ -214,8 +214,8 @@ impl BlockPool {
                 }
                 let s = stored.get_or_insert_with(|| StoredBlocks {
                     parent: prev.map(engine_hash),
-                    block_hashes: Vec::new(),
-                    token_ids: Vec::new(),
+                    block_hashes: Vec::with_capacity(run.len()),
+                    token_ids: Vec::with_capacity(run.len() * self.block_size),
                     block_size: self.block_size,
                     namespace: ns,
                 });

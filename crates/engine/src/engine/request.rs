@@ -119,11 +119,15 @@ pub(crate) struct Seq {
 
 impl Seq {
     pub fn new(req: EngineRequest, now: Time, ready: Time) -> Self {
+        let mut tokens = req.tokens;
+        // Room for the output up front: growing a long prompt's vector token by token would
+        // copy it again and again.
+        tokens.reserve_exact(req.max_tokens as usize);
         Self {
             id: req.id,
             ns: req.namespace,
-            prompt_len: req.tokens.len(),
-            tokens: req.tokens,
+            prompt_len: tokens.len(),
+            tokens,
             max_tokens: req.max_tokens,
             generated: 0,
             seqs: Vec::new(),
