@@ -295,11 +295,14 @@ impl Sim {
     /// Applies an engine step's output: tokens, finished requests, KV events.
     fn handle(&mut self, w: usize, out: StepOutput) {
         let t = out.time;
+        // First tokens and finishes release booked load: queued requests may go then.
+        let mut released = !out.finished.is_empty();
         for (id, _) in &out.tokens {
             let i = id.0 as usize;
             let rec = &mut self.records[i];
             if rec.first_token.is_none() {
                 rec.first_token = Some(t);
+                released = true;
                 let _ = self.router.first_token(*id, t);
             } else {
                 rec.push_gaps(t.since(self.last_token[i]).as_secs_f64(), 1);
@@ -316,7 +319,6 @@ impl Sim {
                 );
             }
         }
-        let any_finished = !out.finished.is_empty();
         for f in out.finished {
             let _ = self.router.finish(f.id, t);
             let rec = &mut self.records[f.id.0 as usize];
@@ -324,7 +326,7 @@ impl Sim {
             rec.output_tokens = f.output.len() as u64;
             self.end(t, f.id, Status::Completed, Some(&f.output));
         }
-        if any_finished && !self.queue.is_empty() {
+        if released && !self.queue.is_empty() {
             self.drain_queue(t);
         }
     }
