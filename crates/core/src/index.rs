@@ -211,9 +211,13 @@ impl PrefixIndex {
                 seq.0
             })
             .collect();
-        let word = slot_ix / 64;
-        warm(&self.nodes, seqs.iter().map(|&q| node_key(q, word)));
-        warm(&slot.blocks, s.block_hashes.iter().map(|h| h.0));
+        // Reading ahead pays when several misses can overlap; for one or two blocks it is
+        // only extra probes.
+        if seqs.len() > 2 {
+            let word = slot_ix / 64;
+            warm(&self.nodes, seqs.iter().map(|&q| node_key(q, word)));
+            warm(&slot.blocks, s.block_hashes.iter().map(|h| h.0));
+        }
         for (h, &seq) in s.block_hashes.iter().zip(&seqs) {
             store(&mut self.nodes, slot, slot_ix, h.0, seq, true);
         }
