@@ -127,6 +127,17 @@ pub struct Engine {
     now: Time,
     stalled: bool,
     metrics: EngineMetrics,
+    /// Per-step scratch space, kept to spare the allocator.
+    scratch: Scratch,
+}
+
+/// Buffers the scheduler reuses from step to step.
+#[derive(Default)]
+struct Scratch {
+    scheduled: Vec<bool>,
+    preempted: Vec<bool>,
+    decoding: Vec<bool>,
+    work: Vec<(usize, usize)>,
 }
 
 impl Engine {
@@ -143,6 +154,7 @@ impl Engine {
             now: Time::ZERO,
             stalled: false,
             metrics: EngineMetrics::default(),
+            scratch: Scratch::default(),
         })
     }
 
@@ -259,11 +271,12 @@ impl Engine {
 
     /// Applies the effects of the step in flight at its end.
     fn complete(&mut self, out: &mut StepOutput) {
-        let Some(f) = self.inflight.take() else {
+        let Some(mut f) = self.inflight.take() else {
             return;
         };
+        let work = std::mem::take(&mut f.work);
         let bs = self.cfg.block_size;
-        for &(i, new) in &f.work {
+        for &(i, new) in &work {
             let s = &mut self.running[i];
             if s.aborted {
                 continue;
@@ -311,18 +324,27 @@ impl Engine {
                 }
             }
         }
+        self.scratch.work = work;
     }
 
     /// Picks the next step's work and starts it at `self.now`.
     fn schedule(&mut self) {
         let bs = self.cfg.block_size;
         let mut budget = self.cfg.max_num_batched_tokens;
-        let mut work: Vec<(usize, usize)> = Vec::new();
-        let mut scheduled = vec![false; self.running.len()];
-        let mut preempted = vec![false; self.running.len()];
-        // Decoding sequences first, then those still prefilling, in admission order.
         let n = self.running.len();
-        let decoding: Vec<bool> = self.running.iter().map(|s| s.is_decoding()).collect();
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut work = std::mem::take(&mut scratch.work);
+        work.clear();
+        let scheduled = &mut scratch.scheduled;
+        scheduled.clear();
+        scheduled.resize(n, false);
+        let preempted = &mut scratch.preempted;
+        preempted.clear();
+        preempted.resize(n, false);
+        // Decoding sequences first, then those still prefilling, in admission order.
+        let decoding = &mut scratch.decoding;
+        decoding.clear();
+        decoding.extend(self.running.iter().map(|s| s.is_decoding()));
         let order = (0..n)
             .filter(|&i| decoding[i])
             .chain((0..n).filter(|&i| !decoding[i]));
@@ -422,9 +444,11 @@ impl Engine {
             self.running.push(s);
             budget -= new;
         }
+        self.scratch = scratch;
         if work.is_empty() {
             let head_ready = self.waiting.front().is_some_and(|s| s.ready <= self.now);
             self.stalled = head_ready || !self.running.is_empty();
+            self.scratch.work = work;
             return;
         }
         self.stalled = false;
