@@ -169,7 +169,7 @@ impl Engine {
     }
 
     /// Queues a request arriving at `now`.
-    pub fn submit(&mut self, req: EngineRequest, now: Time) -> Result<(), EngineError> {
+    pub fn submit(&mut self, mut req: EngineRequest, now: Time) -> Result<(), EngineError> {
         if req.tokens.is_empty() {
             return Err(EngineError::EmptyPrompt(req.id));
         }
@@ -192,6 +192,12 @@ impl Engine {
         }
         self.now = self.now.max(now);
         self.stalled = false;
+        if let Some(h) = &mut req.prompt_hashes {
+            h.truncate(req.tokens.len() / self.cfg.block_size);
+            if !request::hashes_match(h, &req.tokens, self.cfg.block_size, req.namespace) {
+                req.prompt_hashes = None;
+            }
+        }
         let ready = now.plus(self.cfg.request_overhead);
         self.waiting.push_back(Seq::new(req, now, ready));
         Ok(())

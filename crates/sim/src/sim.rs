@@ -256,6 +256,7 @@ impl Sim {
                         tokens: q.tokens,
                         max_tokens: q.max_tokens,
                         namespace: Namespace::default(),
+                        prompt_hashes: Some(q.prompt.sequence),
                     },
                     t,
                 );

@@ -16,6 +16,11 @@ pub struct EngineRequest {
     pub max_tokens: u32,
     /// LoRA / cache-salt namespace of the prompt's blocks.
     pub namespace: Namespace,
+    /// The chained hashes of the prompt's full blocks at the engine's block size, when the
+    /// caller already computed them with `kvroute_core::hashing` in this namespace (the
+    /// simulator's router did): the engine then does not hash the prompt again. Extra
+    /// entries are ignored; missing ones are computed.
+    pub prompt_hashes: Option<Vec<SequenceHash>>,
 }
 
 /// Requests the engine refuses.
@@ -84,6 +89,19 @@ pub struct StepOutput {
     pub events: Vec<KvEvent>,
 }
 
+/// A cheap guard on caller-supplied prompt hashes: the first and the last must be those of
+/// the tokens (a wrong block size or namespace fails it), or the engine hashes itself.
+pub(crate) fn hashes_match(h: &[SequenceHash], tokens: &[u32], bs: usize, ns: Namespace) -> bool {
+    let Some(last) = h.last() else { return true };
+    let first = chain(None, local_block_hash(&tokens[..bs], ns));
+    if h[0] != first {
+        return false;
+    }
+    let n = h.len();
+    let parent = n.checked_sub(2).map(|i| h[i]);
+    *last == chain(parent, local_block_hash(&tokens[(n - 1) * bs..n * bs], ns))
+}
+
 /// The deterministic `k`-th output token of a request.
 pub fn output_token(id: RequestId, k: u32) -> u32 {
     let x = kvroute_core::hashing::splitmix64(id.0 ^ (u64::from(k) << 40));
@@ -120,6 +138,7 @@ pub(crate) struct Seq {
 impl Seq {
     pub fn new(req: EngineRequest, now: Time, ready: Time) -> Self {
         let mut tokens = req.tokens;
+        let seqs = req.prompt_hashes.unwrap_or_default();
         // Room for the output up front: growing a long prompt's vector token by token would
         // copy it again and again.
         tokens.reserve_exact(req.max_tokens as usize);
@@ -130,7 +149,7 @@ impl Seq {
             tokens,
             max_tokens: req.max_tokens,
             generated: 0,
-            seqs: Vec::new(),
+            seqs,
             blocks: Vec::new(),
             cached_blocks: 0,
             computed: 0,

@@ -13,6 +13,7 @@ fn req(id: u64, tokens: Vec<u32>, max_tokens: u32) -> EngineRequest {
         tokens,
         max_tokens,
         namespace: Namespace::default(),
+        prompt_hashes: None,
     }
 }
 
@@ -273,4 +274,25 @@ fn request_overhead_delays_the_first_step() {
     let f = finished(&outs);
     let first = f[0].first_token.as_secs_f64();
     assert!((first - (0.050 + 0.0011)).abs() < 1e-9, "{first}");
+}
+
+#[test]
+fn caller_hashes_are_used_when_right_and_ignored_when_wrong() {
+    let p = prompt(40, 3);
+    let right =
+        kvroute_core::BlockedPrompt::new(&p, BlockSize::new(4).unwrap(), Namespace::default());
+    let wrong =
+        kvroute_core::BlockedPrompt::new(&p, BlockSize::new(8).unwrap(), Namespace::default());
+    for (hashes, label) in [
+        (Some(right.sequence.clone()), "right"),
+        (Some(wrong.sequence), "wrong"),
+        (None, "none"),
+    ] {
+        let mut e = Engine::new(tiny()).unwrap();
+        let mut r = req(1, p.clone(), 2);
+        r.prompt_hashes = hashes;
+        drive(&mut e, vec![(0, r)]);
+        // Whatever was passed, the cache holds the blocks of the real tokens.
+        assert_eq!(e.pool().match_prefix(&right.sequence), 10, "{label}");
+    }
 }
