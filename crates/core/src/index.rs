@@ -21,7 +21,7 @@ mod event;
 mod table;
 
 pub use approx::{ApproxConfig, ApproxIndex};
-pub use event::{EventStats, IndexError, KvEvent, RejectKind, StoredBlocks};
+pub use event::{EventStats, IndexError, KvEvent, RejectKind, StoredBlocks, StoredHashed};
 
 use crate::hashing::{
     chain, extend_sequence_hashes, local_block_hash, EngineHash, LocalBlockHash, SequenceHash,
@@ -157,6 +157,7 @@ impl PrefixIndex {
         let result = match event {
             KvEvent::Stored(s) => self.apply_stored(worker, s),
             KvEvent::Removed { block_hashes } => self.apply_removed(worker, block_hashes),
+            KvEvent::StoredHashed(s) => self.apply_stored_hashed(worker, s),
             KvEvent::Cleared => {
                 self.clear_worker(worker);
                 Ok(())
@@ -220,6 +221,37 @@ impl PrefixIndex {
         }
         for (h, &seq) in s.block_hashes.iter().zip(&seqs) {
             store(&mut self.nodes, slot, slot_ix, h.0, seq, true);
+        }
+        self.stats.blocks_stored += s.block_hashes.len() as u64;
+        Ok(())
+    }
+
+    fn apply_stored_hashed(
+        &mut self,
+        worker: WorkerId,
+        s: &StoredHashed,
+    ) -> Result<(), IndexError> {
+        if s.sequence_hashes.len() != s.block_hashes.len() {
+            return Err(IndexError::HashCountMismatch {
+                worker,
+                sequence: s.sequence_hashes.len(),
+                blocks: s.block_hashes.len(),
+            });
+        }
+        let slot_ix = self.slot_for(worker)?;
+        let slot = self.slots[slot_ix]
+            .as_mut()
+            .expect("slot_for returns a live slot");
+        if let Some(p) = s.parent {
+            if !slot.blocks.contains_key(&p.0) {
+                return Err(IndexError::UnknownParent {
+                    worker,
+                    parent: p.0,
+                });
+            }
+        }
+        for (h, seq) in s.block_hashes.iter().zip(&s.sequence_hashes) {
+            store(&mut self.nodes, slot, slot_ix, h.0, seq.0, true);
         }
         self.stats.blocks_stored += s.block_hashes.len() as u64;
         Ok(())

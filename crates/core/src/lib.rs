@@ -52,7 +52,7 @@ pub use admission::{AdmissionConfig, AdmissionDecision, AdmissionMode, QueueStat
 pub use hashing::{BlockedPrompt, EngineHash, LocalBlockHash, Namespace, SequenceHash};
 pub use index::{
     ApproxConfig, ApproxIndex, BatchOutcome, IndexError, KvEvent, Matches, PrefixIndex,
-    StoredBlocks,
+    StoredBlocks, StoredHashed,
 };
 pub use ledger::{Booking, EngineLoad, LedgerError, LoadLedger, WorkerCapacity, WorkerLoad};
 pub use policy::{Policy, PolicyConfig, PolicyKind};

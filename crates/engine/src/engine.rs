@@ -42,6 +42,9 @@ pub struct EngineConfig {
     pub request_overhead: Duration,
     /// Step timing.
     pub model: StepModel,
+    /// `Stored` events carry token ids (as engines on the wire do). Off: they carry the
+    /// router's sequence hashes (`StoredHashed`), for a router in the same process.
+    pub kv_events_with_tokens: bool,
 }
 
 impl EngineConfig {
@@ -60,6 +63,7 @@ impl EngineConfig {
             max_waiting: 100_000,
             request_overhead: Duration::from_secs_f64(p.request_overhead_ms.max(0.0) / 1e3),
             model: p.step_model(),
+            kv_events_with_tokens: true,
         }
     }
 
@@ -145,7 +149,8 @@ impl Engine {
     pub fn new(cfg: EngineConfig) -> Result<Self, EngineError> {
         cfg.validate()?;
         Ok(Self {
-            pool: BlockPool::new(cfg.num_gpu_blocks, cfg.block_size),
+            pool: BlockPool::new(cfg.num_gpu_blocks, cfg.block_size)
+                .with_event_tokens(cfg.kv_events_with_tokens),
             cfg,
             waiting: VecDeque::new(),
             running: Vec::new(),

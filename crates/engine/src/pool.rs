@@ -14,7 +14,7 @@
 //! evicted, `Cleared` on a reset. The engine's block hash in the events is an opaque mix of the
 //! sequence hash, as a real engine's would be.
 
-use kvroute_core::{EngineHash, KvEvent, Namespace, SequenceHash, StoredBlocks};
+use kvroute_core::{EngineHash, KvEvent, Namespace, SequenceHash, StoredBlocks, StoredHashed};
 
 type Map<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -50,6 +50,9 @@ pub struct BlockPool {
     tail: u32,
     free_len: usize,
     events: Vec<KvEvent>,
+    /// Stored events carry token ids (as engines on the wire do); otherwise the router's
+    /// sequence hashes (`StoredHashed`, for a router in the same process).
+    event_tokens: bool,
 }
 
 /// One block to cache: the pool block, its sequence hash and its token ids.
@@ -85,11 +88,19 @@ impl BlockPool {
             tail: NIL,
             free_len: 0,
             events: Vec::new(),
+            event_tokens: true,
         };
         for b in 0..n as u32 {
             pool.push_tail(b);
         }
         pool
+    }
+
+    /// Whether `Stored` events carry token ids (the default) or, for a router in the same
+    /// process, sequence hashes (`StoredHashed`).
+    pub fn with_event_tokens(mut self, tokens: bool) -> Self {
+        self.event_tokens = tokens;
+        self
     }
 
     /// Tokens per block.
@@ -198,20 +209,14 @@ impl BlockPool {
     /// `parent` (None: the root), and announces them in one `Stored` event. Blocks already
     /// cached are skipped (the run is split around them).
     pub fn cache(&mut self, parent: Option<SequenceHash>, run: &[FullBlock<'_>], ns: Namespace) {
+        if !self.event_tokens {
+            self.cache_hashed(parent, run);
+            return;
+        }
         let mut stored: Option<StoredBlocks> = None;
         let mut prev = parent;
         for fb in run {
-            let block = &mut self.blocks[fb.block as usize];
-            if block.seq.is_none() {
-                block.seq = Some(fb.seq);
-                match self.cached.entry(fb.seq) {
-                    hashbrown::hash_map::Entry::Occupied(_) => {
-                        self.copies.entry(fb.seq).or_default().push(fb.block);
-                    }
-                    hashbrown::hash_map::Entry::Vacant(v) => {
-                        v.insert(fb.block);
-                    }
-                }
+            if self.claim(fb) {
                 let s = stored.get_or_insert_with(|| StoredBlocks {
                     parent: prev.map(engine_hash),
                     block_hashes: Vec::with_capacity(run.len()),
@@ -229,6 +234,47 @@ impl BlockPool {
         if let Some(s) = stored {
             self.events.push(KvEvent::Stored(s));
         }
+    }
+
+    /// [`BlockPool::cache`] announcing `StoredHashed` events.
+    fn cache_hashed(&mut self, parent: Option<SequenceHash>, run: &[FullBlock<'_>]) {
+        let mut stored: Option<StoredHashed> = None;
+        let mut prev = parent;
+        for fb in run {
+            if self.claim(fb) {
+                let s = stored.get_or_insert_with(|| StoredHashed {
+                    parent: prev.map(engine_hash),
+                    block_hashes: Vec::with_capacity(run.len()),
+                    sequence_hashes: Vec::with_capacity(run.len()),
+                });
+                s.block_hashes.push(engine_hash(fb.seq));
+                s.sequence_hashes.push(fb.seq);
+            } else if let Some(s) = stored.take() {
+                self.events.push(KvEvent::StoredHashed(s));
+            }
+            prev = Some(fb.seq);
+        }
+        if let Some(s) = stored {
+            self.events.push(KvEvent::StoredHashed(s));
+        }
+    }
+
+    /// Marks `fb`'s block as a cached copy of its hash; false when it already holds one.
+    fn claim(&mut self, fb: &FullBlock<'_>) -> bool {
+        let block = &mut self.blocks[fb.block as usize];
+        if block.seq.is_some() {
+            return false;
+        }
+        block.seq = Some(fb.seq);
+        match self.cached.entry(fb.seq) {
+            hashbrown::hash_map::Entry::Occupied(_) => {
+                self.copies.entry(fb.seq).or_default().push(fb.block);
+            }
+            hashbrown::hash_map::Entry::Vacant(v) => {
+                v.insert(fb.block);
+            }
+        }
+        true
     }
 
     /// Drops one reference to each block, in the order given (pass a request's blocks last

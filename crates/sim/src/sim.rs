@@ -88,7 +88,10 @@ pub fn simulate(cfg: &SimConfig, workload: Workload) -> Result<SimResult, SimErr
                 max_batch: Some(cfg.engine.max_num_seqs as u32),
             },
         )?;
-        engines.push(Engine::new(cfg.engine.clone()).map_err(|e| SimError::Config(e.to_string()))?);
+        // Engines and router share this process: events name blocks by the router's hashes.
+        let mut ecfg = cfg.engine.clone();
+        ecfg.kv_events_with_tokens = false;
+        engines.push(Engine::new(ecfg).map_err(|e| SimError::Config(e.to_string()))?);
     }
     let stop_at = cfg.duration.map(Time);
     let mut sim = Sim {

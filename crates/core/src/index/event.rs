@@ -18,6 +18,22 @@ pub enum KvEvent {
     },
     /// The whole cache was dropped (also what an engine restart amounts to).
     Cleared,
+    /// Blocks entered the cache, named by their router sequence hashes instead of token ids.
+    /// Only for producers in the same process that hash with [`crate::hashing`] (the
+    /// simulated engines of the fleet simulator): the index trusts the hashes. Decoders of
+    /// engines' wire formats never produce it.
+    StoredHashed(StoredHashed),
+}
+
+/// A chain of blocks stored by an in-process engine, with the router's own hashes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredHashed {
+    /// The engine hash of the block before the first one (None: the root).
+    pub parent: Option<EngineHash>,
+    /// The engine's hash of each stored block.
+    pub block_hashes: Vec<EngineHash>,
+    /// The router sequence hash of each stored block (same length).
+    pub sequence_hashes: Vec<crate::hashing::SequenceHash>,
 }
 
 /// A chain of blocks stored by an engine.
@@ -83,6 +99,16 @@ pub enum IndexError {
         /// How many hashes the event named.
         total: usize,
     },
+    /// A hashed stored event whose hash lists differ in length.
+    #[error("worker {worker}: stored event has {sequence} sequence hashes for {blocks} blocks")]
+    HashCountMismatch {
+        /// The worker that sent the event.
+        worker: WorkerId,
+        /// Sequence hashes carried.
+        sequence: usize,
+        /// Engine block hashes carried.
+        blocks: usize,
+    },
     /// The index already tracks its maximum number of workers.
     #[error("worker {worker}: the index already tracks its limit of {limit} workers")]
     TooManyWorkers {
@@ -107,16 +133,19 @@ pub enum RejectKind {
     UnknownRemovedHash,
     /// [`IndexError::TooManyWorkers`].
     TooManyWorkers,
+    /// [`IndexError::HashCountMismatch`].
+    HashCountMismatch,
 }
 
 impl RejectKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [RejectKind; 5] = [
+    pub const ALL: [RejectKind; 6] = [
         RejectKind::BlockSizeMismatch,
         RejectKind::TokenCountMismatch,
         RejectKind::UnknownParent,
         RejectKind::UnknownRemovedHash,
         RejectKind::TooManyWorkers,
+        RejectKind::HashCountMismatch,
     ];
 
     /// A stable snake_case name (metric labels).
@@ -127,6 +156,7 @@ impl RejectKind {
             RejectKind::UnknownParent => "unknown_parent",
             RejectKind::UnknownRemovedHash => "unknown_removed_hash",
             RejectKind::TooManyWorkers => "too_many_workers",
+            RejectKind::HashCountMismatch => "hash_count_mismatch",
         }
     }
 }
@@ -140,6 +170,7 @@ impl IndexError {
             IndexError::UnknownParent { .. } => RejectKind::UnknownParent,
             IndexError::UnknownRemovedHash { .. } => RejectKind::UnknownRemovedHash,
             IndexError::TooManyWorkers { .. } => RejectKind::TooManyWorkers,
+            IndexError::HashCountMismatch { .. } => RejectKind::HashCountMismatch,
         }
     }
 }
@@ -154,7 +185,7 @@ pub struct EventStats {
     /// Blocks removed.
     pub blocks_removed: u64,
     /// Rejected events, by kind, in the order of [`RejectKind::ALL`].
-    pub rejected: [u64; 5],
+    pub rejected: [u64; 6],
 }
 
 impl EventStats {

@@ -287,3 +287,38 @@ fn batches_apply_in_order_and_report_rejections() {
     assert_eq!(ix.entries(), 1);
     assert_eq!(ix.stats().applied, 6);
 }
+
+#[test]
+fn hashed_stores_match_token_stores() {
+    let mut by_tokens = index();
+    let mut by_hashes = index();
+    let w = WorkerId(1);
+    by_tokens
+        .apply(w, &stored(None, &[10, 11], &[1, 2]))
+        .unwrap();
+    let seqs = crate::hashing::sequence_hashes(&query(&[1, 2]));
+    let hashed = |parent: Option<u64>, blocks: &[u64], seqs: &[SequenceHash]| {
+        KvEvent::StoredHashed(StoredHashed {
+            parent: parent.map(EngineHash),
+            block_hashes: blocks.iter().map(|h| EngineHash(*h)).collect(),
+            sequence_hashes: seqs.to_vec(),
+        })
+    };
+    by_hashes
+        .apply(w, &hashed(None, &[10], &seqs[..1]))
+        .unwrap();
+    by_hashes
+        .apply(w, &hashed(Some(10), &[11], &seqs[1..]))
+        .unwrap();
+    let q = query(&[1, 2, 3]);
+    assert_eq!(by_tokens.find_matches(&q), by_hashes.find_matches(&q));
+    let e = by_hashes
+        .apply(w, &hashed(None, &[12, 13], &seqs[..1]))
+        .unwrap_err();
+    assert_eq!(e.kind(), RejectKind::HashCountMismatch);
+    let e = by_hashes
+        .apply(w, &hashed(Some(99), &[12], &seqs[..1]))
+        .unwrap_err();
+    assert_eq!(e.kind(), RejectKind::UnknownParent);
+    assert_eq!(by_hashes.stats().rejected(RejectKind::HashCountMismatch), 1);
+}

@@ -224,7 +224,15 @@ fn aborted_requests_free_their_blocks() {
 
 #[test]
 fn kv_events_keep_a_router_index_in_step_with_the_cache() {
-    let mut e = Engine::new(tiny()).unwrap();
+    for with_tokens in [true, false] {
+        events_keep_the_index_in_step(with_tokens);
+    }
+}
+
+fn events_keep_the_index_in_step(with_tokens: bool) {
+    let mut cfg = tiny();
+    cfg.kv_events_with_tokens = with_tokens;
+    let mut e = Engine::new(cfg).unwrap();
     let mut ix = PrefixIndex::new(BlockSize::new(4).unwrap());
     let w = WorkerId(0);
     // Shared prefixes, reuse and eviction pressure (256 blocks, ~40 x 25 blocks).
@@ -241,6 +249,13 @@ fn kv_events_keep_a_router_index_in_step_with_the_cache() {
     for o in &outs {
         for ev in &o.events {
             removed += matches!(ev, KvEvent::Removed { .. }) as usize;
+            let hashed = matches!(ev, KvEvent::StoredHashed(_));
+            let tokens = matches!(ev, KvEvent::Stored(_));
+            if with_tokens {
+                assert!(!hashed, "token events were asked for");
+            } else {
+                assert!(!tokens, "hashed events were asked for");
+            }
             ix.apply(w, ev).unwrap();
         }
     }

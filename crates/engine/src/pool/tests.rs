@@ -206,6 +206,7 @@ proptest! {
                         }
                     }
                     KvEvent::Cleared => mirror.clear(),
+                    KvEvent::StoredHashed(_) => prop_assert!(false, "token events were asked for"),
                 }
             }
             // Copies per hash, from the pool's blocks.
