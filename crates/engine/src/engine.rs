@@ -13,7 +13,7 @@
 
 mod request;
 
-pub use request::{EngineError, EngineRequest, Finished, StepOutput};
+pub use request::{EngineError, EnginePrompt, EngineRequest, Finished, StepOutput};
 
 use crate::pool::{BlockPool, FullBlock};
 use crate::profile::Profile;
@@ -174,19 +174,36 @@ impl Engine {
     }
 
     /// Queues a request arriving at `now`.
-    pub fn submit(&mut self, mut req: EngineRequest, now: Time) -> Result<(), EngineError> {
-        if req.tokens.is_empty() {
+    pub fn submit(&mut self, req: EngineRequest, now: Time) -> Result<(), EngineError> {
+        let bs = self.cfg.block_size;
+        let len = req.prompt.len(bs);
+        if len == 0 {
             return Err(EngineError::EmptyPrompt(req.id));
         }
         if req.max_tokens == 0 {
             return Err(EngineError::ZeroMaxTokens(req.id));
         }
-        let total = req.tokens.len() + req.max_tokens as usize;
-        if total.div_ceil(self.cfg.block_size) > self.cfg.num_gpu_blocks {
+        if let EnginePrompt::Hashed { tail, .. } = &req.prompt {
+            let reason = if tail.len() >= bs {
+                Some(format!(
+                    "a hashed prompt's tail has {} tokens, a block is {bs}",
+                    tail.len()
+                ))
+            } else if self.cfg.kv_events_with_tokens {
+                Some("a hashed prompt needs an engine whose KV events carry hashes".to_string())
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                return Err(EngineError::BadPrompt { id: req.id, reason });
+            }
+        }
+        let total = len + req.max_tokens as usize;
+        if total.div_ceil(bs) > self.cfg.num_gpu_blocks {
             return Err(EngineError::TooLong {
                 id: req.id,
                 tokens: total,
-                capacity: self.cfg.num_gpu_blocks * self.cfg.block_size,
+                capacity: self.cfg.num_gpu_blocks * bs,
             });
         }
         if self.waiting.len() >= self.cfg.max_waiting {
@@ -197,14 +214,9 @@ impl Engine {
         }
         self.now = self.now.max(now);
         self.stalled = false;
-        if let Some(h) = &mut req.prompt_hashes {
-            h.truncate(req.tokens.len() / self.cfg.block_size);
-            if !request::hashes_match(h, &req.tokens, self.cfg.block_size, req.namespace) {
-                req.prompt_hashes = None;
-            }
-        }
         let ready = now.plus(self.cfg.request_overhead);
-        self.waiting.push_back(Seq::new(req, now, ready));
+        let keep = self.cfg.kv_events_with_tokens;
+        self.waiting.push_back(Seq::new(req, bs, keep, now, ready));
         Ok(())
     }
 
@@ -296,22 +308,20 @@ impl Engine {
             // Cache the blocks this step completed.
             let full = s.computed / bs;
             if full > s.cached_blocks {
-                s.hash_blocks(bs, full);
                 let run: Vec<FullBlock<'_>> = (s.cached_blocks..full)
                     .map(|b| FullBlock {
                         block: s.blocks[b],
                         seq: s.seqs[b],
-                        tokens: &s.tokens[b * bs..(b + 1) * bs],
+                        tokens: s.block_tokens(b, bs),
                     })
                     .collect();
                 let parent = s.cached_blocks.checked_sub(1).map(|p| s.seqs[p]);
                 self.pool.cache(parent, &run, s.ns);
                 s.cached_blocks = full;
             }
-            if s.computed == s.tokens.len() {
+            if s.computed == s.len {
                 let tok = request::output_token(s.id, s.generated);
-                s.tokens.push(tok);
-                s.generated += 1;
+                s.push_output(tok, bs);
                 s.first_token.get_or_insert(f.ended);
                 out.tokens.push((s.id, tok));
                 self.metrics.generated_tokens_total += 1;
@@ -367,7 +377,7 @@ impl Engine {
                 continue;
             }
             let s = &self.running[i];
-            let new = (s.tokens.len() - s.computed).min(budget);
+            let new = (s.len - s.computed).min(budget);
             let need = (s.computed + new)
                 .div_ceil(bs)
                 .saturating_sub(s.blocks.len());
@@ -424,10 +434,9 @@ impl Engine {
             if s.ready > self.now {
                 break;
             }
-            s.hash_blocks(bs, (s.tokens.len() - 1) / bs);
-            let max_hit = (s.tokens.len() - 1) / bs;
+            let max_hit = (s.len - 1) / bs;
             let hit = self.pool.match_prefix(&s.seqs[..max_hit]);
-            let new = (s.tokens.len() - hit * bs).min(budget);
+            let new = (s.len - hit * bs).min(budget);
             let need = (hit * bs + new).div_ceil(bs) - hit;
             let Some(mut blocks) = self.pool.acquire(&s.seqs[..hit]) else {
                 break;
@@ -471,7 +480,7 @@ impl Engine {
             let s = &self.running[i];
             if s.is_decoding() {
                 shape.decode_seqs += 1;
-                shape.decode_context += s.tokens.len() as u64;
+                shape.decode_context += s.len as u64;
             } else {
                 shape.prefill_tokens += new as u64;
                 shape.prefill_attention += new as f64 * (s.computed as f64 + new as f64 / 2.0);

@@ -17,7 +17,8 @@ pub mod profile;
 pub mod timing;
 
 pub use engine::{
-    Engine, EngineConfig, EngineError, EngineMetrics, EngineRequest, Finished, StepOutput,
+    Engine, EngineConfig, EngineError, EngineMetrics, EnginePrompt, EngineRequest, Finished,
+    StepOutput,
 };
 pub use pool::BlockPool;
 pub use profile::{Profile, ProfileError};

@@ -5,11 +5,11 @@ use crate::{SimConfig, SimError, SimResult, Workload};
 use kvroute_core::admission::QueueState;
 use kvroute_core::router::RouteOutcome;
 use kvroute_core::{
-    BlockedPrompt, KvEvent, Namespace, RejectReason, RequestId, RouteRequest, Router, Time,
-    WorkerCapacity, WorkerId,
+    BlockSize, BlockedPrompt, KvEvent, Namespace, RejectReason, RequestId, RouteRequest, Router,
+    Time, WorkerCapacity, WorkerId,
 };
-use kvroute_engine::{Engine, EngineRequest, StepOutput};
-use kvroute_workload::{ConversationId, RequestRecord, Status, Summary};
+use kvroute_engine::{Engine, EnginePrompt, EngineRequest, StepOutput};
+use kvroute_workload::{BlockHashCache, ConversationId, RequestRecord, Status, Summary};
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
@@ -48,8 +48,9 @@ impl Ord for Entry {
 /// A request routed but not dispatched yet (admission queue).
 struct Queued {
     id: RequestId,
-    tokens: Vec<u32>,
     prompt: BlockedPrompt,
+    /// The prompt's tokens after its last full block.
+    tail: Vec<u32>,
     max_tokens: u32,
     session: Option<u64>,
 }
@@ -73,6 +74,8 @@ struct Sim {
     queued_total: u64,
     kv_rejected: u64,
     now: Time,
+    /// Block hashes of trace hash ids, so trace prompts are never materialised.
+    block_hashes: BlockHashCache,
 }
 
 /// Runs a simulation to its end.
@@ -111,6 +114,11 @@ pub fn simulate(cfg: &SimConfig, workload: Workload) -> Result<SimResult, SimErr
         queued_total: 0,
         kv_rejected: 0,
         now: Time::ZERO,
+        block_hashes: BlockHashCache::new(
+            BlockSize::new(cfg.router.block_size).map_err(|e| SimError::Config(e.to_string()))?,
+            Namespace::default(),
+            1 << 18,
+        ),
     };
     sim.trace = sim.driver.trace_arrivals().into();
     // Closed-loop clients start evenly spread over the ramp (all at once without one).
@@ -206,23 +214,22 @@ impl Sim {
     /// A new request arrives at `t`: record it, then route it.
     fn arrive(&mut self, t: Time, r: NewRequest) {
         let id = RequestId(self.records.len() as u64);
-        let tokens = r.prompt.materialize();
-        let prompt = BlockedPrompt::new(&tokens, self.router.block_size(), Namespace::default());
-        let mut rec = RequestRecord::new(id, t, tokens.len() as u64);
+        let (prompt, tail) = self.block_hashes.blocked_with_tail(&r.prompt);
+        let mut rec = RequestRecord::new(id, t, prompt.tokens as u64);
         rec.session = r.session;
         self.records.push(rec);
         self.last_token.push(t);
         self.conversation.push(r.conversation);
         let q = Queued {
             id,
-            tokens,
             prompt,
+            tail,
             max_tokens: r.max_tokens,
             session: r.session,
         };
         if let Some(q) = self.try_dispatch(t, q) {
             self.queued_total += 1;
-            self.queued_tokens += q.tokens.len() as u64;
+            self.queued_tokens += q.prompt.tokens as u64;
             let wait = Duration::from_secs_f64(self.cfg.router.admission.max_queue_wait_secs);
             self.push(t.plus(wait), Event::QueueTimeout(q.id));
             self.queue.push_back(q);
@@ -256,10 +263,12 @@ impl Sim {
                 let submitted = self.engines[w].submit(
                     EngineRequest {
                         id: q.id,
-                        tokens: q.tokens,
+                        prompt: EnginePrompt::Hashed {
+                            blocks: q.prompt.sequence,
+                            tail: q.tail,
+                        },
                         max_tokens: q.max_tokens,
                         namespace: Namespace::default(),
-                        prompt_hashes: Some(q.prompt.sequence),
                     },
                     t,
                 );
@@ -278,9 +287,9 @@ impl Sim {
     /// Dispatches queued requests, oldest first, while the router lets them go.
     fn drain_queue(&mut self, t: Time) {
         while let Some(q) = self.queue.pop_front() {
-            self.queued_tokens -= q.tokens.len() as u64;
+            self.queued_tokens -= q.prompt.tokens as u64;
             if let Some(q) = self.try_dispatch(t, q) {
-                self.queued_tokens += q.tokens.len() as u64;
+                self.queued_tokens += q.prompt.tokens as u64;
                 self.queue.push_front(q);
                 break;
             }
@@ -290,7 +299,7 @@ impl Sim {
     fn expire(&mut self, id: RequestId) {
         if let Some(i) = self.queue.iter().position(|q| q.id == id) {
             let q = self.queue.remove(i).expect("position is in range");
-            self.queued_tokens -= q.tokens.len() as u64;
+            self.queued_tokens -= q.prompt.tokens as u64;
             let reason = RejectReason::QueueTimeout.as_str().to_string();
             self.end(self.now, id, Status::Rejected(reason), None);
         }

@@ -7,6 +7,7 @@
 //!
 //! - [`prompt`]: [`Prompt`], explicit token ids or Mooncake-style hash blocks expanded to
 //!   deterministic token ids on demand.
+//! - [`blocks`]: a prompt's router blocks without materialising its tokens (trace replay).
 //! - [`mooncake`]: the Mooncake FAST'25 JSONL trace format, with speed-up and filters.
 //! - [`multiturn`]: the reference multi-turn chat workload for a closed-loop driver.
 //! - [`synthetic`]: shared prefixes with Zipf popularity, closed loop or Poisson arrivals.
@@ -25,12 +26,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod blocks;
 pub mod mooncake;
 pub mod multiturn;
 pub mod prompt;
 pub mod stats;
 pub mod synthetic;
 
+pub use blocks::BlockHashCache;
 pub use mooncake::{LineError, TraceError, TraceOptions, TraceRequest, TraceStats};
 pub use multiturn::{ConversationId, MultiTurn, MultiTurnConfig, MultiTurnError, TurnRequest};
 pub use prompt::{text_tokens, token_block, Prompt, PromptError, VOCAB_SIZE};

@@ -116,7 +116,7 @@ pub fn token_block(id: u64, block_tokens: usize) -> Vec<u32> {
 }
 
 /// The token stream of hash-block `id` (separate from every other stream of this crate).
-fn block_key(id: u64) -> u64 {
+pub(crate) fn block_key(id: u64) -> u64 {
     mix_key(0x6861_7368_626c_6f63, id) // "hashbloc"
 }
 

@@ -10,17 +10,52 @@ use serde::{Deserialize, Serialize};
 pub struct EngineRequest {
     /// Unique among the engine's live requests.
     pub id: RequestId,
-    /// Prompt token ids.
-    pub tokens: Vec<u32>,
+    /// The prompt.
+    pub prompt: EnginePrompt,
     /// Tokens to generate (end of sequence is never sampled, as with `ignore_eos`).
     pub max_tokens: u32,
     /// LoRA / cache-salt namespace of the prompt's blocks.
     pub namespace: Namespace,
-    /// The chained hashes of the prompt's full blocks at the engine's block size, when the
-    /// caller already computed them with `kvroute_core::hashing` in this namespace (the
-    /// simulator's router did): the engine then does not hash the prompt again. Extra
-    /// entries are ignored; missing ones are computed.
-    pub prompt_hashes: Option<Vec<SequenceHash>>,
+}
+
+impl EngineRequest {
+    /// A request for a prompt of token ids, in the default namespace.
+    pub fn new(id: RequestId, tokens: Vec<u32>, max_tokens: u32) -> Self {
+        Self {
+            id,
+            prompt: EnginePrompt::Tokens(tokens),
+            max_tokens,
+            namespace: Namespace::default(),
+        }
+    }
+}
+
+/// A prompt as the engine receives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnginePrompt {
+    /// Token ids; the engine hashes their blocks.
+    Tokens(Vec<u32>),
+    /// The chained hashes of the prompt's full blocks at the engine's block size, computed
+    /// with `kvroute_core::hashing` in the request's namespace, and the tokens after the last
+    /// full block (fewer than a block). For a caller in the same process that already
+    /// hashed the prompt (the simulator's router); such a request cannot be reported with
+    /// token ids, so an engine whose events carry token ids refuses it.
+    Hashed {
+        /// Sequence hashes of the full blocks.
+        blocks: Vec<SequenceHash>,
+        /// The tokens of the partial last block.
+        tail: Vec<u32>,
+    },
+}
+
+impl EnginePrompt {
+    /// Prompt length in tokens, for blocks of `bs` tokens.
+    pub fn len(&self, bs: usize) -> usize {
+        match self {
+            EnginePrompt::Tokens(t) => t.len(),
+            EnginePrompt::Hashed { blocks, tail } => blocks.len() * bs + tail.len(),
+        }
+    }
 }
 
 /// Requests the engine refuses.
@@ -50,6 +85,14 @@ pub enum EngineError {
     /// The waiting queue is full.
     #[error("the engine's waiting queue is full ({0} requests)")]
     QueueFull(usize),
+    /// A hashed prompt the engine cannot take (a tail of a block or more, or token events).
+    #[error("request {id}: {reason}")]
+    BadPrompt {
+        /// The request.
+        id: RequestId,
+        /// What is wrong.
+        reason: String,
+    },
     /// The id is already live.
     #[error("request {0} is already in the engine")]
     DuplicateRequest(RequestId),
@@ -89,19 +132,6 @@ pub struct StepOutput {
     pub events: Vec<KvEvent>,
 }
 
-/// A cheap guard on caller-supplied prompt hashes: the first and the last must be those of
-/// the tokens (a wrong block size or namespace fails it), or the engine hashes itself.
-pub(crate) fn hashes_match(h: &[SequenceHash], tokens: &[u32], bs: usize, ns: Namespace) -> bool {
-    let Some(last) = h.last() else { return true };
-    let first = chain(None, local_block_hash(&tokens[..bs], ns));
-    if h[0] != first {
-        return false;
-    }
-    let n = h.len();
-    let parent = n.checked_sub(2).map(|i| h[i]);
-    *last == chain(parent, local_block_hash(&tokens[(n - 1) * bs..n * bs], ns))
-}
-
 /// The deterministic `k`-th output token of a request.
 pub fn output_token(id: RequestId, k: u32) -> u32 {
     let x = kvroute_core::hashing::splitmix64(id.0 ^ (u64::from(k) << 40));
@@ -112,12 +142,18 @@ pub fn output_token(id: RequestId, k: u32) -> u32 {
 pub(crate) struct Seq {
     pub id: RequestId,
     pub ns: Namespace,
-    /// Prompt, then generated tokens.
-    pub tokens: Vec<u32>,
+    /// Tokens so far (prompt, then generated).
+    pub len: usize,
+    /// Tokens after the last full block.
+    pub tail: Vec<u32>,
+    /// Every token, kept only when KV events must carry token ids.
+    pub history: Option<Vec<u32>>,
+    /// Generated tokens.
+    pub output: Vec<u32>,
     pub prompt_len: usize,
     pub max_tokens: u32,
     pub generated: u32,
-    /// Sequence hashes of the leading full blocks hashed so far.
+    /// Sequence hashes of every full block.
     pub seqs: Vec<SequenceHash>,
     /// Pool blocks held, in order.
     pub blocks: Vec<BlockId>,
@@ -136,17 +172,40 @@ pub(crate) struct Seq {
 }
 
 impl Seq {
-    pub fn new(req: EngineRequest, now: Time, ready: Time) -> Self {
-        let mut tokens = req.tokens;
-        let seqs = req.prompt_hashes.unwrap_or_default();
-        // Room for the output up front: growing a long prompt's vector token by token would
-        // copy it again and again.
-        tokens.reserve_exact(req.max_tokens as usize);
+    /// A sequence for `req` (already validated), for blocks of `bs` tokens; `keep_tokens`
+    /// keeps every token for KV events with token ids.
+    pub fn new(req: EngineRequest, bs: usize, keep_tokens: bool, now: Time, ready: Time) -> Self {
+        let (seqs, tail, history, len) = match req.prompt {
+            EnginePrompt::Tokens(mut tokens) => {
+                let full = tokens.len() / bs;
+                let mut seqs = Vec::with_capacity(full + 1);
+                for block in tokens.chunks_exact(bs) {
+                    seqs.push(chain(
+                        seqs.last().copied(),
+                        local_block_hash(block, req.namespace),
+                    ));
+                }
+                let tail = tokens[full * bs..].to_vec();
+                let len = tokens.len();
+                let history = keep_tokens.then(|| {
+                    tokens.reserve_exact(req.max_tokens as usize);
+                    tokens
+                });
+                (seqs, tail, history, len)
+            }
+            EnginePrompt::Hashed { blocks, tail } => {
+                let len = blocks.len() * bs + tail.len();
+                (blocks, tail, None, len)
+            }
+        };
         Self {
             id: req.id,
             ns: req.namespace,
-            prompt_len: tokens.len(),
-            tokens,
+            len,
+            tail,
+            history,
+            output: Vec::with_capacity(req.max_tokens as usize),
+            prompt_len: len,
             max_tokens: req.max_tokens,
             generated: 0,
             seqs,
@@ -164,17 +223,30 @@ impl Seq {
 
     /// Decoding: everything but the last sampled token has KV.
     pub fn is_decoding(&self) -> bool {
-        self.generated > 0 && self.computed + 1 == self.tokens.len()
+        self.generated > 0 && self.computed + 1 == self.len
     }
 
-    /// Hashes the first `n` full blocks (those not hashed yet).
-    pub fn hash_blocks(&mut self, bs: usize, n: usize) {
-        let n = n.min(self.tokens.len() / bs);
-        while self.seqs.len() < n {
-            let b = self.seqs.len();
-            let local = local_block_hash(&self.tokens[b * bs..(b + 1) * bs], self.ns);
-            self.seqs.push(chain(self.seqs.last().copied(), local));
+    /// Appends a generated token, hashing the block it completes.
+    pub fn push_output(&mut self, tok: u32, bs: usize) {
+        self.output.push(tok);
+        self.generated += 1;
+        self.len += 1;
+        if let Some(h) = &mut self.history {
+            h.push(tok);
         }
+        self.tail.push(tok);
+        if self.tail.len() == bs {
+            let local = local_block_hash(&self.tail, self.ns);
+            self.seqs.push(chain(self.seqs.last().copied(), local));
+            self.tail.clear();
+        }
+    }
+
+    /// The tokens of full block `b`, when every token is kept (else empty).
+    pub fn block_tokens(&self, b: usize, bs: usize) -> &[u32] {
+        self.history
+            .as_ref()
+            .map_or(&[][..], |h| &h[b * bs..(b + 1) * bs])
     }
 
     pub fn finish(self, at: Time) -> Finished {
@@ -182,7 +254,7 @@ impl Seq {
             id: self.id,
             prompt_tokens: self.prompt_len,
             cached_tokens: self.cached_tokens.unwrap_or(0),
-            output: self.tokens[self.prompt_len..].to_vec(),
+            output: self.output,
             arrived: self.arrived,
             first_token: self.first_token.unwrap_or(at),
             finished: at,

@@ -8,13 +8,7 @@ fn tiny() -> EngineConfig {
 }
 
 fn req(id: u64, tokens: Vec<u32>, max_tokens: u32) -> EngineRequest {
-    EngineRequest {
-        id: RequestId(id),
-        tokens,
-        max_tokens,
-        namespace: Namespace::default(),
-        prompt_hashes: None,
-    }
+    EngineRequest::new(RequestId(id), tokens, max_tokens)
 }
 
 fn prompt(n: usize, salt: u32) -> Vec<u32> {
@@ -243,7 +237,13 @@ fn events_keep_the_index_in_step(with_tokens: bool) {
             (i * 2, req(i, p, 8))
         })
         .collect();
-    let prompts: Vec<Vec<u32>> = arrivals.iter().map(|a| a.1.tokens.clone()).collect();
+    let prompts: Vec<Vec<u32>> = arrivals
+        .iter()
+        .map(|a| match &a.1.prompt {
+            EnginePrompt::Tokens(t) => t.clone(),
+            EnginePrompt::Hashed { .. } => unreachable!("token prompts"),
+        })
+        .collect();
     let outs = drive(&mut e, arrivals);
     let mut removed = 0;
     for o in &outs {
@@ -292,22 +292,52 @@ fn request_overhead_delays_the_first_step() {
 }
 
 #[test]
-fn caller_hashes_are_used_when_right_and_ignored_when_wrong() {
-    let p = prompt(40, 3);
-    let right =
+fn hashed_prompts_run_like_token_prompts() {
+    let p = prompt(42, 3);
+    let blocked =
         kvroute_core::BlockedPrompt::new(&p, BlockSize::new(4).unwrap(), Namespace::default());
-    let wrong =
-        kvroute_core::BlockedPrompt::new(&p, BlockSize::new(8).unwrap(), Namespace::default());
-    for (hashes, label) in [
-        (Some(right.sequence.clone()), "right"),
-        (Some(wrong.sequence), "wrong"),
-        (None, "none"),
-    ] {
-        let mut e = Engine::new(tiny()).unwrap();
-        let mut r = req(1, p.clone(), 2);
-        r.prompt_hashes = hashes;
-        drive(&mut e, vec![(0, r)]);
-        // Whatever was passed, the cache holds the blocks of the real tokens.
-        assert_eq!(e.pool().match_prefix(&right.sequence), 10, "{label}");
-    }
+    let hashed = |id| EngineRequest {
+        id: RequestId(id),
+        prompt: EnginePrompt::Hashed {
+            blocks: blocked.sequence.clone(),
+            tail: p[40..].to_vec(),
+        },
+        max_tokens: 5,
+        namespace: Namespace::default(),
+    };
+    let run = |with_tokens: bool, r: EngineRequest| {
+        let mut cfg = tiny();
+        cfg.kv_events_with_tokens = with_tokens;
+        let mut e = Engine::new(cfg).unwrap();
+        let outs = drive(&mut e, vec![(0, r), (50, req(9, p.clone(), 2))]);
+        (finished(&outs), e.pool().match_prefix(&blocked.sequence))
+    };
+    let (by_tokens, cached_t) = run(false, req(1, p.clone(), 5));
+    let (by_hashes, cached_h) = run(false, hashed(1));
+    assert_eq!(by_tokens, by_hashes);
+    assert_eq!((cached_t, cached_h), (10, 10));
+    assert_eq!(
+        by_hashes[1].cached_tokens, 40,
+        "the second request hits the hashed blocks"
+    );
+    // Refused where it cannot work.
+    let mut e = Engine::new(tiny()).unwrap();
+    assert!(matches!(
+        e.submit(hashed(1), Time::ZERO),
+        Err(EngineError::BadPrompt { .. })
+    ));
+    let mut cfg = tiny();
+    cfg.kv_events_with_tokens = false;
+    let mut e = Engine::new(cfg).unwrap();
+    let long_tail = EngineRequest {
+        prompt: EnginePrompt::Hashed {
+            blocks: vec![],
+            tail: vec![1, 2, 3, 4],
+        },
+        ..hashed(2)
+    };
+    assert!(matches!(
+        e.submit(long_tail, Time::ZERO),
+        Err(EngineError::BadPrompt { .. })
+    ));
 }

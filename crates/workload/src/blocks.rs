@@ -1,0 +1,113 @@
+//! A prompt's router blocks without its token ids: for a simulator replaying a trace, where
+//! materialising every prompt (145M tokens for the conversation trace) would cost more than
+//! everything else. Mooncake hash blocks are expanded once per hash id and their block hashes
+//! remembered; only the tokens of a prompt's partial last block are generated. The result is
+//! exactly what hashing the materialised prompt gives.
+
+use crate::prompt::{block_key, extend_tokens, token_block, Prompt};
+use kvroute_core::hashing::local_block_hashes;
+use kvroute_core::{BlockSize, BlockedPrompt, LocalBlockHash, Namespace};
+use std::collections::HashMap;
+
+/// The local block hashes of Mooncake hash blocks, by hash id, for one block size and
+/// namespace. Bounded: it starts afresh when it holds `capacity` ids.
+pub struct BlockHashCache {
+    block_size: usize,
+    ns: Namespace,
+    capacity: usize,
+    by_id: HashMap<(u64, usize), Box<[LocalBlockHash]>>,
+}
+
+impl BlockHashCache {
+    /// An empty cache for router blocks of `block_size` tokens in namespace `ns`, holding at
+    /// most `capacity` hash ids.
+    pub fn new(block_size: BlockSize, ns: Namespace, capacity: usize) -> Self {
+        Self {
+            block_size: block_size.get(),
+            ns,
+            capacity: capacity.max(1),
+            by_id: HashMap::new(),
+        }
+    }
+
+    fn hashes(&mut self, id: u64, block_tokens: usize) -> &[LocalBlockHash] {
+        if self.by_id.len() >= self.capacity && !self.by_id.contains_key(&(id, block_tokens)) {
+            self.by_id.clear();
+        }
+        let (bs, ns) = (self.block_size, self.ns);
+        self.by_id
+            .entry((id, block_tokens))
+            .or_insert_with(|| local_block_hashes(&token_block(id, block_tokens), bs, ns).into())
+    }
+
+    /// `prompt` cut into router blocks, and its tokens after the last full block.
+    pub fn blocked_with_tail(&mut self, prompt: &Prompt) -> (BlockedPrompt, Vec<u32>) {
+        let bs = self.block_size;
+        match prompt {
+            Prompt::HashBlocks {
+                ids, block_tokens, ..
+            } if *block_tokens % bs == 0 => {
+                let len = prompt.len();
+                let mut local = Vec::with_capacity(len / bs);
+                let mut tail = Vec::new();
+                let mut left = len;
+                for &id in ids {
+                    let take = (*block_tokens).min(left);
+                    if take == 0 {
+                        break;
+                    }
+                    let full = take / bs;
+                    local.extend_from_slice(&self.hashes(id, *block_tokens)[..full]);
+                    if take % bs != 0 {
+                        // Only the last block can be partial.
+                        extend_tokens(&mut tail, block_key(id), (full * bs) as u64, take % bs);
+                    }
+                    left -= take;
+                }
+                (BlockedPrompt::from_local(len, local), tail)
+            }
+            _ => {
+                let tokens = prompt.materialize();
+                let full = tokens.len() / bs * bs;
+                let blocked = BlockedPrompt::new(
+                    &tokens,
+                    BlockSize::new(bs).expect("a BlockSize gave it"),
+                    self.ns,
+                );
+                (blocked, tokens[full..].to_vec())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(prompt: &Prompt, bs: usize) {
+        let b = BlockSize::new(bs).unwrap();
+        let mut cache = BlockHashCache::new(b, Namespace::default(), 3);
+        let tokens = prompt.materialize();
+        let want = BlockedPrompt::new(&tokens, b, Namespace::default());
+        for _ in 0..2 {
+            let (got, tail) = cache.blocked_with_tail(prompt);
+            assert_eq!(got, want, "block size {bs}");
+            assert_eq!(tail, tokens[tokens.len() / bs * bs..]);
+        }
+    }
+
+    #[test]
+    fn equals_hashing_the_materialised_prompt() {
+        for len in [1usize, 63, 64, 65, 511, 512, 513, 1000, 1536] {
+            let ids: Vec<u64> = (0..len.div_ceil(512) as u64).map(|i| i * 7 + 3).collect();
+            let p = Prompt::hash_blocks(ids, 512, len).unwrap();
+            for bs in [16, 64, 512, 100] {
+                check(&p, bs);
+            }
+        }
+        check(&Prompt::Tokens((0..100).collect()), 16);
+        // More ids than the cache holds: it starts afresh and stays right.
+        let p = Prompt::hash_blocks((0..9).collect(), 512, 9 * 512).unwrap();
+        check(&p, 64);
+    }
+}
