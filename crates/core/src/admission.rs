@@ -52,6 +52,10 @@ pub struct AdmissionConfig {
     pub busy_active_blocks: Option<u64>,
     /// Busy when active KV blocks reach this fraction of the KV capacity.
     pub busy_active_fraction: Option<f64>,
+    /// Busy when in-flight requests reach this fraction of the worker's batch limit
+    /// (`max_num_seqs`, when known): past it, a request would only wait in the engine's own
+    /// queue, tied to that worker.
+    pub busy_batch_fraction: Option<f64>,
     /// Longest time a request may wait in the queue, in seconds.
     pub max_queue_wait_secs: f64,
     /// Most requests in the queue.
@@ -68,6 +72,7 @@ impl Default for AdmissionConfig {
             busy_prefill_fraction: None,
             busy_active_blocks: None,
             busy_active_fraction: Some(0.95),
+            busy_batch_fraction: Some(1.0),
             max_queue_wait_secs: 30.0,
             max_queued_requests: 4_096,
             max_queued_tokens: 16 << 20,
@@ -81,6 +86,7 @@ impl AdmissionConfig {
         for (name, f) in [
             ("busy_prefill_fraction", self.busy_prefill_fraction),
             ("busy_active_fraction", self.busy_active_fraction),
+            ("busy_batch_fraction", self.busy_batch_fraction),
         ] {
             if let Some(f) = f {
                 if !(f.is_finite() && f > 0.0) {
@@ -107,7 +113,9 @@ impl AdmissionConfig {
         let kv_tokens = capacity
             .kv_blocks
             .map(|b| b.saturating_mul(block_size as u64));
-        over(load.prefill_tokens, self.busy_prefill_tokens)
+        let batch = capacity.max_batch.map(u64::from);
+        over_frac(u64::from(load.inflight), self.busy_batch_fraction, batch)
+            || over(load.prefill_tokens, self.busy_prefill_tokens)
             || over(load.active_blocks, self.busy_active_blocks)
             || over_frac(load.prefill_tokens, self.busy_prefill_fraction, kv_tokens)
             || over_frac(
@@ -236,6 +244,27 @@ mod tests {
             ..AdmissionConfig::default()
         };
         assert!(abs.is_busy(&load(0, 10), &WorkerCapacity::default(), 16));
+    }
+
+    #[test]
+    fn a_full_batch_makes_a_worker_busy() {
+        let cap = WorkerCapacity {
+            kv_blocks: None,
+            max_batch: Some(64),
+        };
+        let with = |inflight| WorkerLoad {
+            inflight,
+            ..WorkerLoad::default()
+        };
+        let cfg = AdmissionConfig::default();
+        assert!(!cfg.is_busy(&with(63), &cap, 16));
+        assert!(cfg.is_busy(&with(64), &cap, 16));
+        assert!(!cfg.is_busy(&with(1_000), &WorkerCapacity::default(), 16), "unknown batch");
+        let off = AdmissionConfig {
+            busy_batch_fraction: None,
+            ..AdmissionConfig::default()
+        };
+        assert!(!off.is_busy(&with(64), &cap, 16));
     }
 
     #[test]
