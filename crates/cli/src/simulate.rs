@@ -7,8 +7,8 @@ use kvroute_core::{AdmissionMode, PolicyKind};
 use kvroute_engine::{EngineConfig, Profile};
 use kvroute_sim::{simulate, SimConfig, SimResult, Workload};
 use kvroute_workload::{
-    markdown_table, mooncake, records_tsv, text_tokens, MultiTurn, MultiTurnConfig, Summary,
-    Synthetic, SyntheticConfig, TraceOptions, TraceRequest,
+    deciles, deciles_markdown, markdown_table, mooncake, records_tsv, text_tokens, MultiTurn,
+    MultiTurnConfig, Summary, Synthetic, SyntheticConfig, TraceOptions, TraceRequest,
 };
 use serde_json::json;
 use std::path::PathBuf;
@@ -146,6 +146,7 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let mut rows: Vec<(String, Summary)> = Vec::new();
+    let mut over_time = String::new();
     for &workers in &a.workers {
         for &c in &concurrency {
             for &policy in &a.policy {
@@ -189,6 +190,10 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
                     let file = dir.join(format!("{}.tsv", label.replace(' ', "-")));
                     std::fs::write(&file, records_tsv(&r.records))
                         .with_context(|| format!("writing {}", file.display()))?;
+                    over_time.push_str(&format!(
+                        "\n### {label}\n\n{}",
+                        deciles_markdown(&deciles(&r.records))
+                    ));
                 }
                 rows.push((label, r.summary));
             }
@@ -201,7 +206,7 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
     }
     if let Some(dir) = &a.out {
         let report = format!(
-            "# kvroute simulate\n\nworkload `{}`, profile `{}`, admission `{:?}`, seed {}, KV event delay {} ms\n\n{table}",
+            "# kvroute simulate\n\nworkload `{}`, profile `{}`, admission `{:?}`, seed {}, KV event delay {} ms\n\n{table}\n## Over time (requests by arrival decile)\n{over_time}",
             a.workload, a.profile, a.admission, a.seed, a.kv_event_delay_ms
         );
         let file = dir.join("report.md");

@@ -148,6 +148,8 @@ fn simulate_writes_records_and_a_report() {
     assert!(table.contains("| kv w2 c3 |"), "{table}");
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(report.contains("| kv w2 c3 |"));
+    assert!(report.contains("### kv w2 c3"), "{report}");
+    assert!(report.contains("| decile |"));
     let tsv = std::fs::read_to_string(dir.join("kv-w2-c3.tsv")).unwrap();
     assert_eq!(tsv.lines().count(), 13, "a header and one line per request");
     std::fs::remove_dir_all(&dir).ok();

@@ -259,7 +259,10 @@ mod tests {
         let cfg = AdmissionConfig::default();
         assert!(!cfg.is_busy(&with(63), &cap, 16));
         assert!(cfg.is_busy(&with(64), &cap, 16));
-        assert!(!cfg.is_busy(&with(1_000), &WorkerCapacity::default(), 16), "unknown batch");
+        assert!(
+            !cfg.is_busy(&with(1_000), &WorkerCapacity::default(), 16),
+            "unknown batch"
+        );
         let off = AdmissionConfig {
             busy_batch_fraction: None,
             ..AdmissionConfig::default()

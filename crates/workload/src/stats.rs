@@ -14,9 +14,11 @@
 //!   or has no first-token time counting as an infinite TTFT: shedding load cannot pass for
 //!   speed. In JSON an infinite value is the string `"inf"`, a missing one `null`.
 
+mod deciles;
 pub mod percentile;
 mod report;
 
+pub use deciles::{deciles, deciles_markdown, Decile};
 pub use percentile::{percentile, weighted_percentile, Distribution};
 pub use report::{markdown_header, markdown_table, records_tsv, TSV_COLUMNS};
 
