@@ -8,7 +8,7 @@ use kvroute_engine::{EngineConfig, Profile};
 use kvroute_sim::{simulate, SimConfig, SimResult, Workload};
 use kvroute_workload::{
     deciles, deciles_markdown, markdown_table, mooncake, records_tsv, text_tokens, MultiTurn,
-    MultiTurnConfig, Summary, Synthetic, SyntheticConfig, TraceOptions, TraceRequest,
+    MultiTurnConfig, Slo, Summary, Synthetic, SyntheticConfig, TraceOptions, TraceRequest,
 };
 use serde_json::json;
 use std::path::PathBuf;
@@ -73,6 +73,12 @@ pub struct SimulateArgs {
     /// Leave requests arriving in the first seconds out of the summary.
     #[arg(long, default_value_t = 0.0)]
     warmup_secs: f64,
+    /// Service objective for goodput: largest TTFT, ms.
+    #[arg(long)]
+    slo_ttft_ms: Option<f64>,
+    /// Service objective for goodput: largest TPOT, ms.
+    #[arg(long)]
+    slo_tpot_ms: Option<f64>,
     /// Delay of KV events from engine to router, ms.
     #[arg(long, default_value_t = 0.0)]
     kv_event_delay_ms: f64,
@@ -102,6 +108,8 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         ("--warmup-secs", Some(a.warmup_secs)),
         ("--ramp-secs", Some(a.ramp_secs)),
         ("--duration-secs", a.duration_secs),
+        ("--slo-ttft-ms", a.slo_ttft_ms),
+        ("--slo-tpot-ms", a.slo_tpot_ms),
     ] {
         if let Some(v) = v {
             if !(v.is_finite() && v >= 0.0) {
@@ -290,6 +298,12 @@ fn sim_config(
     cfg.duration = a.duration_secs.map(Duration::from_secs_f64);
     cfg.warmup = Duration::from_secs_f64(a.warmup_secs);
     cfg.ramp = Duration::from_secs_f64(a.ramp_secs);
+    if a.slo_ttft_ms.is_some() || a.slo_tpot_ms.is_some() {
+        cfg.slo = Some(Slo {
+            ttft_ms: a.slo_ttft_ms,
+            tpot_ms: a.slo_tpot_ms,
+        });
+    }
     cfg.validate()?;
     Ok(cfg)
 }
@@ -321,6 +335,7 @@ fn cell_json(
         "prediction_ratio": s.prediction_ratio,
         "output_tokens_per_s": s.output_tokens_per_s,
         "requests_per_s": s.requests_per_s,
+        "goodput": s.goodput,
         "sim_seconds": r.sim_seconds,
         "wall_seconds": wall,
         "kv_events_rejected": r.kv_events_rejected,

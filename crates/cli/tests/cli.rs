@@ -54,6 +54,8 @@ fn simulate_prints_one_json_object_per_cell() {
         "2",
         "--limit",
         "10",
+        "--slo-ttft-ms",
+        "1000",
         "--json",
     ]);
     assert!(
@@ -88,6 +90,7 @@ fn simulate_prints_one_json_object_per_cell() {
             assert!(c.get(key).is_some(), "{key} missing from {c}");
         }
         assert_eq!(c["sent"], 10);
+        assert!(c["goodput"]["met"].as_u64().unwrap() <= 10, "{c}");
     }
     assert_eq!(cells[3]["workers"], 2);
     assert_eq!(cells[3]["policy"], "kv");

@@ -27,7 +27,7 @@ pub use sim::simulate;
 
 use kvroute_core::{RouteError, RouterConfig};
 use kvroute_engine::{EngineConfig, EngineMetrics, Profile, ProfileError};
-use kvroute_workload::{RequestRecord, Summary};
+use kvroute_workload::{RequestRecord, Slo, Summary};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -52,6 +52,8 @@ pub struct SimConfig {
     pub ramp: Duration,
     /// Virtual time after which the simulation stops, finished or not.
     pub max_sim_time: Duration,
+    /// The service objective goodput is measured against, if any.
+    pub slo: Option<Slo>,
 }
 
 impl SimConfig {
@@ -71,6 +73,7 @@ impl SimConfig {
             warmup: Duration::ZERO,
             ramp: Duration::ZERO,
             max_sim_time: Duration::from_secs(7 * 24 * 3600),
+            slo: None,
         })
     }
 

@@ -149,7 +149,7 @@ pub fn simulate(cfg: &SimConfig, workload: Workload) -> Result<SimResult, SimErr
         _ => sim.now.since(start),
     };
     Ok(SimResult {
-        summary: Summary::from_records(&measured, span),
+        summary: Summary::from_records_with_slo(&measured, span, cfg.slo.as_ref()),
         sim_seconds: span.as_secs_f64(),
         engines: sim.engines.iter().map(|e| e.metrics()).collect(),
         kv_events_rejected: sim.kv_rejected,
