@@ -252,8 +252,8 @@ impl Sim {
                 self.end(t, q.id, Status::Rejected(reason.as_str().into()), None)
             }
             RouteOutcome::Dispatch(sel) => {
-                if let Err(e) = self.router.dispatch(q.id, &req, &sel, t) {
-                    self.end(t, q.id, Status::Failed(e.to_string()), None);
+                if self.router.dispatch(q.id, &req, &sel, t).is_err() {
+                    self.end(t, q.id, Status::Failed("dispatch_refused".into()), None);
                     return None;
                 }
                 let w = sel.worker.0 as usize;
@@ -276,7 +276,7 @@ impl Sim {
                     Ok(()) => self.reschedule(w),
                     Err(e) => {
                         let _ = self.router.finish(q.id, t);
-                        self.end(t, q.id, Status::Failed(e.to_string()), None);
+                        self.end(t, q.id, Status::Failed(e.kind().into()), None);
                     }
                 }
             }

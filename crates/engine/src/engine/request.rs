@@ -98,6 +98,21 @@ pub enum EngineError {
     DuplicateRequest(RequestId),
 }
 
+impl EngineError {
+    /// A stable snake_case code for the kind of error (metric labels, report keys).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EngineError::InvalidConfig(_) => "invalid_config",
+            EngineError::EmptyPrompt(_) => "empty_prompt",
+            EngineError::ZeroMaxTokens(_) => "zero_max_tokens",
+            EngineError::TooLong { .. } => "too_long",
+            EngineError::QueueFull(_) => "queue_full",
+            EngineError::BadPrompt { .. } => "bad_prompt",
+            EngineError::DuplicateRequest(_) => "duplicate_request",
+        }
+    }
+}
+
 /// A request the engine completed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Finished {
