@@ -172,3 +172,34 @@ fn delayed_kv_events_still_agree_and_bad_configs_are_refused() {
     none.workers = 0;
     assert!(simulate(&none, Workload::Trace(Vec::new())).is_err());
 }
+
+#[test]
+fn requests_that_cannot_fit_fail_by_kind() {
+    let gen = Synthetic::new(
+        SyntheticConfig {
+            prefixes: 2,
+            prefix_tokens: 2_000,
+            suffix_tokens: 10,
+            max_tokens: 10,
+            ..SyntheticConfig::default()
+        },
+        1,
+    )
+    .unwrap();
+    let r = simulate(
+        &tiny(2, PolicyKind::Kv),
+        Workload::Synthetic {
+            gen,
+            concurrency: 2,
+            requests: 6,
+        },
+    )
+    .unwrap();
+    assert_eq!(r.summary.failed, 6);
+    assert_eq!(r.summary.failed_by_reason.get("too_long"), Some(&6));
+    assert_eq!(
+        r.summary.failed_by_reason.len(),
+        1,
+        "one key per kind, not per request"
+    );
+}
