@@ -209,54 +209,58 @@ impl BlockPool {
     /// `parent` (None: the root), and announces them in one `Stored` event. Blocks already
     /// cached are skipped (the run is split around them).
     pub fn cache(&mut self, parent: Option<SequenceHash>, run: &[FullBlock<'_>], ns: Namespace) {
-        if !self.event_tokens {
-            self.cache_hashed(parent, run);
-            return;
-        }
-        let mut stored: Option<StoredBlocks> = None;
-        let mut prev = parent;
-        for fb in run {
-            if self.claim(fb) {
-                let s = stored.get_or_insert_with(|| StoredBlocks {
-                    parent: prev.map(engine_hash),
-                    block_hashes: Vec::with_capacity(run.len()),
-                    token_ids: Vec::with_capacity(run.len() * self.block_size),
-                    block_size: self.block_size,
-                    namespace: ns,
-                });
-                s.block_hashes.push(engine_hash(fb.seq));
-                s.token_ids.extend_from_slice(fb.tokens);
-            } else if let Some(s) = stored.take() {
-                self.events.push(KvEvent::Stored(s));
+        // Split the run into stretches of newly cached blocks, one event each.
+        let mut start: Option<usize> = None;
+        for (i, fb) in run.iter().enumerate() {
+            let claimed = self.claim(fb);
+            match (claimed, start) {
+                (true, None) => start = Some(i),
+                (false, Some(s)) => {
+                    self.announce(parent, run, s..i, ns);
+                    start = None;
+                }
+                _ => {}
             }
-            prev = Some(fb.seq);
         }
-        if let Some(s) = stored {
-            self.events.push(KvEvent::Stored(s));
+        if let Some(s) = start {
+            self.announce(parent, run, s..run.len(), ns);
         }
     }
 
-    /// [`BlockPool::cache`] announcing `StoredHashed` events.
-    fn cache_hashed(&mut self, parent: Option<SequenceHash>, run: &[FullBlock<'_>]) {
-        let mut stored: Option<StoredHashed> = None;
-        let mut prev = parent;
-        for fb in run {
-            if self.claim(fb) {
-                let s = stored.get_or_insert_with(|| StoredHashed {
-                    parent: prev.map(engine_hash),
-                    block_hashes: Vec::with_capacity(run.len()),
-                    sequence_hashes: Vec::with_capacity(run.len()),
-                });
-                s.block_hashes.push(engine_hash(fb.seq));
-                s.sequence_hashes.push(fb.seq);
-            } else if let Some(s) = stored.take() {
-                self.events.push(KvEvent::StoredHashed(s));
-            }
-            prev = Some(fb.seq);
-        }
-        if let Some(s) = stored {
-            self.events.push(KvEvent::StoredHashed(s));
-        }
+    /// The `Stored` (or `StoredHashed`) event of `run[range]`, whose parent is the block
+    /// before it in the run (or `parent` for the first).
+    fn announce(
+        &mut self,
+        parent: Option<SequenceHash>,
+        run: &[FullBlock<'_>],
+        range: std::ops::Range<usize>,
+        ns: Namespace,
+    ) {
+        let before = match range.start {
+            0 => parent,
+            i => Some(run[i - 1].seq),
+        };
+        let blocks = &run[range];
+        let block_hashes = blocks.iter().map(|b| engine_hash(b.seq)).collect();
+        let event = if self.event_tokens {
+            KvEvent::Stored(StoredBlocks {
+                parent: before.map(engine_hash),
+                block_hashes,
+                token_ids: blocks
+                    .iter()
+                    .flat_map(|b| b.tokens.iter().copied())
+                    .collect(),
+                block_size: self.block_size,
+                namespace: ns,
+            })
+        } else {
+            KvEvent::StoredHashed(StoredHashed {
+                parent: before.map(engine_hash),
+                block_hashes,
+                sequence_hashes: blocks.iter().map(|b| b.seq).collect(),
+            })
+        };
+        self.events.push(event);
     }
 
     /// Marks `fb`'s block as a cached copy of its hash; false when it already holds one.
