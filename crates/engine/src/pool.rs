@@ -246,10 +246,13 @@ impl BlockPool {
             KvEvent::Stored(StoredBlocks {
                 parent: before.map(engine_hash),
                 block_hashes,
-                token_ids: blocks
-                    .iter()
-                    .flat_map(|b| b.tokens.iter().copied())
-                    .collect(),
+                token_ids: blocks.iter().fold(
+                    Vec::with_capacity(blocks.len() * self.block_size),
+                    |mut t, b| {
+                        t.extend_from_slice(b.tokens);
+                        t
+                    },
+                ),
                 block_size: self.block_size,
                 namespace: ns,
             })
