@@ -97,8 +97,9 @@ fn a_trace_replays_on_its_timestamps() {
 
 #[test]
 fn shedding_and_queue_timeouts_are_counted_not_hidden() {
-    let gen = || {
-        Synthetic::new(
+    // The same 100 requests from 16 clients for every admission setting.
+    let load = || Workload::Synthetic {
+        gen: Synthetic::new(
             SyntheticConfig {
                 prefixes: 4,
                 prefix_tokens: 64,
@@ -108,17 +109,14 @@ fn shedding_and_queue_timeouts_are_counted_not_hidden() {
             },
             5,
         )
-        .unwrap()
+        .unwrap(),
+        concurrency: 16,
+        requests: 100,
     };
     let mut cfg = tiny(2, PolicyKind::Kv);
     cfg.router.admission.mode = AdmissionMode::Shed;
     cfg.router.admission.busy_prefill_tokens = Some(100);
-    let w = Workload::Synthetic {
-        gen: gen(),
-        concurrency: 16,
-        requests: 100,
-    };
-    let shed = simulate(&cfg, w).unwrap();
+    let shed = simulate(&cfg, load()).unwrap();
     assert_eq!(shed.summary.sent, 100);
     assert!(shed.summary.rejected > 0);
     assert_eq!(shed.summary.completed + shed.summary.rejected, 100);
@@ -127,24 +125,14 @@ fn shedding_and_queue_timeouts_are_counted_not_hidden() {
     assert_eq!(shed.summary.ttft_all_ms.p99, Some(f64::INFINITY));
     cfg.router.admission.mode = AdmissionMode::Queue;
     cfg.router.admission.max_queue_wait_secs = 0.001;
-    let w = Workload::Synthetic {
-        gen: gen(),
-        concurrency: 16,
-        requests: 100,
-    };
-    let queued = simulate(&cfg, w).unwrap();
+    let queued = simulate(&cfg, load()).unwrap();
     assert!(queued.queued > 0);
     assert!(queued
         .records
         .iter()
         .any(|r| r.status == Status::Rejected("queue_timeout".into())));
     cfg.router.admission.max_queue_wait_secs = 60.0;
-    let w = Workload::Synthetic {
-        gen: gen(),
-        concurrency: 16,
-        requests: 100,
-    };
-    let patient = simulate(&cfg, w).unwrap();
+    let patient = simulate(&cfg, load()).unwrap();
     assert!(patient.queued > 0);
     assert_eq!(
         patient.summary.completed, 100,
