@@ -254,20 +254,27 @@ impl Engine {
 
     /// Advances to `now`: finishes the step in flight if it ended, then starts the next one.
     pub fn step(&mut self, now: Time) -> StepOutput {
+        let mut out = StepOutput::default();
+        self.step_into(now, &mut out);
+        out
+    }
+
+    /// [`Engine::step`] writing into `out` (cleared first), so a caller stepping often can
+    /// keep one output's buffers.
+    pub fn step_into(&mut self, now: Time, out: &mut StepOutput) {
         self.now = self.now.max(now);
-        let mut out = StepOutput {
-            time: self.now,
-            ..StepOutput::default()
-        };
+        out.time = self.now;
+        out.tokens.clear();
+        out.finished.clear();
+        out.events.clear();
         if let Some(f) = &self.inflight {
             if f.ended > self.now {
-                return out;
+                return;
             }
-            self.complete(&mut out);
+            self.complete(out);
         }
         self.schedule();
-        out.events = self.pool.take_events();
-        out
+        self.pool.drain_events_into(&mut out.events);
     }
 
     /// A metrics snapshot.
@@ -350,121 +357,11 @@ impl Engine {
 
     /// Picks the next step's work and starts it at `self.now`.
     fn schedule(&mut self) {
-        let bs = self.cfg.block_size;
-        let mut budget = self.cfg.max_num_batched_tokens;
-        let n = self.running.len();
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let mut work = std::mem::take(&mut scratch.work);
+        let mut work = std::mem::take(&mut self.scratch.work);
         work.clear();
-        let scheduled = &mut scratch.scheduled;
-        scheduled.clear();
-        scheduled.resize(n, false);
-        let preempted = &mut scratch.preempted;
-        preempted.clear();
-        preempted.resize(n, false);
-        // Decoding sequences first, then those still prefilling, in admission order.
-        let decoding = &mut scratch.decoding;
-        decoding.clear();
-        decoding.extend(self.running.iter().map(|s| s.is_decoding()));
-        let order = (0..n)
-            .filter(|&i| decoding[i])
-            .chain((0..n).filter(|&i| !decoding[i]));
-        for i in order {
-            if budget == 0 {
-                break;
-            }
-            if preempted[i] {
-                continue;
-            }
-            let s = &self.running[i];
-            let new = (s.len - s.computed).min(budget);
-            let need = (s.computed + new)
-                .div_ceil(bs)
-                .saturating_sub(s.blocks.len());
-            let got = loop {
-                if let Some(b) = self.pool.allocate(need) {
-                    break Some(b);
-                }
-                // Preempt the most recently admitted sequence not scheduled yet.
-                let victim = (0..self.running.len())
-                    .rev()
-                    .find(|&v| v != i && !scheduled[v] && !preempted[v]);
-                let v = victim.unwrap_or(i);
-                self.preempt(v);
-                preempted[v] = true;
-                if v == i {
-                    break None;
-                }
-            };
-            if let Some(b) = got {
-                self.running[i].blocks.extend(b);
-                scheduled[i] = true;
-                work.push((i, new));
-                budget -= new;
-            }
+        if !self.schedule_decode(&mut work) {
+            self.schedule_general(&mut work);
         }
-        // Drop preempted sequences from the running set (to the front of the queue, oldest
-        // first) and renumber the work.
-        let any_preempted = preempted.iter().any(|p| *p);
-        if any_preempted {
-            let mut remap = vec![usize::MAX; self.running.len()];
-            let mut kept = Vec::with_capacity(self.running.len());
-            let mut back = Vec::new();
-            for (i, s) in std::mem::take(&mut self.running).into_iter().enumerate() {
-                if preempted[i] {
-                    back.push(s);
-                } else {
-                    remap[i] = kept.len();
-                    kept.push(s);
-                }
-            }
-            for s in back.into_iter().rev() {
-                self.waiting.push_front(s);
-            }
-            self.running = kept;
-            for w in &mut work {
-                w.0 = remap[w.0];
-            }
-        }
-        // Admit waiting requests in order while there is room.
-        while budget > 0 && !any_preempted && self.running.len() < self.cfg.max_num_seqs {
-            let Some(s) = self.waiting.front_mut() else {
-                break;
-            };
-            if s.ready > self.now {
-                break;
-            }
-            let max_hit = (s.len - 1) / bs;
-            let hit = self.pool.match_prefix(&s.seqs[..max_hit]);
-            let new = (s.len - hit * bs).min(budget);
-            let need = (hit * bs + new).div_ceil(bs) - hit;
-            let Some(mut blocks) = self.pool.acquire(&s.seqs[..hit]) else {
-                break;
-            };
-            match self.pool.allocate(need) {
-                Some(fresh) => blocks.extend(fresh),
-                None => {
-                    let rev: Vec<_> = blocks.iter().rev().copied().collect();
-                    self.pool.release(&rev);
-                    break;
-                }
-            }
-            let mut s = self.waiting.pop_front().expect("front exists");
-            s.blocks = blocks;
-            s.computed = hit * bs;
-            s.cached_blocks = hit;
-            if s.cached_tokens.is_none() {
-                s.cached_tokens = Some(hit * bs);
-                self.metrics.admitted_total += 1;
-                self.metrics.prompt_tokens_total += s.prompt_len as u64;
-                self.metrics.prefix_hit_tokens_total += (hit * bs) as u64;
-                self.metrics.queue_secs_total += self.now.since(s.arrived).as_secs_f64();
-            }
-            work.push((self.running.len(), new));
-            self.running.push(s);
-            budget -= new;
-        }
-        self.scratch = scratch;
         if work.is_empty() {
             let head_ready = self.waiting.front().is_some_and(|s| s.ready <= self.now);
             self.stalled = head_ready || !self.running.is_empty();
@@ -495,6 +392,159 @@ impl Engine {
             ended: self.now.plus(Duration::from_secs_f64(secs)),
             work,
         });
+    }
+
+    /// The step [`Engine::schedule_general`] would pick when every running sequence decodes,
+    /// all fit in the token budget, no waiting request can be admitted and the pool has a
+    /// block for each sequence that starts one: one token each, in order. Most steps of a
+    /// busy engine are such steps, and this is a fraction of the cost. False (changing
+    /// nothing) when it does not apply.
+    fn schedule_decode(&mut self, work: &mut Vec<(usize, usize)>) -> bool {
+        let n = self.running.len();
+        let budget = self.cfg.max_num_batched_tokens;
+        if n == 0 || n > budget {
+            return false;
+        }
+        // The general scheduler tries admission when budget and room are left.
+        let admits = n < budget
+            && n < self.cfg.max_num_seqs
+            && self.waiting.front().is_some_and(|s| s.ready <= self.now);
+        if admits {
+            return false;
+        }
+        let bs = self.cfg.block_size;
+        let mut need = 0;
+        for s in &self.running {
+            if !s.is_decoding() {
+                return false;
+            }
+            need += s.len.div_ceil(bs).saturating_sub(s.blocks.len());
+        }
+        if need > self.pool.free_count() {
+            return false; // the general scheduler preempts
+        }
+        for (i, s) in self.running.iter_mut().enumerate() {
+            let need = s.len.div_ceil(bs).saturating_sub(s.blocks.len());
+            if need > 0 {
+                let got = self.pool.allocate_into(need, &mut s.blocks);
+                debug_assert!(got, "free blocks were counted");
+            }
+            work.push((i, 1));
+        }
+        true
+    }
+
+    /// Picks the next step's work in the general case (see the module documentation).
+    fn schedule_general(&mut self, work: &mut Vec<(usize, usize)>) {
+        let bs = self.cfg.block_size;
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let n = self.running.len();
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let scheduled = &mut scratch.scheduled;
+        scheduled.clear();
+        scheduled.resize(n, false);
+        let preempted = &mut scratch.preempted;
+        preempted.clear();
+        preempted.resize(n, false);
+        // Decoding sequences first, then those still prefilling, in admission order.
+        let decoding = &mut scratch.decoding;
+        decoding.clear();
+        decoding.extend(self.running.iter().map(|s| s.is_decoding()));
+        let order = (0..n)
+            .filter(|&i| decoding[i])
+            .chain((0..n).filter(|&i| !decoding[i]));
+        for i in order {
+            if budget == 0 {
+                break;
+            }
+            if preempted[i] {
+                continue;
+            }
+            let s = &self.running[i];
+            let new = (s.len - s.computed).min(budget);
+            let need = (s.computed + new)
+                .div_ceil(bs)
+                .saturating_sub(s.blocks.len());
+            let got = loop {
+                if need == 0 || self.pool.allocate_into(need, &mut self.running[i].blocks) {
+                    break true;
+                }
+                // Preempt the most recently admitted sequence not scheduled yet.
+                let victim = (0..self.running.len())
+                    .rev()
+                    .find(|&v| v != i && !scheduled[v] && !preempted[v]);
+                let v = victim.unwrap_or(i);
+                self.preempt(v);
+                preempted[v] = true;
+                if v == i {
+                    break false;
+                }
+            };
+            if got {
+                scheduled[i] = true;
+                work.push((i, new));
+                budget -= new;
+            }
+        }
+        // Drop preempted sequences from the running set (to the front of the queue, oldest
+        // first) and renumber the work.
+        let any_preempted = preempted.iter().any(|p| *p);
+        if any_preempted {
+            let mut remap = vec![usize::MAX; self.running.len()];
+            let mut kept = Vec::with_capacity(self.running.len());
+            let mut back = Vec::new();
+            for (i, s) in std::mem::take(&mut self.running).into_iter().enumerate() {
+                if preempted[i] {
+                    back.push(s);
+                } else {
+                    remap[i] = kept.len();
+                    kept.push(s);
+                }
+            }
+            for s in back.into_iter().rev() {
+                self.waiting.push_front(s);
+            }
+            self.running = kept;
+            for w in work.iter_mut() {
+                w.0 = remap[w.0];
+            }
+        }
+        self.scratch = scratch;
+        // Admit waiting requests in order while there is room.
+        while budget > 0 && !any_preempted && self.running.len() < self.cfg.max_num_seqs {
+            let Some(s) = self.waiting.front_mut() else {
+                break;
+            };
+            if s.ready > self.now {
+                break;
+            }
+            let max_hit = (s.len - 1) / bs;
+            let hit = self.pool.match_prefix(&s.seqs[..max_hit]);
+            let new = (s.len - hit * bs).min(budget);
+            let need = (hit * bs + new).div_ceil(bs) - hit;
+            let Some(mut blocks) = self.pool.acquire(&s.seqs[..hit]) else {
+                break;
+            };
+            if !self.pool.allocate_into(need, &mut blocks) {
+                let rev: Vec<_> = blocks.iter().rev().copied().collect();
+                self.pool.release(&rev);
+                break;
+            }
+            let mut s = self.waiting.pop_front().expect("front exists");
+            s.blocks = blocks;
+            s.computed = hit * bs;
+            s.cached_blocks = hit;
+            if s.cached_tokens.is_none() {
+                s.cached_tokens = Some(hit * bs);
+                self.metrics.admitted_total += 1;
+                self.metrics.prompt_tokens_total += s.prompt_len as u64;
+                self.metrics.prefix_hit_tokens_total += (hit * bs) as u64;
+                self.metrics.queue_secs_total += self.now.since(s.arrived).as_secs_f64();
+            }
+            work.push((self.running.len(), new));
+            self.running.push(s);
+            budget -= new;
+        }
     }
 
     fn preempt(&mut self, i: usize) {

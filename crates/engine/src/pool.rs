@@ -160,10 +160,16 @@ impl BlockPool {
     /// Takes `n` blocks from the head of the free list, evicting their cached content; None
     /// (changing nothing) when fewer than `n` are free.
     pub fn allocate(&mut self, n: usize) -> Option<Vec<BlockId>> {
-        if n > self.free_len {
-            return None;
-        }
         let mut out = Vec::with_capacity(n);
+        self.allocate_into(n, &mut out).then_some(out)
+    }
+
+    /// [`BlockPool::allocate`] appending the blocks to `out`; false (changing nothing) when
+    /// fewer than `n` are free.
+    pub fn allocate_into(&mut self, n: usize, out: &mut Vec<BlockId>) -> bool {
+        if n > self.free_len {
+            return false;
+        }
         let mut evicted = Vec::new();
         for _ in 0..n {
             let b = self.head;
@@ -180,7 +186,7 @@ impl BlockPool {
                 block_hashes: evicted,
             });
         }
-        Some(out)
+        true
     }
 
     /// Drops the cache entry of copy `b` of `seq`.
@@ -310,6 +316,11 @@ impl BlockPool {
     /// The events since the last call, in order.
     pub fn take_events(&mut self) -> Vec<KvEvent> {
         std::mem::take(&mut self.events)
+    }
+
+    /// Moves the events since the last call to the end of `out`, in order.
+    pub fn drain_events_into(&mut self, out: &mut Vec<KvEvent>) {
+        out.append(&mut self.events);
     }
 
     fn push_tail(&mut self, b: u32) {

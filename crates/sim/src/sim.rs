@@ -76,6 +76,8 @@ struct Sim {
     now: Time,
     /// Block hashes of trace hash ids, so trace prompts are never materialised.
     block_hashes: BlockHashCache,
+    /// Engine output buffers, reused from step to step.
+    out: StepOutput,
 }
 
 /// Runs a simulation to its end.
@@ -119,6 +121,7 @@ pub fn simulate(cfg: &SimConfig, workload: Workload) -> Result<SimResult, SimErr
             Namespace::default(),
             1 << 18,
         ),
+        out: StepOutput::default(),
     };
     sim.trace = sim.driver.trace_arrivals().into();
     // Closed-loop clients start evenly spread over the ramp (all at once without one).
@@ -200,14 +203,46 @@ impl Sim {
                 Event::Wake(w) => {
                     if self.wake[w] == Some(t) {
                         self.wake[w] = None;
-                        let out = self.engines[w].step(t);
-                        self.handle(w, out);
-                        self.reschedule(w);
+                        self.run_engine(w, t);
                     }
                 }
                 Event::KvDelivery(w, events) => self.deliver(w, &events),
                 Event::QueueTimeout(id) => self.expire(id),
             }
+        }
+    }
+
+    /// Steps engine `w` at `t`, then keeps stepping it while its next step ends before
+    /// anything else in the simulation happens (and before the end). Exactly what the event
+    /// loop would do, without a round through the heap per step: nothing else can reach the
+    /// engine or the router in between, and an event the steps cause (a closed-loop turn, a
+    /// dispatch, a delayed KV delivery) lands in the heap and stops the run.
+    fn run_engine(&mut self, w: usize, t: Time) {
+        let end = Time(self.cfg.max_sim_time);
+        let mut t = t;
+        let mut out = std::mem::take(&mut self.out);
+        loop {
+            self.engines[w].step_into(t, &mut out);
+            self.handle(w, &mut out);
+            match self.engines[w].next_event_time() {
+                Some(next) if next < self.horizon() && next <= end => {
+                    t = next;
+                    self.now = next;
+                }
+                _ => break,
+            }
+        }
+        self.out = out;
+        self.reschedule(w);
+    }
+
+    /// The time of the next pending event, if any.
+    fn horizon(&self) -> Time {
+        let heap = self.heap.peek().map(|e| e.t);
+        let trace = self.trace.front().map(|a| a.1);
+        match (heap, trace) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(Time(Duration::MAX)),
         }
     }
 
@@ -306,7 +341,7 @@ impl Sim {
     }
 
     /// Applies an engine step's output: tokens, finished requests, KV events.
-    fn handle(&mut self, w: usize, out: StepOutput) {
+    fn handle(&mut self, w: usize, out: &mut StepOutput) {
         let t = out.time;
         // First tokens and finishes release booked load: queued requests may go then.
         let mut released = !out.finished.is_empty();
@@ -326,13 +361,14 @@ impl Sim {
             if self.cfg.kv_event_delay.is_zero() {
                 self.deliver(w, &out.events);
             } else {
+                let events = std::mem::take(&mut out.events);
                 self.push(
                     t.plus(self.cfg.kv_event_delay),
-                    Event::KvDelivery(w, out.events),
+                    Event::KvDelivery(w, events),
                 );
             }
         }
-        for f in out.finished {
+        for f in out.finished.drain(..) {
             let _ = self.router.finish(f.id, t);
             let rec = &mut self.records[f.id.0 as usize];
             rec.cached_tokens = f.cached_tokens as u64;
