@@ -12,8 +12,9 @@
 //! [`StepModel`]. Time is an argument everywhere.
 
 mod request;
+mod silent;
 
-pub use request::{EngineError, EnginePrompt, EngineRequest, Finished, StepOutput};
+pub use request::{EngineError, EnginePrompt, EngineRequest, Finished, Sampled, StepOutput};
 
 use crate::pool::{BlockPool, FullBlock};
 use crate::profile::Profile;
@@ -118,6 +119,8 @@ struct Inflight {
     ended: Time,
     /// `(index in running, tokens computed)`.
     work: Vec<(usize, usize)>,
+    /// Every running sequence decodes one token (see [`Engine::schedule_decode`]).
+    pure_decode: bool,
 }
 
 /// The simulated engine. See the module documentation.
@@ -133,6 +136,12 @@ pub struct Engine {
     metrics: EngineMetrics,
     /// Per-step scratch space, kept to spare the allocator.
     scratch: Scratch,
+    /// The silent steps ahead (see the `silent` module).
+    silent: silent::Plan,
+    /// Tokens of silent steps run outside [`Engine::step_into`], not reported yet.
+    sampled: Vec<Sampled>,
+    /// Fast paths off (see [`Engine::set_fast_paths`]).
+    plain: bool,
 }
 
 /// Buffers the scheduler reuses from step to step.
@@ -160,7 +169,17 @@ impl Engine {
             stalled: false,
             metrics: EngineMetrics::default(),
             scratch: Scratch::default(),
+            silent: silent::Plan::default(),
+            sampled: Vec::new(),
+            plain: false,
         })
+    }
+
+    /// Turns the fast paths (decode-only scheduling, silent runs) on or off. Outputs are the
+    /// same either way, only slower without them: for tests that check exactly that.
+    pub fn set_fast_paths(&mut self, on: bool) {
+        self.plain = !on;
+        self.silent.invalidate();
     }
 
     /// The settings.
@@ -212,19 +231,23 @@ impl Engine {
         if !self.live.insert(req.id) {
             return Err(EngineError::DuplicateRequest(req.id));
         }
+        self.run_silent_before(now);
         self.now = self.now.max(now);
         self.stalled = false;
         let ready = now.plus(self.cfg.request_overhead);
         let keep = self.cfg.kv_events_with_tokens;
         self.waiting.push_back(Seq::new(req, bs, keep, now, ready));
+        self.silent.invalidate();
         Ok(())
     }
 
-    /// Drops a request (client gone): its blocks are released. False when unknown.
-    pub fn abort(&mut self, id: RequestId) -> bool {
+    /// Drops a request at `now` (client gone): its blocks are released. False when unknown.
+    pub fn abort(&mut self, id: RequestId, now: Time) -> bool {
         if !self.live.remove(&id) {
             return false;
         }
+        self.run_silent_before(now);
+        self.silent.invalidate();
         if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
             let s = self.waiting.remove(i).expect("position is in range");
             self.release(&s);
@@ -241,8 +264,9 @@ impl Engine {
         true
     }
 
-    /// When the engine next has something to report: the end of the step in flight, or now
-    /// when it is idle with work it can start. None when there is nothing to do.
+    /// When the engine next has something to do: the end of the step in flight, or now
+    /// when it is idle with work it can start. None when there is nothing to do. (See
+    /// [`Engine::next_report_time`] for a caller that does not need every step.)
     pub fn next_event_time(&self) -> Option<Time> {
         match &self.inflight {
             Some(f) => Some(f.ended),
@@ -267,6 +291,7 @@ impl Engine {
         out.tokens.clear();
         out.finished.clear();
         out.events.clear();
+        self.catch_up(now, out);
         if let Some(f) = &self.inflight {
             if f.ended > self.now {
                 return;
@@ -330,7 +355,11 @@ impl Engine {
                 let tok = request::output_token(s.id, s.generated);
                 s.push_output(tok, bs);
                 s.first_token.get_or_insert(f.ended);
-                out.tokens.push((s.id, tok));
+                out.tokens.push(Sampled {
+                    id: s.id,
+                    token: tok,
+                    time: f.ended,
+                });
                 self.metrics.generated_tokens_total += 1;
             }
         }
@@ -357,9 +386,11 @@ impl Engine {
 
     /// Picks the next step's work and starts it at `self.now`.
     fn schedule(&mut self) {
+        self.silent.invalidate();
         let mut work = std::mem::take(&mut self.scratch.work);
         work.clear();
-        if !self.schedule_decode(&mut work) {
+        let pure_decode = self.fast_paths() && self.schedule_decode(&mut work);
+        if !pure_decode {
             self.schedule_general(&mut work);
         }
         if work.is_empty() {
@@ -391,6 +422,7 @@ impl Engine {
         self.inflight = Some(Inflight {
             ended: self.now.plus(Duration::from_secs_f64(secs)),
             work,
+            pure_decode,
         });
     }
 

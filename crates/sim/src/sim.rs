@@ -82,6 +82,16 @@ struct Sim {
 
 /// Runs a simulation to its end.
 pub fn simulate(cfg: &SimConfig, workload: Workload) -> Result<SimResult, SimError> {
+    simulate_with(cfg, workload, true)
+}
+
+/// [`simulate`], with the engines' fast paths on or off (the results are the same: tests
+/// check it).
+fn simulate_with(
+    cfg: &SimConfig,
+    workload: Workload,
+    fast_paths: bool,
+) -> Result<SimResult, SimError> {
     cfg.validate()?;
     let mut router = Router::new(cfg.router.clone())?;
     let mut engines = Vec::with_capacity(cfg.workers);
@@ -96,7 +106,9 @@ pub fn simulate(cfg: &SimConfig, workload: Workload) -> Result<SimResult, SimErr
         // Engines and router share this process: events name blocks by the router's hashes.
         let mut ecfg = cfg.engine.clone();
         ecfg.kv_events_with_tokens = false;
-        engines.push(Engine::new(ecfg).map_err(|e| SimError::Config(e.to_string()))?);
+        let mut engine = Engine::new(ecfg).map_err(|e| SimError::Config(e.to_string()))?;
+        engine.set_fast_paths(fast_paths);
+        engines.push(engine);
     }
     let stop_at = cfg.duration.map(Time);
     let mut sim = Sim {
@@ -132,6 +144,7 @@ pub fn simulate(cfg: &SimConfig, workload: Workload) -> Result<SimResult, SimErr
         sim.push(at, Event::Arrival(Box::new(r)));
     }
     sim.run();
+    sim.finish_silent_steps();
     for r in &mut sim.records {
         if r.finished.is_none() {
             r.status = Status::Failed("unfinished when the simulation stopped".into());
@@ -224,7 +237,7 @@ impl Sim {
         loop {
             self.engines[w].step_into(t, &mut out);
             self.handle(w, &mut out);
-            match self.engines[w].next_event_time() {
+            match self.engines[w].next_report_time() {
                 Some(next) if next < self.horizon() && next <= end => {
                     t = next;
                     self.now = next;
@@ -234,6 +247,22 @@ impl Sim {
         }
         self.out = out;
         self.reschedule(w);
+    }
+
+    /// Runs the engines' silent steps that end by the end of the run (stepping one by one,
+    /// the event loop would have run them).
+    fn finish_silent_steps(&mut self) {
+        let end = self
+            .now
+            .max(Time(self.cfg.max_sim_time).min(self.horizon()));
+        let mut out = std::mem::take(&mut self.out);
+        for w in 0..self.engines.len() {
+            out.tokens.clear();
+            self.engines[w].catch_up(end, &mut out);
+            out.time = end;
+            self.handle(w, &mut out);
+        }
+        self.out = out;
     }
 
     /// The time of the next pending event, if any.
@@ -345,17 +374,17 @@ impl Sim {
         let t = out.time;
         // First tokens and finishes release booked load: queued requests may go then.
         let mut released = !out.finished.is_empty();
-        for (id, _) in &out.tokens {
-            let i = id.0 as usize;
+        for tok in &out.tokens {
+            let i = tok.id.0 as usize;
             let rec = &mut self.records[i];
             if rec.first_token.is_none() {
-                rec.first_token = Some(t);
+                rec.first_token = Some(tok.time);
                 released = true;
-                let _ = self.router.first_token(*id, t);
+                let _ = self.router.first_token(tok.id, tok.time);
             } else {
-                rec.push_gaps(t.since(self.last_token[i]).as_secs_f64(), 1);
+                rec.push_gaps(tok.time.since(self.last_token[i]).as_secs_f64(), 1);
             }
-            self.last_token[i] = t;
+            self.last_token[i] = tok.time;
         }
         if !out.events.is_empty() {
             if self.cfg.kv_event_delay.is_zero() {
@@ -400,8 +429,10 @@ impl Sim {
         }
     }
 
+    /// Wakes engine `w` when it next reports more than tokens (its silent steps before
+    /// then are run on the way: see `kvroute_engine`'s `Engine::next_report_time`).
     fn reschedule(&mut self, w: usize) {
-        if let Some(t) = self.engines[w].next_event_time() {
+        if let Some(t) = self.engines[w].next_report_time() {
             if self.wake[w] != Some(t) {
                 self.wake[w] = Some(t);
                 self.push(t, Event::Wake(w));

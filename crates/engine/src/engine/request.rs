@@ -139,12 +139,23 @@ pub struct Finished {
 pub struct StepOutput {
     /// The time the output belongs to.
     pub time: Time,
-    /// Tokens sampled: `(request, token)`.
-    pub tokens: Vec<(RequestId, u32)>,
+    /// Tokens sampled, in time order.
+    pub tokens: Vec<Sampled>,
     /// Requests completed.
     pub finished: Vec<Finished>,
     /// KV events, in order.
     pub events: Vec<KvEvent>,
+}
+
+/// A token sampled at the end of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sampled {
+    /// The request.
+    pub id: RequestId,
+    /// The token.
+    pub token: u32,
+    /// The end of the step that sampled it.
+    pub time: Time,
 }
 
 /// The deterministic `k`-th output token of a request.

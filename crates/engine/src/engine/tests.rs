@@ -205,8 +205,8 @@ fn aborted_requests_free_their_blocks() {
     e.submit(req(2, prompt(40, 2), 50), Time::ZERO).unwrap();
     let o = e.step(Time::ZERO);
     assert!(o.tokens.is_empty());
-    assert!(e.abort(RequestId(1)));
-    assert!(!e.abort(RequestId(1)));
+    assert!(e.abort(RequestId(1), Time::ZERO));
+    assert!(!e.abort(RequestId(1), Time::ZERO));
     let outs = drive(&mut e, vec![]);
     let f = finished(&outs);
     assert_eq!(

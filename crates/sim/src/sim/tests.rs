@@ -56,6 +56,44 @@ fn a_closed_loop_chat_completes_and_is_deterministic() {
 }
 
 #[test]
+fn the_engines_fast_paths_change_no_result() {
+    // Closed loop with an admission queue and delayed events, and a trace cut short by the
+    // end of the simulation: every record the same, token times included.
+    let mut cfg = SimConfig::for_profile("mocker-poly", 3).unwrap();
+    cfg.router.block_size = 16;
+    cfg.engine.block_size = 16;
+    cfg.kv_event_delay = Duration::from_millis(3);
+    cfg.router.admission.mode = AdmissionMode::Queue;
+    let chat = || Workload::MultiTurn {
+        gen: small_chat(7),
+        concurrency: 8,
+        requests: 80,
+    };
+    let a = simulate_with(&cfg, chat(), true).unwrap();
+    let b = simulate_with(&cfg, chat(), false).unwrap();
+    assert_eq!(a.summary.completed, 80);
+    let json =
+        |r: &SimResult| serde_json::to_string(&(&r.records, &r.summary, &r.engines)).unwrap();
+    assert_eq!(json(&a), json(&b));
+    let trace = || {
+        let gen = Synthetic::new(SyntheticConfig::default(), 3).unwrap();
+        Workload::Synthetic {
+            gen,
+            concurrency: 30,
+            requests: 400,
+        }
+    };
+    cfg.max_sim_time = Duration::from_secs(20);
+    let a = simulate_with(&cfg, trace(), true).unwrap();
+    let b = simulate_with(&cfg, trace(), false).unwrap();
+    assert!(a
+        .records
+        .iter()
+        .any(|r| r.finished.is_none() || r.status != Status::Completed));
+    assert_eq!(json(&a), json(&b));
+}
+
+#[test]
 fn kv_aware_routing_finds_more_cache_than_round_robin() {
     let kv = chat_run(PolicyKind::Kv, 3);
     let rr = chat_run(PolicyKind::RoundRobin, 3);
