@@ -4,10 +4,9 @@
 //! remembered; only the tokens of a prompt's partial last block are generated. The result is
 //! exactly what hashing the materialised prompt gives.
 
-use crate::prompt::{block_key, extend_tokens, token_block, Prompt};
-use kvroute_core::hashing::local_block_hashes;
+use crate::prompt::{block_key, extend_tokens, Prompt};
+use kvroute_core::hashing::local_block_hash;
 use kvroute_core::{BlockSize, BlockedPrompt, LocalBlockHash, Namespace};
-use std::collections::HashMap;
 
 /// The local block hashes of Mooncake hash blocks, by hash id, for one block size and
 /// namespace. Bounded: it starts afresh when it holds `capacity` ids.
@@ -15,7 +14,12 @@ pub struct BlockHashCache {
     block_size: usize,
     ns: Namespace,
     capacity: usize,
-    by_id: HashMap<(u64, usize), Box<[LocalBlockHash]>>,
+    /// `(hash id, block tokens)` -> its hashes' range in `arena`.
+    by_id: hashbrown::HashMap<(u64, usize), (usize, usize), foldhash::fast::FixedState>,
+    /// The hashes of every id held, back to back (one allocation, not one per id).
+    arena: Vec<LocalBlockHash>,
+    /// A hash block's tokens while they are hashed.
+    scratch: Vec<u32>,
 }
 
 impl BlockHashCache {
@@ -26,18 +30,35 @@ impl BlockHashCache {
             block_size: block_size.get(),
             ns,
             capacity: capacity.max(1),
-            by_id: HashMap::new(),
+            by_id: Default::default(),
+            arena: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
     fn hashes(&mut self, id: u64, block_tokens: usize) -> &[LocalBlockHash] {
-        if self.by_id.len() >= self.capacity && !self.by_id.contains_key(&(id, block_tokens)) {
-            self.by_id.clear();
-        }
-        let (bs, ns) = (self.block_size, self.ns);
-        self.by_id
-            .entry((id, block_tokens))
-            .or_insert_with(|| local_block_hashes(&token_block(id, block_tokens), bs, ns).into())
+        let key = (id, block_tokens);
+        let (start, end) = match self.by_id.get(&key) {
+            Some(&range) => range,
+            None => {
+                if self.by_id.len() >= self.capacity {
+                    self.by_id.clear();
+                    self.arena.clear();
+                }
+                let start = self.arena.len();
+                self.scratch.clear();
+                extend_tokens(&mut self.scratch, block_key(id), 0, block_tokens);
+                let (bs, ns) = (self.block_size, self.ns);
+                self.arena.extend(
+                    self.scratch
+                        .chunks_exact(bs)
+                        .map(|block| local_block_hash(block, ns)),
+                );
+                self.by_id.insert(key, (start, self.arena.len()));
+                (start, self.arena.len())
+            }
+        };
+        &self.arena[start..end]
     }
 
     /// `prompt` cut into router blocks, and its tokens after the last full block.
