@@ -1,0 +1,233 @@
+//! Golden messages assembled byte by byte from the documented format, in both event forms.
+
+use super::*;
+use proptest::prelude::*;
+
+/// A msgpack fixstr (under 32 bytes).
+fn s(text: &str) -> Vec<u8> {
+    assert!(text.len() < 32);
+    [&[0xa0 | text.len() as u8][..], text.as_bytes()].concat()
+}
+
+/// `[1.5, [BlockStored, BlockRemoved, AllBlocksCleared], 0]` with events as maps.
+fn map_form() -> Vec<u8> {
+    [
+        &[0x93, 0xcb][..],
+        &1.5f64.to_be_bytes(),
+        &[0x93],
+        // BlockStored: 8 entries, one of them unknown.
+        &[0x88],
+        &s("type"),
+        &s("BlockStored"),
+        &s("block_hashes"),
+        &[0x92, 0x01, 0xfe], // [1, -2]
+        &[0xd9, 17],
+        b"parent_block_hash",
+        &[0xc0],
+        &s("token_ids"),
+        &[0x94, 1, 2, 3, 4],
+        &s("block_size"),
+        &[0x02],
+        &s("lora_id"),
+        &[0xc0],
+        &s("medium"),
+        &s("GPU"),
+        &s("extra"),
+        &[0x91, 0x07], // [7], ignored
+        // BlockRemoved, its type last.
+        &[0x83],
+        &s("block_hashes"),
+        &[0x91, 0xcf],
+        &u64::MAX.to_be_bytes(),
+        &s("medium"),
+        &s("GPU"),
+        &s("type"),
+        &s("BlockRemoved"),
+        // AllBlocksCleared.
+        &[0x81],
+        &s("type"),
+        &s("AllBlocksCleared"),
+        // dp_rank
+        &[0x00],
+    ]
+    .concat()
+}
+
+/// The same batch with positional events (no dp_rank, trailing defaults omitted).
+fn array_form() -> Vec<u8> {
+    [
+        &[0x92, 0xcb][..],
+        &1.5f64.to_be_bytes(),
+        &[0x93],
+        &[0x97],
+        &s("BlockStored"),
+        &[0x92, 0x01, 0xfe],
+        &[0xc0],
+        &[0x94, 1, 2, 3, 4],
+        &[0x02],
+        &[0xc0],
+        &s("GPU"),
+        &[0x93],
+        &s("BlockRemoved"),
+        &[0x91, 0xcf],
+        &u64::MAX.to_be_bytes(),
+        &s("GPU"),
+        &[0x91],
+        &s("AllBlocksCleared"),
+    ]
+    .concat()
+}
+
+fn expected() -> Vec<Event> {
+    vec![
+        Event::Stored {
+            block_hashes: vec![EngineHash(1), EngineHash(u64::MAX - 1)],
+            parent: None,
+            token_ids: vec![1, 2, 3, 4],
+            block_size: 2,
+            lora_id: None,
+            medium: Some("GPU".into()),
+        },
+        Event::Removed {
+            block_hashes: vec![EngineHash(u64::MAX)],
+            medium: Some("GPU".into()),
+        },
+        Event::Cleared,
+    ]
+}
+
+#[test]
+fn both_forms_decode_to_the_same_events() {
+    let seq = 41u64.to_be_bytes();
+    let m = decode_message(&[b"kv", &seq, &map_form()]).unwrap();
+    assert_eq!((m.seq, m.ts, m.dp_rank), (41, 1.5, Some(0)));
+    assert_eq!(m.events, expected());
+    let a = decode_message(&[b"", &seq, &array_form()]).unwrap();
+    assert_eq!((a.seq, a.dp_rank), (41, None));
+    assert_eq!(a.events, expected());
+    assert!(a.events.iter().all(Event::is_device));
+}
+
+#[test]
+fn events_become_core_events() {
+    let ns = Namespace::default();
+    let core: Vec<_> = expected()
+        .iter()
+        .filter_map(|e| e.to_kv_event(ns))
+        .collect();
+    assert_eq!(
+        core[0],
+        KvEvent::Stored(StoredBlocks {
+            parent: None,
+            block_hashes: vec![EngineHash(1), EngineHash(u64::MAX - 1)],
+            token_ids: vec![1, 2, 3, 4],
+            block_size: 2,
+            namespace: ns,
+        })
+    );
+    assert_eq!(core[2], KvEvent::Cleared);
+    assert_eq!(Event::Unknown("BlockMoved".into()).to_kv_event(ns), None);
+}
+
+#[test]
+fn unknown_types_parents_bytes_hashes_and_other_media() {
+    // [0, [["BlockMoved", 1, 2], {"type": "BlockStored", "block_hashes": [bin 3 bytes],
+    //   "parent_block_hash": 9, "token_ids": [5], "block_size": 1, "medium": "CPU"}]]
+    let payload = [
+        &[0x92, 0x00, 0x92][..],
+        &[0x93],
+        &s("BlockMoved"),
+        &[0x01, 0x02],
+        &[0x86],
+        &s("type"),
+        &s("BlockStored"),
+        &s("block_hashes"),
+        &[0x91, 0xc4, 3, 0xaa, 0xbb, 0xcc],
+        &[0xd9, 17],
+        b"parent_block_hash",
+        &[0x09],
+        &s("token_ids"),
+        &[0x91, 0x05],
+        &s("block_size"),
+        &[0x01],
+        &s("medium"),
+        &s("CPU"),
+    ]
+    .concat();
+    let (ts, events, dp) = decode_payload(&payload).unwrap();
+    assert_eq!((ts, dp), (0.0, None));
+    assert_eq!(events[0], Event::Unknown("BlockMoved".into()));
+    let Event::Stored {
+        block_hashes,
+        parent,
+        medium,
+        ..
+    } = &events[1]
+    else {
+        panic!("{:?}", events[1]);
+    };
+    assert_eq!(
+        block_hashes,
+        &[EngineHash(xxhash_rust::xxh3::xxh3_64(&[0xaa, 0xbb, 0xcc]))]
+    );
+    assert_eq!(*parent, Some(EngineHash(9)));
+    assert_eq!(medium.as_deref(), Some("CPU"));
+    assert!(!events[1].is_device());
+}
+
+#[test]
+fn bad_messages_are_errors() {
+    let seq = 1u64.to_be_bytes();
+    assert_eq!(decode_message(&[b"kv", &seq]), Err(DecodeError::Frames(2)));
+    assert_eq!(
+        decode_message(&[b"kv", &[0, 1], &map_form()]),
+        Err(DecodeError::Sequence(2))
+    );
+    // A stored event without its token ids; a token id beyond u32; a map without a type;
+    // not an array at all.
+    let no_tokens = [
+        &[0x92, 0x00, 0x91, 0x93][..],
+        &s("BlockStored"),
+        &[0x90, 0xc0],
+    ]
+    .concat();
+    let big_token = [
+        &[0x92, 0x00, 0x91, 0x95][..],
+        &s("BlockStored"),
+        &[0x90, 0xc0, 0x91, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0, 0x01],
+    ]
+    .concat();
+    let no_type = [&[0x92, 0x00, 0x91, 0x81][..], &s("medium"), &s("GPU")].concat();
+    for bad in [no_tokens, big_token, no_type, vec![0x07]] {
+        let r = decode_payload(&bad);
+        assert!(matches!(r, Err(DecodeError::Payload(_))), "{r:?}");
+    }
+    // Every truncation of a good payload fails cleanly.
+    let good = map_form();
+    for cut in 0..good.len() {
+        assert!(decode_payload(&good[..cut]).is_err(), "cut at {cut}");
+    }
+}
+
+#[test]
+fn a_lying_length_prefix_reserves_nothing_big() {
+    // An array claiming 2^32 - 1 events, with none there.
+    let payload = [&[0x92, 0x00, 0xdd][..], &u32::MAX.to_be_bytes()].concat();
+    assert!(decode_payload(&payload).is_err());
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        let _ = decode_payload(&bytes);
+    }
+
+    #[test]
+    fn corrupted_golden_messages_never_panic(at in 0usize..120, byte in any::<u8>()) {
+        for mut m in [map_form(), array_form()] {
+            let i = at % m.len();
+            m[i] = byte;
+            let _ = decode_payload(&m);
+        }
+    }
+}
