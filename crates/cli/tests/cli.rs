@@ -9,14 +9,20 @@ fn kvroute(args: &[&str]) -> std::process::Output {
         .expect("run kvroute")
 }
 
-#[test]
-fn hash_prints_full_blocks_only() {
-    let out = kvroute(&["hash", "--tokens", "1,2,3,4,5,6,7,8,9", "--block-size", "4"]);
+/// Runs `kvroute` and asserts it succeeded (showing its stderr when not).
+fn kvroute_ok(args: &[&str]) -> std::process::Output {
+    let out = kvroute(args);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    out
+}
+
+#[test]
+fn hash_prints_full_blocks_only() {
+    let out = kvroute_ok(&["hash", "--tokens", "1,2,3,4,5,6,7,8,9", "--block-size", "4"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["tokens"], 9);
     assert_eq!(v["local"].as_array().unwrap().len(), 2);
@@ -40,7 +46,7 @@ fn bad_input_is_a_clear_error() {
 
 #[test]
 fn simulate_prints_one_json_object_per_cell() {
-    let out = kvroute(&[
+    let out = kvroute_ok(&[
         "simulate",
         "--profile",
         "tiny",
@@ -58,11 +64,6 @@ fn simulate_prints_one_json_object_per_cell() {
         "1000",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let cells: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -125,7 +126,7 @@ fn simulate_reports_a_bad_trace_line_by_number() {
 #[test]
 fn simulate_writes_records_and_a_report() {
     let dir = std::env::temp_dir().join(format!("kvroute-out-{}", std::process::id()));
-    let out = kvroute(&[
+    let out = kvroute_ok(&[
         "simulate",
         "--profile",
         "tiny",
@@ -142,11 +143,6 @@ fn simulate_writes_records_and_a_report() {
         "--out",
         dir.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("| kv w2 c3 |"), "{table}");
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
@@ -185,12 +181,7 @@ fn simulate_reads_conversation_starters_from_a_directory() {
     ];
     let mut args: Vec<&str> = args.to_vec();
     args.push(dir.to_str().unwrap());
-    let out = kvroute(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = kvroute_ok(&args);
     let cell: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(cell["completed"], 6);
     assert!(
