@@ -415,15 +415,21 @@ impl Engine {
                 shape.prefill_context += (s.computed + new) as u64;
             }
         }
-        // At least a microsecond, so that time always moves forward.
-        let secs = self.cfg.model.step_secs(&shape).max(1e-6);
+        let (secs, ended) = self.step_end(&shape, self.now);
         self.metrics.busy_secs_total += secs;
         self.metrics.steps_total += 1;
         self.inflight = Some(Inflight {
-            ended: self.now.plus(Duration::from_secs_f64(secs)),
+            ended,
             work,
             pure_decode,
         });
+    }
+
+    /// The seconds of a step of `shape` starting at `start`, and its end. At least a
+    /// microsecond, so that time always moves forward.
+    fn step_end(&self, shape: &StepShape, start: Time) -> (f64, Time) {
+        let secs = self.cfg.model.step_secs(shape).max(1e-6);
+        (secs, start.plus(Duration::from_secs_f64(secs)))
     }
 
     /// The step [`Engine::schedule_general`] would pick when every running sequence decodes,

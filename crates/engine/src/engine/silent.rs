@@ -15,7 +15,6 @@ use super::{Engine, Sampled, StepOutput};
 use crate::timing::StepShape;
 use kvroute_core::Time;
 use std::collections::VecDeque;
-use std::time::Duration;
 
 /// Silent steps planned after the step in flight.
 #[derive(Default)]
@@ -147,8 +146,8 @@ impl Engine {
             }
             context += n as u64;
             shape.decode_context = context;
-            let secs = self.cfg.model.step_secs(&shape).max(1e-6);
-            end = end.plus(Duration::from_secs_f64(secs));
+            let (secs, next) = self.step_end(&shape, end);
+            end = next;
             self.silent.steps.push_back((secs, end));
         }
     }
