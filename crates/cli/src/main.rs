@@ -1,7 +1,8 @@
-//! The `kvroute` binary: `simulate` runs the fleet simulator, `profiles` lists the engine
-//! profiles, `hash` shows how the router hashes a prompt. More subcommands arrive with the
-//! components they drive.
+//! The `kvroute` binary: `serve` runs the gateway, `worker` a simulated engine replica,
+//! `demo` both in one process, `simulate` the fleet simulator; `profiles` lists the engine
+//! profiles, `hash` shows how the router hashes a prompt.
 
+mod serve;
 mod simulate;
 
 use anyhow::{Context, Result};
@@ -23,6 +24,8 @@ struct Cli {
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
+    /// Run the gateway in front of engine replicas.
+    Serve(serve::ServeArgs),
     /// Simulate a fleet in virtual time: compare policies, plan capacity.
     Simulate(simulate::SimulateArgs),
     /// List the built-in engine profiles.
@@ -44,8 +47,30 @@ enum Command {
     },
 }
 
+/// A multi-threaded tokio runtime for the server subcommands.
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// Logs to stderr; `RUST_LOG` filters (default `info`).
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Serve(a) => {
+            init_logs();
+            serve::run(&a)?
+        }
         Command::Simulate(a) => simulate::run(&a)?,
         Command::Profiles => {
             for name in kvroute_engine::profile::builtin_names() {

@@ -78,6 +78,7 @@ fn request(p: &BlockedPrompt) -> RouteRequest<'_> {
         prompt: p,
         session: None,
         queue: QueueState::default(),
+        exclude: None,
     }
 }
 

@@ -118,6 +118,8 @@ pub struct RouteRequest<'a> {
     pub session: Option<u64>,
     /// The gateway's queue now (not counting this request).
     pub queue: QueueState,
+    /// A worker not to choose (the one a retried request just failed on).
+    pub exclude: Option<WorkerId>,
 }
 
 /// The worker chosen for a request.
@@ -358,6 +360,7 @@ impl Router {
         let candidates: Vec<Candidate> = self
             .ledger
             .views()
+            .filter(|v| Some(v.worker) != req.exclude)
             .map(|v| Candidate {
                 worker: v.worker,
                 matched_blocks: matches.depth(v.worker),

@@ -272,6 +272,7 @@ mod tests {
             "h100x2-tp2-llama3-70b-fp8",
             "a100-40g-qwen3-8b",
             "tiny",
+            "tiny-fast",
             "mocker-poly",
         ] {
             assert!(names.contains(&n.to_string()), "{n} missing from {names:?}");

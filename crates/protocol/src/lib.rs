@@ -1,4 +1,6 @@
-//! Wire formats spoken with the outside: the KV event streams engines publish. Decoders here
-//! take untrusted bytes: they return errors, never panic, and bound what they allocate.
+//! Wire formats spoken with the outside: the OpenAI API (requests, responses, stream chunks,
+//! errors) and the KV event streams engines publish. Decoders here take untrusted bytes: they
+//! return errors, never panic, and bound what they allocate.
 
+pub mod openai;
 pub mod vllm_events;

@@ -17,6 +17,10 @@
 //! Collections are preallocated cautiously (serde's bound), so a lying length prefix cannot
 //! make the decoder reserve more than the message could hold.
 
+mod encode;
+
+pub use encode::{encode_message, encode_payload};
+
 use kvroute_core::{EngineHash, KvEvent, Namespace, StoredBlocks};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -136,7 +140,8 @@ pub fn decode_message(frames: &[&[u8]]) -> Result<EventBatch, DecodeError> {
     })
 }
 
-/// Decodes a payload `[ts, events, dp_rank]`.
+/// Decodes a payload `[ts, events, dp_rank]` (or the map form
+/// `{"ts", "events", "data_parallel_rank"}` that newer engines send).
 pub fn decode_payload(payload: &[u8]) -> Result<(f64, Vec<Event>, Option<i64>), DecodeError> {
     let p: Payload =
         rmp_serde::from_slice(payload).map_err(|e| DecodeError::Payload(e.to_string()))?;
@@ -155,7 +160,27 @@ impl<'de> Deserialize<'de> for Payload {
         impl<'de> Visitor<'de> for V {
             type Value = Payload;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an array [ts, events, dp_rank]")
+                f.write_str("an array [ts, events, dp_rank] or a map with ts and events")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Payload, A::Error> {
+                let (mut ts, mut events, mut dp_rank) = (None, None, None);
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "ts" => ts = Some(map.next_value::<f64>()?),
+                        "events" => events = Some(map.next_value::<Vec<Event>>()?),
+                        "data_parallel_rank" | "dp_rank" => {
+                            dp_rank = map.next_value::<Option<i64>>()?
+                        }
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(Payload {
+                    ts: ts.ok_or_else(|| de::Error::missing_field("ts"))?,
+                    events: events.ok_or_else(|| de::Error::missing_field("events"))?,
+                    dp_rank,
+                })
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Payload, A::Error> {
                 let ts = seq
@@ -173,7 +198,7 @@ impl<'de> Deserialize<'de> for Payload {
                 })
             }
         }
-        d.deserialize_seq(V)
+        d.deserialize_any(V)
     }
 }
 

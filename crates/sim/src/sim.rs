@@ -309,6 +309,7 @@ impl Sim {
                 requests: self.queue.len(),
                 tokens: self.queued_tokens,
             },
+            exclude: None,
         };
         match self.router.route(&req) {
             RouteOutcome::Queue => return Some(q),

@@ -57,6 +57,7 @@ fn req(p: &BlockedPrompt) -> RouteRequest<'_> {
         prompt: p,
         session: None,
         queue: QueueState::default(),
+        exclude: None,
     }
 }
 
@@ -315,4 +316,25 @@ fn sessions_bias_toward_their_last_worker() {
     }
     r.prune(Time::from_secs_f64(11.0));
     assert_eq!(r.sessions(), 0, "idle sessions expire");
+}
+
+#[test]
+fn an_excluded_worker_is_never_chosen() {
+    let mut r = router(PolicyKind::Kv, AdmissionConfig::default());
+    let t = tokens(320, 3);
+    store(&mut r, 2, &t);
+    let p = prompt(&t);
+    let RouteOutcome::Dispatch(best) = r.route(&req(&p)) else {
+        panic!("expected dispatch")
+    };
+    assert_eq!(best.worker, WorkerId(2));
+    let retry = RouteRequest {
+        exclude: Some(WorkerId(2)),
+        ..req(&p)
+    };
+    let RouteOutcome::Dispatch(other) = r.route(&retry) else {
+        panic!("expected dispatch")
+    };
+    assert_ne!(other.worker, WorkerId(2));
+    assert_eq!(other.matched_blocks, 0);
 }

@@ -231,3 +231,95 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #[test]
+    fn encoded_events_decode_to_themselves(
+        seq in any::<u64>(),
+        ts in 0.0f64..1e9,
+        chains in proptest::collection::vec(
+            (proptest::collection::vec(any::<u64>(), 0..4), proptest::option::of(any::<u64>()), 0usize..3),
+            0..5,
+        ),
+    ) {
+        let mut events = Vec::new();
+        for (i, (hashes, parent, kind)) in chains.into_iter().enumerate() {
+            let block_hashes: Vec<EngineHash> = hashes.into_iter().map(EngineHash).collect();
+            events.push(match kind {
+                0 => Event::Stored {
+                    token_ids: (0..block_hashes.len() as u32 * 4).collect(),
+                    block_hashes,
+                    parent: parent.map(EngineHash),
+                    block_size: 4,
+                    lora_id: (i % 2 == 1).then_some(i as i64),
+                    medium: Some("GPU".into()),
+                },
+                1 => Event::Removed { block_hashes, medium: None },
+                _ => Event::Cleared,
+            });
+        }
+        let frames = encode_message("kv", seq, encode_payload(ts, &events, Some(0)));
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        let batch = decode_message(&refs).unwrap();
+        prop_assert_eq!(batch.seq, seq);
+        prop_assert_eq!(batch.ts, ts);
+        prop_assert_eq!(batch.dp_rank, Some(0));
+        prop_assert_eq!(batch.events, events);
+    }
+}
+
+#[test]
+fn core_events_go_out_and_come_back() {
+    let stored = KvEvent::Stored(StoredBlocks {
+        parent: None,
+        block_hashes: vec![EngineHash(u64::MAX), EngineHash(2)],
+        token_ids: vec![1, 2, 3, 4],
+        block_size: 2,
+        namespace: Namespace::default(),
+    });
+    let removed = KvEvent::Removed {
+        block_hashes: vec![EngineHash(2)],
+    };
+    let wire: Vec<Event> = [&stored, &removed, &KvEvent::Cleared]
+        .into_iter()
+        .filter_map(Event::from_kv_event)
+        .collect();
+    let (_, back, rank) = decode_payload(&encode_payload(1.5, &wire, None)).unwrap();
+    assert_eq!(rank, None);
+    let core: Vec<KvEvent> = back
+        .iter()
+        .filter_map(|e| e.to_kv_event(Namespace::default()))
+        .collect();
+    assert_eq!(core, vec![stored, removed, KvEvent::Cleared]);
+    assert!(back.iter().all(Event::is_device));
+}
+
+#[test]
+fn a_payload_may_be_a_map() {
+    #[derive(serde::Serialize)]
+    struct MapPayload {
+        ts: f64,
+        events: Vec<(&'static str, Vec<u64>, Option<u64>)>,
+        data_parallel_rank: Option<i64>,
+        extra: u8,
+    }
+    let p = MapPayload {
+        ts: 3.5,
+        events: vec![("BlockRemoved", vec![7, 8], None)],
+        data_parallel_rank: Some(2),
+        extra: 1,
+    };
+    let bytes = rmp_serde::to_vec_named(&p).unwrap();
+    let (ts, events, rank) = decode_payload(&bytes).unwrap();
+    assert_eq!((ts, rank), (3.5, Some(2)));
+    assert_eq!(
+        events,
+        vec![Event::Removed {
+            block_hashes: vec![EngineHash(7), EngineHash(8)],
+            medium: None
+        }]
+    );
+    let no_events =
+        rmp_serde::to_vec_named(&std::collections::BTreeMap::from([("ts", 1.0)])).unwrap();
+    assert!(decode_payload(&no_events).is_err());
+}

@@ -1,0 +1,137 @@
+//! `kvroute serve`: the gateway in front of engine replicas, from a TOML file and flags.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use kvroute_core::{AdmissionMode, PolicyKind};
+use kvroute_gateway::{GatewayConfig, WorkerSpec};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Options of `kvroute serve` (each overrides the config file).
+#[derive(Args, Debug, Default)]
+pub struct ServeArgs {
+    /// TOML config file (the `GatewayConfig` tree; see docs/gateway.md).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Port to listen on.
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// An engine: `URL[=EVENTS[=REPLAY]]`, e.g.
+    /// `http://10.0.0.5:8000=tcp://10.0.0.5:5557=tcp://10.0.0.5:5558`. Repeat per engine.
+    #[arg(long = "worker")]
+    pub workers: Vec<String>,
+    /// Routing policy: round_robin, random, least_loaded, power_of_two, kv, predictive.
+    #[arg(long)]
+    pub policy: Option<PolicyKind>,
+    /// Tokenizer directory (tokenizer.json + tokenizer_config.json) or `builtin`. Without
+    /// one the gateway routes in approximate mode.
+    #[arg(long)]
+    pub tokenizer: Option<String>,
+    /// KV block size in tokens (must equal the engines').
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// A model name served (repeat for several); default: what the workers list.
+    #[arg(long = "model")]
+    pub models: Vec<String>,
+    /// What happens when every worker is busy: queue, shed or none.
+    #[arg(long)]
+    pub admission: Option<AdmissionMode>,
+    /// Longest wait in the admission queue, in seconds.
+    #[arg(long)]
+    pub max_queue_wait_secs: Option<f64>,
+    /// Most requests in the admission queue.
+    #[arg(long)]
+    pub max_queued_requests: Option<usize>,
+    /// A worker is busy at this many outstanding prefill tokens.
+    #[arg(long)]
+    pub busy_prefill_tokens: Option<u64>,
+    /// A worker is busy at this fraction of its KV blocks in use by in-flight requests.
+    #[arg(long)]
+    pub busy_active_fraction: Option<f64>,
+    /// Seed of the router's random choices.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl ServeArgs {
+    /// The config file (if any) with the flags applied.
+    pub fn config(&self) -> Result<GatewayConfig> {
+        let mut c = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                GatewayConfig::from_toml(&text).with_context(|| path.display().to_string())?
+            }
+            None => GatewayConfig::default(),
+        };
+        if let Some(h) = &self.host {
+            c.host = h.clone();
+        }
+        if let Some(p) = self.port {
+            c.port = p;
+        }
+        if !self.workers.is_empty() {
+            c.workers = self
+                .workers
+                .iter()
+                .map(|w| WorkerSpec::parse(w).with_context(|| format!("--worker {w}")))
+                .collect::<Result<_>>()?;
+        }
+        if let Some(p) = self.policy {
+            c.router.policy.kind = p;
+        }
+        if self.tokenizer.is_some() {
+            c.tokenizer = self.tokenizer.clone();
+        }
+        if let Some(b) = self.block_size {
+            c.router.block_size = b;
+        }
+        if !self.models.is_empty() {
+            c.models = self.models.clone();
+        }
+        let adm = &mut c.router.admission;
+        if let Some(m) = self.admission {
+            adm.mode = m;
+        }
+        if let Some(w) = self.max_queue_wait_secs {
+            adm.max_queue_wait_secs = w;
+        }
+        if let Some(n) = self.max_queued_requests {
+            adm.max_queued_requests = n;
+        }
+        if let Some(t) = self.busy_prefill_tokens {
+            adm.busy_prefill_tokens = Some(t);
+        }
+        if let Some(f) = self.busy_active_fraction {
+            adm.busy_active_fraction = Some(f);
+        }
+        if let Some(s) = self.seed {
+            c.router.seed = s;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// Runs the gateway until Ctrl-C.
+pub fn run(args: &ServeArgs) -> Result<()> {
+    let config = args.config()?;
+    let pre = kvroute_gateway::load_preprocessor(&config)?;
+    crate::runtime()?.block_on(async move {
+        let addr = format!("{}:{}", config.host, config.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("listening on {addr}"))?;
+        let handle = kvroute_gateway::spawn(config, pre, listener, BTreeMap::new()).await?;
+        println!("kvroute gateway on {}", handle.url());
+        tokio::signal::ctrl_c()
+            .await
+            .context("waiting for Ctrl-C")?;
+        println!("stopping");
+        handle.shutdown().await;
+        Ok(())
+    })
+}

@@ -1,0 +1,225 @@
+//! The HTTP surface: the OpenAI routes, health and readiness, metrics, and the debug
+//! endpoints (`/debug/workers`, `/debug/explain`, `/debug/reset`).
+
+use crate::error::{error_response, GatewayError};
+use crate::proxy::{forward, Call};
+use crate::routing::prepare;
+use crate::state::Gateway;
+use crate::REQUEST_ID_HEADER;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use kvroute_core::RouteRequest;
+use kvroute_protocol::openai::{parse_request, ApiError, Endpoint, ErrorKind, ModelList};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The gateway's routes.
+pub fn routes(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/ready", get(health))
+        .route("/live", get(live))
+        .route("/metrics", get(metrics))
+        .route("/debug/workers", get(debug_workers))
+        .route("/debug/explain", post(debug_explain))
+        .route("/debug/reset", post(debug_reset))
+        .fallback(not_found)
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(gw)
+}
+
+fn request_id(gw: &Gateway, headers: &HeaderMap) -> String {
+    headers
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| !s.is_empty() && s.len() <= 128)
+        .map_or_else(
+            || format!("kvr-{:016x}", gw.next_request().0),
+            str::to_string,
+        )
+}
+
+/// Reads a body up to the limit (413 past it).
+async fn read_body(gw: &Gateway, req: Request) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt;
+    let limit = gw.config.limits.max_body_bytes;
+    match http_body_util::Limited::new(req.into_body(), limit)
+        .collect()
+        .await
+    {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::new(
+            ErrorKind::TooLarge,
+            format!("the request body is larger than {limit} bytes"),
+        )
+        .with_code("request_too_large")),
+        Err(e) => Err(ApiError::invalid(format!(
+            "could not read the request body: {e}"
+        ))),
+    }
+}
+
+async fn chat(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    openai(gw, Endpoint::Chat, req).await
+}
+
+async fn completions(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    openai(gw, Endpoint::Completions, req).await
+}
+
+async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response {
+    let started = Instant::now();
+    let headers = req.headers().clone();
+    let id = request_id(&gw, &headers);
+    let result = async {
+        let unknown = |e: ApiError| (GatewayError::Api(e), String::new());
+        let body = read_body(&gw, req).await.map_err(unknown)?;
+        let (_, view) =
+            parse_request(endpoint, &body, gw.config.limits.max_prompt_tokens).map_err(unknown)?;
+        if !gw.serves(&view.model) {
+            return Err((ApiError::model_not_found(&view.model).into(), view.model));
+        }
+        let session = headers.get("x-session-id").and_then(|v| v.to_str().ok());
+        let prep = prepare(&gw, &view, session)
+            .await
+            .map_err(|e| (e, view.model.clone()))?;
+        let call = Call {
+            view: &view,
+            body,
+            request_id: &id,
+            started,
+        };
+        forward(&gw, call, &prep)
+            .await
+            .map_err(|e| (e, view.model.clone()))
+    }
+    .await;
+    match result {
+        Ok(resp) => resp,
+        Err((e, model)) => {
+            let api = e.to_api();
+            gw.metrics
+                .requests
+                .with_label_values(&[model.as_str(), &api.status().to_string()])
+                .inc();
+            tracing::info!(request_id = %id, status = api.status(), error = %api.message, "request refused");
+            error_response(&api, &id)
+        }
+    }
+}
+
+async fn models(State(gw): State<Arc<Gateway>>) -> Response {
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Json(ModelList::of(&gw.models(), created, "kvroute")).into_response()
+}
+
+async fn health(State(gw): State<Arc<Gateway>>) -> Response {
+    let up = gw.registry.up_count();
+    let body = serde_json::json!({
+        "status": if up > 0 { "ok" } else { "no_healthy_workers" },
+        "workers_up": up,
+        "workers": gw.registry.iter().count(),
+    });
+    let status = if up > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+async fn live() -> Response {
+    Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
+    gw.refresh_gauges();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        gw.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
+    let reports = gw.registry.reports();
+    let r = gw.router();
+    let list: Vec<serde_json::Value> = reports
+        .into_iter()
+        .map(|w| {
+            let id = kvroute_core::WorkerId(w.id);
+            let load = r.ledger().load(id);
+            let blocks = if w.health == crate::registry::Health::Up {
+                r.index().block_count(id)
+            } else {
+                0
+            };
+            serde_json::json!({
+                "worker": w,
+                "load": load,
+                "index_blocks": blocks,
+                "prefill": r.ledger().prefill_estimate(id),
+            })
+        })
+        .collect();
+    drop(r);
+    Json(serde_json::json!({ "policy": gw.policy, "workers": list })).into_response()
+}
+
+/// Explains where a request would go: the body is a chat or completions request (chat when
+/// it has `messages`).
+async fn debug_explain(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    let result = async {
+        let body = read_body(&gw, req).await.map_err(GatewayError::from)?;
+        let endpoint = if serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .is_some_and(|v| v.get("messages").is_some())
+        {
+            Endpoint::Chat
+        } else {
+            Endpoint::Completions
+        };
+        let (_, view) = parse_request(endpoint, &body, gw.config.limits.max_prompt_tokens)?;
+        let prep = prepare(&gw, &view, None).await?;
+        let r = gw.router();
+        let explanation = r.explain(&RouteRequest {
+            prompt: &prep.prompt,
+            session: prep.session,
+            queue: gw.queue_state(),
+            exclude: None,
+        });
+        Ok::<_, GatewayError>(explanation)
+    }
+    .await;
+    match result {
+        Ok(e) => Json(e).into_response(),
+        Err(e) => error_response(&e.to_api(), ""),
+    }
+}
+
+async fn debug_reset(State(gw): State<Arc<Gateway>>) -> Response {
+    gw.reset_index();
+    tracing::info!("index reset by request");
+    Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+async fn not_found(req: Request<Body>) -> Response {
+    let e = ApiError::new(
+        ErrorKind::NotFound,
+        format!("no route for {} {}", req.method(), req.uri().path()),
+    );
+    error_response(&e, "")
+}

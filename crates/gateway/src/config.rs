@@ -1,0 +1,308 @@
+//! The gateway's settings: one struct tree, read from a TOML file, then overridden by the
+//! command line, then checked by [`GatewayConfig::validate`]. Defaults are written once, here.
+
+use kvroute_core::{RouterConfig, WorkerCapacity};
+use serde::{Deserialize, Serialize};
+
+/// Everything the gateway needs to know.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Address to listen on.
+    pub host: String,
+    /// Port to listen on (0: any free port).
+    pub port: u16,
+    /// Model names served; empty: whatever the workers list at `/v1/models`.
+    pub models: Vec<String>,
+    /// Tokenizer directory (`tokenizer.json` + `tokenizer_config.json`), or `builtin` for the
+    /// small tokenizer shipped with kvroute. None: approximate mode (routing on byte chunks of
+    /// the rendered prompt, without KV events).
+    pub tokenizer: Option<String>,
+    /// The routing core: block size, policy, admission, seed.
+    pub router: RouterConfig,
+    /// The engines behind the gateway.
+    pub workers: Vec<WorkerSpec>,
+    /// Limits on requests.
+    pub limits: Limits,
+    /// Health checking.
+    pub health: HealthConfig,
+    /// Calls to workers.
+    pub upstream: UpstreamConfig,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            models: Vec::new(),
+            tokenizer: None,
+            router: RouterConfig::default(),
+            workers: Vec::new(),
+            limits: Limits::default(),
+            health: HealthConfig::default(),
+            upstream: UpstreamConfig::default(),
+        }
+    }
+}
+
+/// One engine replica.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerSpec {
+    /// Its OpenAI-compatible base URL, e.g. `http://10.0.0.5:8000`.
+    pub url: String,
+    /// A name for logs and metric labels (default: the URL's host and port).
+    pub name: Option<String>,
+    /// Its ZMQ KV event endpoint (`tcp://host:port`), when it publishes events.
+    pub events: Option<String>,
+    /// Its ZMQ replay endpoint, when it serves one.
+    pub replay: Option<String>,
+    /// Its KV cache size in blocks, when known (admission fractions, policies).
+    pub kv_blocks: Option<u64>,
+    /// Its batch limit (`max_num_seqs`), when known.
+    pub max_batch: Option<u32>,
+}
+
+impl WorkerSpec {
+    /// Parses the command-line form `URL[=EVENTS[=REPLAY]]`, e.g.
+    /// `http://127.0.0.1:8001=tcp://127.0.0.1:5557=tcp://127.0.0.1:5558`.
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        let mut parts = s.splitn(3, '=');
+        let url = parts.next().unwrap_or_default().to_string();
+        let events = parts.next().map(str::to_string);
+        let replay = parts.next().map(str::to_string);
+        let spec = Self {
+            url,
+            events,
+            replay,
+            ..Self::default()
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// The name used in logs and labels.
+    pub fn display_name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| {
+            self.url
+                .trim_start_matches("http://")
+                .trim_start_matches("https://")
+                .trim_end_matches('/')
+                .to_string()
+        })
+    }
+
+    /// What the router knows of its capacity.
+    pub fn capacity(&self) -> WorkerCapacity {
+        WorkerCapacity {
+            kv_blocks: self.kv_blocks,
+            max_batch: self.max_batch,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError(m));
+        if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
+            return bad(format!(
+                "worker URL {:?} must start with http:// or https://",
+                self.url
+            ));
+        }
+        for (what, ep) in [("events", &self.events), ("replay", &self.replay)] {
+            if let Some(ep) = ep {
+                if !ep.starts_with("tcp://") {
+                    return bad(format!(
+                        "worker {}: {what} endpoint {ep:?} must look like tcp://host:port",
+                        self.url
+                    ));
+                }
+            }
+        }
+        if self.replay.is_some() && self.events.is_none() {
+            return bad(format!(
+                "worker {}: a replay endpoint needs an events endpoint",
+                self.url
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Limits on what a client may send.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest request body, in bytes (413 past it).
+    pub max_body_bytes: usize,
+    /// Longest prompt, in tokens (413 past it).
+    pub max_prompt_tokens: usize,
+    /// Largest non-streamed answer read from a worker, in bytes (502 past it).
+    pub max_response_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 8 << 20,
+            max_prompt_tokens: 262_144,
+            max_response_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Health checking of workers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Seconds between checks of each worker.
+    pub interval_secs: f64,
+    /// Seconds a check may take.
+    pub timeout_secs: f64,
+    /// Consecutive failed checks that take a worker out.
+    pub failures_to_remove: u32,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval_secs: 2.0,
+            timeout_secs: 2.0,
+            failures_to_remove: 2,
+        }
+    }
+}
+
+/// Calls to workers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Seconds to open a connection.
+    pub connect_timeout_secs: f64,
+    /// Seconds until the answer's headers arrive.
+    pub first_byte_timeout_secs: f64,
+    /// Retry a request that failed before its first byte once, on another worker.
+    pub retry: bool,
+    /// Seconds to wait for a replay of missed KV events.
+    pub replay_timeout_secs: f64,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout_secs: 2.0,
+            first_byte_timeout_secs: 120.0,
+            retry: true,
+            replay_timeout_secs: 2.0,
+        }
+    }
+}
+
+/// Invalid settings.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid gateway config: {0}")]
+pub struct ConfigError(pub String);
+
+impl GatewayConfig {
+    /// Reads a TOML file's text.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError(e.to_string()))
+    }
+
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.router
+            .validate()
+            .map_err(|e| ConfigError(e.to_string()))?;
+        if self.workers.is_empty() {
+            return Err(ConfigError("at least one worker is required".into()));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for w in &self.workers {
+            w.validate()?;
+            if !names.insert(w.display_name()) {
+                return Err(ConfigError(format!(
+                    "two workers are named {:?}",
+                    w.display_name()
+                )));
+            }
+        }
+        let positive = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(ConfigError(format!("{name} must be > 0, got {v}")))
+            }
+        };
+        positive("health.interval_secs", self.health.interval_secs)?;
+        positive("health.timeout_secs", self.health.timeout_secs)?;
+        positive(
+            "upstream.connect_timeout_secs",
+            self.upstream.connect_timeout_secs,
+        )?;
+        positive(
+            "upstream.first_byte_timeout_secs",
+            self.upstream.first_byte_timeout_secs,
+        )?;
+        positive(
+            "upstream.replay_timeout_secs",
+            self.upstream.replay_timeout_secs,
+        )?;
+        if self.health.failures_to_remove == 0 {
+            return Err(ConfigError("health.failures_to_remove must be >= 1".into()));
+        }
+        if self.limits.max_body_bytes == 0
+            || self.limits.max_prompt_tokens == 0
+            || self.limits.max_response_bytes == 0
+        {
+            return Err(ConfigError("limits must be > 0".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_specs_parse_from_the_command_line_form() {
+        let w = WorkerSpec::parse("http://h:1=tcp://h:2=tcp://h:3").unwrap();
+        assert_eq!(w.url, "http://h:1");
+        assert_eq!(w.events.as_deref(), Some("tcp://h:2"));
+        assert_eq!(w.replay.as_deref(), Some("tcp://h:3"));
+        assert_eq!(w.display_name(), "h:1");
+        assert!(WorkerSpec::parse("http://h:1").unwrap().events.is_none());
+        for bad in ["h:1", "http://h:1=h:2", "http://h:1=tcp://h:2=udp://x"] {
+            assert!(WorkerSpec::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_toml_file_is_read_and_checked() {
+        let c = GatewayConfig::from_toml(
+            r#"
+            port = 9000
+            models = ["m"]
+            [router]
+            block_size = 32
+            [router.policy]
+            kind = "kv"
+            [[workers]]
+            url = "http://127.0.0.1:8001"
+            events = "tcp://127.0.0.1:5557"
+            kv_blocks = 1000
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.port, 9000);
+        assert_eq!(c.router.block_size, 32);
+        assert_eq!(c.workers[0].capacity().kv_blocks, Some(1000));
+        c.validate().unwrap();
+        assert!(GatewayConfig::from_toml("prot = 1").is_err());
+        assert!(GatewayConfig::default().validate().is_err());
+        let mut dup = c.clone();
+        dup.workers.push(c.workers[0].clone());
+        assert!(dup.validate().is_err());
+    }
+}

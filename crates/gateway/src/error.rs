@@ -1,0 +1,160 @@
+//! The gateway's errors, and the one place where they become HTTP answers (OpenAI error
+//! objects with their status, `Retry-After` on 503, the request id header).
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kvroute_core::RejectReason;
+use kvroute_preprocess::PreprocessError;
+use kvroute_protocol::openai::{ApiError, ErrorKind};
+
+/// Why a request failed in the gateway.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The request is invalid (already an API error).
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// Templating or tokenizing the prompt failed.
+    #[error("preprocessing failed: {0}")]
+    Preprocess(#[from] PreprocessError),
+    /// Admission refused it.
+    #[error("rejected: {}", .0.as_str())]
+    Rejected(RejectReason),
+    /// The worker could not be reached or failed before answering.
+    #[error("worker {worker}: {message}")]
+    Upstream {
+        /// The worker's name.
+        worker: String,
+        /// What went wrong.
+        message: String,
+        /// It did not answer in time.
+        timeout: bool,
+    },
+    /// A bug or an impossible state.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl GatewayError {
+    /// The OpenAI error answer.
+    pub fn to_api(&self) -> ApiError {
+        match self {
+            GatewayError::Api(e) => e.clone(),
+            GatewayError::Preprocess(e) => match e {
+                PreprocessError::TooLong { .. } => {
+                    ApiError::new(ErrorKind::TooLarge, e.to_string())
+                        .with_code("context_length_exceeded")
+                }
+                _ => ApiError::invalid(e.to_string()),
+            },
+            GatewayError::Rejected(reason) => {
+                let (code, message) = match reason {
+                    RejectReason::NoWorkers => (
+                        "no_healthy_workers",
+                        "no healthy worker can take the request",
+                    ),
+                    RejectReason::AllWorkersBusy => {
+                        ("all_workers_busy", "every worker is busy; retry later")
+                    }
+                    RejectReason::QueueFull => (
+                        "queue_full",
+                        "every worker is busy and the admission queue is full",
+                    ),
+                    RejectReason::QueueTimeout => (
+                        "queue_timeout",
+                        "every worker stayed busy for the longest queue wait",
+                    ),
+                };
+                let retry = if *reason == RejectReason::NoWorkers {
+                    5
+                } else {
+                    1
+                };
+                ApiError::unavailable(code, message, retry)
+            }
+            GatewayError::Upstream {
+                worker,
+                message,
+                timeout,
+            } => {
+                let kind = if *timeout {
+                    ErrorKind::Timeout
+                } else {
+                    ErrorKind::Upstream
+                };
+                ApiError::new(kind, format!("worker {worker}: {message}")).with_code(if *timeout {
+                    "upstream_timeout"
+                } else {
+                    "upstream_failed"
+                })
+            }
+            GatewayError::Internal(m) => ApiError::new(ErrorKind::Internal, m.clone()),
+        }
+    }
+}
+
+/// An OpenAI error answer.
+pub fn error_response(e: &ApiError, request_id: &str) -> Response {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        e.to_json(),
+    )
+        .into_response();
+    let headers = resp.headers_mut();
+    if let Some(secs) = e.retry_after_secs {
+        headers.insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    if let Ok(v) = HeaderValue::from_str(request_id) {
+        headers.insert(crate::REQUEST_ID_HEADER, v);
+    }
+    resp
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        error_response(&self.to_api(), "")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_its_status() {
+        let cases = [
+            (GatewayError::Rejected(RejectReason::AllWorkersBusy), 503),
+            (GatewayError::Rejected(RejectReason::NoWorkers), 503),
+            (GatewayError::Api(ApiError::model_not_found("x")), 404),
+            (
+                GatewayError::Upstream {
+                    worker: "w".into(),
+                    message: "refused".into(),
+                    timeout: false,
+                },
+                502,
+            ),
+            (
+                GatewayError::Upstream {
+                    worker: "w".into(),
+                    message: "slow".into(),
+                    timeout: true,
+                },
+                504,
+            ),
+            (GatewayError::Internal("x".into()), 500),
+        ];
+        for (e, status) in cases {
+            let api = e.to_api();
+            assert_eq!(api.status(), status, "{e}");
+            let resp = error_response(&api, "id-1");
+            assert_eq!(resp.status().as_u16(), status);
+            assert_eq!(resp.headers()[crate::REQUEST_ID_HEADER], "id-1");
+            assert_eq!(
+                resp.headers().contains_key(axum::http::header::RETRY_AFTER),
+                status == 503
+            );
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The kvroute gateway: an OpenAI-compatible HTTP front for N engine replicas that routes
+//! each request to the replica where it will get its first token soonest, weighing cached
+//! prefixes (a prefix index fed by the engines' KV events) against load.
+//!
+//! A request goes: checked ([`kvroute_protocol::openai`]) -> rendered and tokenized
+//! ([`kvroute_preprocess`]) -> cut into blocks -> routed by the same core the simulator uses
+//! (index lookup, policy, admission queue) -> booked in the ledger -> forwarded to the worker
+//! unchanged -> the answer streamed back while the gateway watches for the first token and
+//! usage; the booking is released by an RAII guard on first token, end, error or disconnect.
+
+mod api;
+pub mod config;
+mod error;
+pub mod events;
+mod health;
+mod metrics;
+mod proxy;
+pub mod registry;
+mod routing;
+mod state;
+
+pub use config::{ConfigError, GatewayConfig, WorkerSpec};
+pub use error::GatewayError;
+pub use events::{EventFeed, Replay};
+pub use state::Gateway;
+
+use kvroute_core::{ApproxConfig, Router};
+use kvroute_preprocess::Preprocessor;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::task::JoinHandle;
+
+/// The header carrying a request's id, both ways.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Bad settings.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The tokenizer could not be loaded.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] kvroute_preprocess::PreprocessError),
+    /// The router refused the settings.
+    #[error(transparent)]
+    Router(#[from] kvroute_core::RouteError),
+    /// Metrics could not be registered.
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    /// The HTTP client could not be built.
+    #[error("http client: {0}")]
+    Client(#[from] reqwest::Error),
+    /// Socket trouble.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The preprocessor the settings ask for: `builtin`, a directory, or approximate mode.
+pub fn load_preprocessor(config: &GatewayConfig) -> Result<Preprocessor, StartError> {
+    let pre = match config.tokenizer.as_deref() {
+        None => Preprocessor::approximate(),
+        Some("builtin") => Preprocessor::builtin(),
+        Some(dir) => Preprocessor::from_dir(std::path::Path::new(dir))?,
+    };
+    Ok(pre.with_max_input_bytes(config.limits.max_body_bytes))
+}
+
+/// A running gateway.
+pub struct GatewayHandle {
+    addr: SocketAddr,
+    state: Arc<Gateway>,
+    tasks: Vec<JoinHandle<()>>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl GatewayHandle {
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The shared state (tests, the demo).
+    pub fn state(&self) -> &Arc<Gateway> {
+        &self.state
+    }
+
+    /// Stops accepting, lets requests in flight finish, stops background tasks.
+    pub async fn shutdown(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(server) = self.server.take() {
+            let _ = server.await;
+        }
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+
+    /// Waits until the server stops (it stops on [`GatewayHandle::shutdown`] or an error).
+    pub async fn wait(mut self) -> std::io::Result<()> {
+        let r = match self.server.take() {
+            Some(s) => s.await.unwrap_or(Ok(())),
+            None => Ok(()),
+        };
+        for t in &self.tasks {
+            t.abort();
+        }
+        r
+    }
+}
+
+/// Starts the gateway on `listener` with `preprocessor`. Workers with a ZMQ `events`
+/// endpoint are subscribed; `feeds` gives other workers' event feeds by their index in
+/// `config.workers` (the one-process demo wires in-process channels this way).
+pub async fn spawn(
+    mut config: GatewayConfig,
+    preprocessor: Preprocessor,
+    listener: tokio::net::TcpListener,
+    mut feeds: BTreeMap<usize, EventFeed>,
+) -> Result<GatewayHandle, StartError> {
+    if preprocessor.is_approximate() && config.router.approx.is_none() {
+        config.router.approx = Some(ApproxConfig::default());
+    }
+    config.validate()?;
+    let mut router = Router::new(config.router.clone())?;
+    for (i, w) in config.workers.iter().enumerate() {
+        router.add_worker(kvroute_core::WorkerId(i as u64 + 1), w.capacity())?;
+    }
+    let client = reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs_f64(
+            config.upstream.connect_timeout_secs,
+        ))
+        .pool_max_idle_per_host(256)
+        .tcp_nodelay(true)
+        .build()?;
+    let gw = Arc::new(Gateway::new(
+        config,
+        preprocessor,
+        router,
+        client,
+        metrics::Metrics::new()?,
+    ));
+    let mut tasks = Vec::new();
+    for (i, w) in gw.config.workers.iter().enumerate() {
+        let id = kvroute_core::WorkerId(i as u64 + 1);
+        let feed = match (feeds.remove(&i), &w.events) {
+            (Some(f), _) => f,
+            (None, Some(ep)) => events::zmq_feed(w.display_name(), ep.clone(), w.replay.clone()),
+            (None, None) => continue,
+        };
+        tasks.push(tokio::spawn(events::ingest(gw.clone(), id, feed)));
+    }
+    tasks.push(tokio::spawn(health::run(gw.clone())));
+    let addr = listener.local_addr()?;
+    let app = api::routes(gw.clone());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = rx.await;
+            })
+            .await
+    });
+    tracing::info!(%addr, policy = gw.policy, preprocessor = %gw.preprocessor.describe(), workers = gw.config.workers.len(), "gateway listening");
+    Ok(GatewayHandle {
+        addr,
+        state: gw,
+        tasks,
+        shutdown: Some(tx),
+        server: Some(server),
+    })
+}

@@ -1,0 +1,210 @@
+//! The gateway's Prometheus metrics (names of the design's metrics section), in the classic
+//! text exposition format that `promtool check metrics` accepts.
+
+use prometheus::{
+    exponential_buckets, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Every metric of the gateway.
+pub struct Metrics {
+    registry: Registry,
+    /// Requests answered, by model and HTTP status.
+    pub requests: IntCounterVec,
+    /// Requests being served (dispatched, not finished).
+    pub inflight: IntGauge,
+    /// Requests waiting in the admission queue.
+    pub queued: IntGauge,
+    /// Requests rejected, by reason.
+    pub rejected: IntCounterVec,
+    /// Prompt tokens per request.
+    pub input_tokens: Histogram,
+    /// Cached prompt tokens per request, as the engine reported them.
+    pub cached_tokens: Histogram,
+    /// Generated tokens per request.
+    pub output_tokens: Histogram,
+    /// Generated tokens in all.
+    pub output_tokens_total: IntCounter,
+    /// Seconds from arrival to the end of the answer.
+    pub duration: Histogram,
+    /// Seconds from arrival to the first token.
+    pub ttft: Histogram,
+    /// Seconds between tokens (stream chunks) of a stream.
+    pub itl: Histogram,
+    /// Requests in flight per worker (the router's ledger).
+    pub worker_inflight: IntGaugeVec,
+    /// Outstanding prefill tokens per worker (the router's ledger).
+    pub worker_prefill: IntGaugeVec,
+    /// 1 when the worker is up.
+    pub worker_up: IntGaugeVec,
+    /// Routing decisions, by policy and worker.
+    pub decisions: IntCounterVec,
+    /// Seconds spent preprocessing and routing a request.
+    pub routing_duration: Histogram,
+    /// KV events, by worker, type and result.
+    pub kv_events: IntCounterVec,
+    /// Blocks the index holds per worker.
+    pub index_blocks: IntGaugeVec,
+    /// Prompt tokens the router expected the chosen worker to have cached.
+    pub predicted_cached_tokens: Histogram,
+    /// Requests retried on another worker after a failure before the first byte.
+    pub retries: IntCounter,
+    /// Failed calls to workers, by worker and kind.
+    pub upstream_errors: IntCounterVec,
+}
+
+fn token_buckets() -> Vec<f64> {
+    // 1 .. ~1M tokens.
+    exponential_buckets(1.0, 2.0, 21).unwrap_or_default()
+}
+
+fn second_buckets() -> Vec<f64> {
+    // 100 µs .. ~200 s.
+    exponential_buckets(0.0001, 2.0, 22).unwrap_or_default()
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(c.clone()))?;
+            Ok::<_, prometheus::Error>(c)
+        };
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok::<_, prometheus::Error>(g)
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok::<_, prometheus::Error>(g)
+        };
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help)?;
+            registry.register(Box::new(c.clone()))?;
+            Ok::<_, prometheus::Error>(c)
+        };
+        let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
+            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))?;
+            registry.register(Box::new(h.clone()))?;
+            Ok::<_, prometheus::Error>(h)
+        };
+        let m = Self {
+            requests: counter_vec(
+                "kvroute_requests_total",
+                "Requests answered, by model and HTTP status.",
+                &["model", "status"],
+            )?,
+            inflight: gauge(
+                "kvroute_inflight_requests",
+                "Requests dispatched to a worker and not finished.",
+            )?,
+            queued: gauge(
+                "kvroute_queued_requests",
+                "Requests waiting in the admission queue.",
+            )?,
+            rejected: counter_vec(
+                "kvroute_rejected_requests_total",
+                "Requests rejected by admission or for want of a worker, by reason.",
+                &["reason"],
+            )?,
+            input_tokens: histogram(
+                "kvroute_input_tokens",
+                "Prompt tokens per request.",
+                token_buckets(),
+            )?,
+            cached_tokens: histogram(
+                "kvroute_cached_tokens",
+                "Cached prompt tokens per request, as reported by the engine.",
+                token_buckets(),
+            )?,
+            output_tokens: histogram(
+                "kvroute_output_tokens",
+                "Generated tokens per request.",
+                token_buckets(),
+            )?,
+            output_tokens_total: counter(
+                "kvroute_output_tokens_total",
+                "Generated tokens in all.",
+            )?,
+            duration: histogram(
+                "kvroute_request_duration_seconds",
+                "Seconds from a request's arrival to the end of its answer.",
+                second_buckets(),
+            )?,
+            ttft: histogram(
+                "kvroute_time_to_first_token_seconds",
+                "Seconds from a request's arrival to its first token.",
+                second_buckets(),
+            )?,
+            itl: histogram(
+                "kvroute_inter_token_latency_seconds",
+                "Seconds between consecutive stream chunks carrying tokens.",
+                second_buckets(),
+            )?,
+            worker_inflight: gauge_vec(
+                "kvroute_worker_inflight_requests",
+                "Requests in flight per worker, as the router booked them.",
+                &["worker"],
+            )?,
+            worker_prefill: gauge_vec(
+                "kvroute_worker_outstanding_prefill_tokens",
+                "Uncached prompt tokens per worker whose first token has not arrived.",
+                &["worker"],
+            )?,
+            worker_up: gauge_vec(
+                "kvroute_worker_up",
+                "1 when the worker takes requests, 0 when it was taken out.",
+                &["worker"],
+            )?,
+            decisions: counter_vec(
+                "kvroute_routing_decisions_total",
+                "Requests dispatched, by policy and worker.",
+                &["policy", "worker"],
+            )?,
+            routing_duration: histogram(
+                "kvroute_routing_duration_seconds",
+                "Seconds spent preprocessing and routing a request (queueing excluded).",
+                exponential_buckets(0.000_001, 2.0, 24).unwrap_or_default(),
+            )?,
+            kv_events: counter_vec(
+                "kvroute_kv_events_total",
+                "KV events received, by worker, type and result.",
+                &["worker", "type", "result"],
+            )?,
+            index_blocks: gauge_vec(
+                "kvroute_index_blocks",
+                "Blocks the prefix index holds per worker.",
+                &["worker"],
+            )?,
+            predicted_cached_tokens: histogram(
+                "kvroute_predicted_cached_tokens",
+                "Prompt tokens the router expected the chosen worker to have cached.",
+                token_buckets(),
+            )?,
+            retries: counter(
+                "kvroute_retries_total",
+                "Requests retried on another worker after failing before their first byte.",
+            )?,
+            upstream_errors: counter_vec(
+                "kvroute_upstream_errors_total",
+                "Failed calls to workers, by worker and kind.",
+                &["worker", "kind"],
+            )?,
+            registry,
+        };
+        Ok(m)
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::error!(error = %e, "encoding metrics failed");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}

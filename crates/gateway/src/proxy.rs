@@ -1,0 +1,358 @@
+//! Forwarding a routed request to its worker and the answer back: the body goes out as the
+//! client sent it; a stream comes back chunk by chunk while the gateway watches it (first
+//! token, inter-token gaps, usage) and releases the ledger; a failure before the first byte
+//! is retried once on another worker.
+
+use crate::error::GatewayError;
+use crate::routing::{admit, LedgerGuard, Prepared};
+use crate::state::Gateway;
+use crate::REQUEST_ID_HEADER;
+use axum::body::Body;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use kvroute_protocol::openai::{RequestView, SseEvent, SseParser, Usage};
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What the gateway reads of an answer or stream chunk.
+#[derive(Deserialize)]
+struct Peek {
+    #[serde(default)]
+    choices: Vec<IgnoredAny>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+/// One request on its way through the gateway.
+pub struct Call<'a> {
+    /// The checked request.
+    pub view: &'a RequestView,
+    /// The body as the client sent it.
+    pub body: Bytes,
+    /// The request id (sent upstream and back).
+    pub request_id: &'a str,
+    /// When it arrived.
+    pub started: Instant,
+}
+
+/// Routes and forwards `call`; returns the answer to send back.
+pub async fn forward(
+    gw: &Arc<Gateway>,
+    call: Call<'_>,
+    prep: &Prepared,
+) -> Result<Response, GatewayError> {
+    let mut exclude = None;
+    let attempts = if gw.config.upstream.retry { 2 } else { 1 };
+    let mut last_error = None;
+    for attempt in 0..attempts {
+        let (_sel, guard) = match admit(gw, prep, exclude, call.started).await {
+            Ok(x) => x,
+            // A retry that finds no other worker reports the first failure.
+            Err(e) if attempt > 0 => return Err(last_error.unwrap_or(e)),
+            Err(e) => return Err(e),
+        };
+        let worker = guard.worker;
+        match send(gw, &call, worker).await {
+            Ok(resp) if resp.status().is_server_error() && attempt + 1 < attempts => {
+                let name = worker_name(gw, worker);
+                gw.metrics
+                    .upstream_errors
+                    .with_label_values(&[&name, "status_5xx"])
+                    .inc();
+                tracing::warn!(worker = %name, status = resp.status().as_u16(), request_id = call.request_id, "worker failed; retrying elsewhere");
+                last_error = Some(GatewayError::Upstream {
+                    worker: name,
+                    message: format!("answered {}", resp.status()),
+                    timeout: false,
+                });
+            }
+            Ok(resp) => return Ok(answer(gw, &call, guard, resp).await),
+            Err(e) => {
+                let name = worker_name(gw, worker);
+                let kind = if matches!(e, GatewayError::Upstream { timeout: true, .. }) {
+                    "timeout"
+                } else {
+                    "connect"
+                };
+                gw.metrics
+                    .upstream_errors
+                    .with_label_values(&[&name, kind])
+                    .inc();
+                tracing::warn!(worker = %name, error = %e, request_id = call.request_id, "worker unreachable");
+                if kind == "connect" {
+                    // A refused connection is a dead worker: stop sending it traffic now
+                    // rather than at the next health check.
+                    gw.take_out(worker, "connection failed");
+                }
+                last_error = Some(e);
+            }
+        }
+        drop(guard);
+        gw.metrics.retries.inc();
+        exclude = Some(worker);
+    }
+    Err(last_error.unwrap_or_else(|| GatewayError::Internal("no attempt was made".into())))
+}
+
+fn worker_name(gw: &Gateway, id: kvroute_core::WorkerId) -> String {
+    gw.registry
+        .get(id)
+        .map_or_else(|| id.to_string(), |w| w.name.clone())
+}
+
+async fn send(
+    gw: &Arc<Gateway>,
+    call: &Call<'_>,
+    worker: kvroute_core::WorkerId,
+) -> Result<reqwest::Response, GatewayError> {
+    let w = gw
+        .registry
+        .get(worker)
+        .ok_or_else(|| GatewayError::Internal(format!("unknown worker {worker}")))?;
+    let url = format!(
+        "{}{}",
+        w.spec.url.trim_end_matches('/'),
+        call.view.endpoint.path()
+    );
+    let req = gw
+        .client
+        .post(url)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(REQUEST_ID_HEADER, call.request_id)
+        .body(call.body.clone())
+        .send();
+    let timeout = Duration::from_secs_f64(gw.config.upstream.first_byte_timeout_secs);
+    match tokio::time::timeout(timeout, req).await {
+        Ok(Ok(resp)) => Ok(resp),
+        Ok(Err(e)) => Err(GatewayError::Upstream {
+            worker: w.name.clone(),
+            message: e.to_string(),
+            timeout: e.is_timeout(),
+        }),
+        Err(_) => Err(GatewayError::Upstream {
+            worker: w.name.clone(),
+            message: format!("no answer within {timeout:?}"),
+            timeout: true,
+        }),
+    }
+}
+
+/// Builds the client's answer from the worker's.
+async fn answer(
+    gw: &Arc<Gateway>,
+    call: &Call<'_>,
+    guard: LedgerGuard,
+    resp: reqwest::Response,
+) -> Response {
+    let status = resp.status();
+    let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let worker = worker_name(gw, guard.worker);
+    let streaming = call.view.stream && status.is_success();
+    let mut out = if streaming {
+        let watch = Watch::new(gw.clone(), guard, call.view.model.clone(), call.started);
+        Response::new(Body::from_stream(watched(resp, watch)))
+    } else {
+        let (code, body) = read_body(gw, resp).await;
+        let status = if code.is_some() {
+            StatusCode::BAD_GATEWAY
+        } else {
+            status
+        };
+        let usage = serde_json::from_slice::<Peek>(&body)
+            .ok()
+            .and_then(|p| p.usage);
+        finish(gw, &call.view.model, status, call.started, usage.as_ref());
+        drop(guard);
+        let mut r = Response::new(Body::from(body));
+        *r.status_mut() = status;
+        r
+    };
+    *out.status_mut() = if streaming { status } else { out.status() };
+    let headers = out.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        content_type.unwrap_or(HeaderValue::from_static("application/json")),
+    );
+    if let Ok(v) = HeaderValue::from_str(call.request_id) {
+        headers.insert(REQUEST_ID_HEADER, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&worker) {
+        headers.insert("x-kvroute-worker", v);
+    }
+    out
+}
+
+/// Reads a whole answer, bounded; on failure returns an error body and a code.
+async fn read_body(gw: &Gateway, mut resp: reqwest::Response) -> (Option<&'static str>, Bytes) {
+    let limit = gw.config.limits.max_response_bytes;
+    let mut buf = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(c)) if buf.len() + c.len() <= limit => buf.extend_from_slice(&c),
+            Ok(Some(_)) => {
+                let e = kvroute_protocol::openai::ApiError::new(
+                    kvroute_protocol::openai::ErrorKind::Upstream,
+                    format!("the worker's answer is larger than {limit} bytes"),
+                );
+                return (Some("too_large"), Bytes::from(e.to_json()));
+            }
+            Ok(None) => return (None, Bytes::from(buf)),
+            Err(err) => {
+                let e = kvroute_protocol::openai::ApiError::new(
+                    kvroute_protocol::openai::ErrorKind::Upstream,
+                    format!("the worker's answer broke off: {err}"),
+                );
+                return (Some("broken"), Bytes::from(e.to_json()));
+            }
+        }
+    }
+}
+
+/// Records a finished request.
+fn finish(gw: &Gateway, model: &str, status: StatusCode, started: Instant, usage: Option<&Usage>) {
+    let m = &gw.metrics;
+    m.requests
+        .with_label_values(&[model, status.as_str()])
+        .inc();
+    m.duration.observe(started.elapsed().as_secs_f64());
+    if let Some(u) = usage {
+        m.input_tokens.observe(u.prompt_tokens as f64);
+        m.cached_tokens.observe(u.cached_tokens() as f64);
+        m.output_tokens.observe(u.completion_tokens as f64);
+        m.output_tokens_total.inc_by(u.completion_tokens);
+    }
+}
+
+/// Watches a stream on its way through.
+struct Watch {
+    gw: Arc<Gateway>,
+    guard: Option<LedgerGuard>,
+    model: String,
+    started: Instant,
+    parser: SseParser,
+    events: Vec<SseEvent>,
+    last_token: Option<Instant>,
+    usage: Option<Usage>,
+    done: bool,
+}
+
+impl Watch {
+    fn new(gw: Arc<Gateway>, guard: LedgerGuard, model: String, started: Instant) -> Self {
+        Self {
+            gw,
+            guard: Some(guard),
+            model,
+            started,
+            parser: SseParser::new(),
+            events: Vec::new(),
+            last_token: None,
+            usage: None,
+            done: false,
+        }
+    }
+
+    fn observe(&mut self, chunk: &[u8]) {
+        if self.parser.feed(chunk, &mut self.events).is_err() {
+            // Not a stream we understand: pass it on untouched, stop watching.
+            self.events.clear();
+            return;
+        }
+        for ev in self.events.drain(..) {
+            let SseEvent::Data(d) = ev else {
+                continue;
+            };
+            let Ok(peek) = serde_json::from_str::<Peek>(&d) else {
+                continue;
+            };
+            if peek.usage.is_some() {
+                self.usage = peek.usage;
+            }
+            if peek.choices.is_empty() {
+                continue;
+            }
+            let now = Instant::now();
+            match self.last_token {
+                None => {
+                    self.gw
+                        .metrics
+                        .ttft
+                        .observe(now.duration_since(self.started).as_secs_f64());
+                    if let Some(g) = &mut self.guard {
+                        g.first_token();
+                    }
+                }
+                Some(prev) => self
+                    .gw
+                    .metrics
+                    .itl
+                    .observe(now.duration_since(prev).as_secs_f64()),
+            }
+            self.last_token = Some(now);
+        }
+    }
+
+    fn end(&mut self, status: StatusCode) {
+        if !self.done {
+            self.done = true;
+            finish(
+                &self.gw,
+                &self.model,
+                status,
+                self.started,
+                self.usage.as_ref(),
+            );
+            self.guard = None;
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        // The client went away before the end: 499, as proxies log it.
+        if !self.done {
+            self.end(StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST));
+        }
+    }
+}
+
+/// The worker's stream, watched; a break-off ends it with an error event.
+fn watched(
+    resp: reqwest::Response,
+    watch: Watch,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
+    let upstream = resp.bytes_stream();
+    futures_util::stream::unfold(
+        (upstream.boxed(), watch, false),
+        |(mut up, mut watch, over)| async move {
+            if over {
+                return None;
+            }
+            match up.next().await {
+                Some(Ok(chunk)) => {
+                    watch.observe(&chunk);
+                    Some((Ok(chunk), (up, watch, false)))
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "worker stream broke off");
+                    watch.end(StatusCode::BAD_GATEWAY);
+                    let err = kvroute_protocol::openai::ApiError::new(
+                        kvroute_protocol::openai::ErrorKind::Upstream,
+                        format!("the worker's stream broke off: {e}"),
+                    );
+                    let bytes = Bytes::from(format!("data: {}\n\n", err.to_json()));
+                    Some((Ok(bytes), (up, watch, true)))
+                }
+                None => {
+                    let mut tail = Vec::new();
+                    let _ = watch.parser.finish(&mut tail);
+                    watch.end(StatusCode::OK);
+                    None
+                }
+            }
+        },
+    )
+}

@@ -1,0 +1,159 @@
+//! The worker registry: every configured engine, its health, and what its KV event stream
+//! has done. The router only knows the workers that are up; a worker taken out loses its
+//! index entries and load, and is added back afresh when its health check passes again.
+
+use crate::config::WorkerSpec;
+use kvroute_core::WorkerId;
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+/// Whether a worker takes requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Health {
+    /// Known to the router, taking requests.
+    Up,
+    /// Taken out after failed health checks or a failed request.
+    Down,
+}
+
+/// One worker.
+pub struct WorkerEntry {
+    /// Its id in the router.
+    pub id: WorkerId,
+    /// Its settings.
+    pub spec: WorkerSpec,
+    /// Its display name (logs, labels).
+    pub name: String,
+    up: AtomicBool,
+    failures: AtomicU32,
+    /// The KV event stream's state.
+    pub events: EventStats,
+}
+
+/// Counters of one worker's KV event stream.
+#[derive(Default)]
+pub struct EventStats {
+    /// Next sequence number expected (0 before the first batch).
+    pub next_seq: AtomicU64,
+    /// Batches applied.
+    pub batches: AtomicU64,
+    /// Sequence gaps seen.
+    pub gaps: AtomicU64,
+    /// Gaps a replay filled.
+    pub replayed: AtomicU64,
+    /// Engine restarts seen (sequence going backwards).
+    pub restarts: AtomicU64,
+    /// Set when events were lost for good or were refused (block size mismatch): the index
+    /// may be wrong for this worker until its cache is cleared.
+    pub degraded: AtomicBool,
+}
+
+impl WorkerEntry {
+    /// Whether it is up.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    /// Marks it up or down; returns whether that changed anything.
+    pub fn set_up(&self, up: bool) -> bool {
+        self.up.swap(up, Ordering::AcqRel) != up
+    }
+
+    /// Counts a failure; returns the consecutive failures so far.
+    pub fn fail(&self) -> u32 {
+        self.failures.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Forgets past failures.
+    pub fn succeed(&self) {
+        self.failures.store(0, Ordering::Release);
+    }
+}
+
+/// Every configured worker, in configuration order (ids 1, 2, ...).
+pub struct Registry {
+    workers: Vec<WorkerEntry>,
+}
+
+/// A worker as `/debug/workers` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkerReport {
+    /// Router id.
+    pub id: u64,
+    /// Display name.
+    pub name: String,
+    /// Base URL.
+    pub url: String,
+    /// Up or down.
+    pub health: Health,
+    /// ZMQ event endpoint, if any.
+    pub events_endpoint: Option<String>,
+    /// Next event sequence number expected.
+    pub next_seq: u64,
+    /// Event batches applied.
+    pub event_batches: u64,
+    /// Sequence gaps seen.
+    pub gaps: u64,
+    /// Gaps filled by replay.
+    pub replayed: u64,
+    /// Restarts seen.
+    pub restarts: u64,
+    /// The index may be wrong for it.
+    pub degraded: bool,
+}
+
+impl Registry {
+    /// A registry of `specs`; every worker starts up.
+    pub fn new(specs: &[WorkerSpec]) -> Self {
+        let workers = specs
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| WorkerEntry {
+                id: WorkerId(i as u64 + 1),
+                name: spec.display_name(),
+                spec: spec.clone(),
+                up: AtomicBool::new(true),
+                failures: AtomicU32::new(0),
+                events: EventStats::default(),
+            })
+            .collect();
+        Self { workers }
+    }
+
+    /// All workers.
+    pub fn iter(&self) -> impl Iterator<Item = &WorkerEntry> {
+        self.workers.iter()
+    }
+
+    /// One worker.
+    pub fn get(&self, id: WorkerId) -> Option<&WorkerEntry> {
+        let i = usize::try_from(id.0).ok()?.checked_sub(1)?;
+        self.workers.get(i)
+    }
+
+    /// Workers up.
+    pub fn up_count(&self) -> usize {
+        self.workers.iter().filter(|w| w.is_up()).count()
+    }
+
+    /// What `/debug/workers` shows.
+    pub fn reports(&self) -> Vec<WorkerReport> {
+        self.workers
+            .iter()
+            .map(|w| WorkerReport {
+                id: w.id.0,
+                name: w.name.clone(),
+                url: w.spec.url.clone(),
+                health: if w.is_up() { Health::Up } else { Health::Down },
+                events_endpoint: w.spec.events.clone(),
+                next_seq: w.events.next_seq.load(Ordering::Relaxed),
+                event_batches: w.events.batches.load(Ordering::Relaxed),
+                gaps: w.events.gaps.load(Ordering::Relaxed),
+                replayed: w.events.replayed.load(Ordering::Relaxed),
+                restarts: w.events.restarts.load(Ordering::Relaxed),
+                degraded: w.events.degraded.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,210 @@
+//! From a checked request to a booked worker: preprocessing (template + tokenizer, or token
+//! ids as given) into blocks, routing with explicit admission (queue, shed, none), and the
+//! RAII guard that releases the ledger on first token, completion, failure or disconnect.
+
+use crate::error::GatewayError;
+use crate::state::Gateway;
+use kvroute_core::{
+    BlockedPrompt, Namespace, RejectReason, RequestId, RouteOutcome, RouteRequest, Selection,
+    WorkerId,
+};
+use kvroute_protocol::openai::{ApiError, ErrorKind, PromptInput, RequestView};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Prompts longer than this (bytes) are tokenized on the blocking pool.
+const INLINE_TOKENIZE_BYTES: usize = 32 << 10;
+
+/// A request's prompt, cut into blocks.
+pub struct Prepared {
+    /// The prompt's blocks.
+    pub prompt: BlockedPrompt,
+    /// Its session, for affinity (`x-session-id` header, else `user`).
+    pub session: Option<u64>,
+}
+
+/// Renders and tokenizes the prompt of `view` and cuts it into blocks.
+pub async fn prepare(
+    gw: &Arc<Gateway>,
+    view: &RequestView,
+    session_header: Option<&str>,
+) -> Result<Prepared, GatewayError> {
+    let tokens = match &view.input {
+        PromptInput::Tokens(ids) => ids.clone(),
+        input => {
+            let pre = gw.preprocessor.clone();
+            let input = input.clone();
+            let big = match &input {
+                PromptInput::Text(t) => t.len() > INLINE_TOKENIZE_BYTES,
+                _ => true,
+            };
+            let work = move || -> Result<Vec<u32>, GatewayError> {
+                let text = match input {
+                    PromptInput::Messages(m) => pre.render_chat(&m, true)?,
+                    PromptInput::Text(t) => t,
+                    PromptInput::Tokens(ids) => return Ok(ids),
+                };
+                Ok(pre.encode(&text)?)
+            };
+            if big {
+                tokio::task::spawn_blocking(work)
+                    .await
+                    .map_err(|e| GatewayError::Internal(format!("tokenizer task failed: {e}")))??
+            } else {
+                work()?
+            }
+        }
+    };
+    let limit = gw.config.limits.max_prompt_tokens;
+    if tokens.len() > limit {
+        return Err(ApiError::new(
+            ErrorKind::TooLarge,
+            format!(
+                "the prompt has {} tokens, more than the limit of {limit}",
+                tokens.len()
+            ),
+        )
+        .with_code("context_length_exceeded")
+        .into());
+    }
+    let block_size = gw.router().block_size();
+    // Engines' events carry no cache salt or adapter name the index could key on, so every
+    // prompt is hashed in the default namespace.
+    let prompt = BlockedPrompt::new(&tokens, block_size, Namespace::default());
+    let session = session_header
+        .map(str::to_string)
+        .or_else(|| view.user.clone())
+        .map(|s| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            s.hash(&mut h);
+            h.finish()
+        });
+    Ok(Prepared { prompt, session })
+}
+
+/// A dispatched request's booking; releases the ledger when dropped.
+pub struct LedgerGuard {
+    gw: Arc<Gateway>,
+    /// The ledger's id of the request.
+    pub request: RequestId,
+    /// The worker booked.
+    pub worker: WorkerId,
+    first_token: bool,
+}
+
+impl LedgerGuard {
+    /// The first token arrived: the prefill part of the booking is released.
+    pub fn first_token(&mut self) {
+        if !self.first_token {
+            self.first_token = true;
+            let now = self.gw.now();
+            // The worker may have been taken out meanwhile: nothing left to release then.
+            let _ = self.gw.router().first_token(self.request, now);
+            self.gw.wake.notify_waiters();
+        }
+    }
+}
+
+impl Drop for LedgerGuard {
+    fn drop(&mut self) {
+        let now = self.gw.now();
+        let _ = self.gw.router().finish(self.request, now);
+        self.gw.metrics.inflight.dec();
+        self.gw.wake.notify_waiters();
+    }
+}
+
+/// Routes `prep`, waiting in the admission queue when every worker is busy, and books the
+/// chosen worker. `exclude` is a worker the request just failed on.
+pub async fn admit(
+    gw: &Arc<Gateway>,
+    prep: &Prepared,
+    exclude: Option<WorkerId>,
+    started: Instant,
+) -> Result<(Selection, LedgerGuard), GatewayError> {
+    let tokens = prep.prompt.tokens as u64;
+    let mut queued_at = None;
+    let result = loop {
+        // Registered before looking, so a release between the look and the wait is not lost.
+        let wake = gw.wake.notified();
+        tokio::pin!(wake);
+        wake.as_mut().enable();
+        let mut queue = gw.queue_state();
+        if queued_at.is_some() {
+            // The queue counts this request: admission must see the others only.
+            queue.requests = queue.requests.saturating_sub(1);
+            queue.tokens = queue.tokens.saturating_sub(tokens);
+        }
+        let request = RouteRequest {
+            prompt: &prep.prompt,
+            session: prep.session,
+            queue,
+            exclude,
+        };
+        let outcome = {
+            let mut r = gw.router();
+            match r.route(&request) {
+                RouteOutcome::Dispatch(sel) => {
+                    let id = gw.next_request();
+                    match r.dispatch(id, &request, &sel, gw.now()) {
+                        Ok(()) => Ok(Some((sel, id))),
+                        Err(e) => Err(GatewayError::Internal(e.to_string())),
+                    }
+                }
+                RouteOutcome::Queue => Ok(None),
+                RouteOutcome::Reject(reason) => Err(GatewayError::Rejected(reason)),
+            }
+        };
+        match outcome {
+            Ok(Some((sel, id))) => {
+                gw.metrics.inflight.inc();
+                break Ok((sel, id));
+            }
+            Err(e) => break Err(e),
+            Ok(None) => {}
+        }
+        let wait = gw.config.router.admission.max_queue_wait_secs;
+        let deadline = *queued_at.get_or_insert_with(|| {
+            gw.queue_change(true, tokens);
+            Instant::now() + std::time::Duration::from_secs_f64(wait)
+        });
+        if tokio::time::timeout_at(deadline.into(), wake)
+            .await
+            .is_err()
+        {
+            break Err(GatewayError::Rejected(RejectReason::QueueTimeout));
+        }
+    };
+    if queued_at.is_some() {
+        gw.queue_change(false, tokens);
+    }
+    match result {
+        Ok((sel, request)) => {
+            let m = &gw.metrics;
+            if queued_at.is_none() {
+                m.routing_duration.observe(started.elapsed().as_secs_f64());
+            }
+            m.predicted_cached_tokens.observe(sel.cached_tokens as f64);
+            if let Some(w) = gw.registry.get(sel.worker) {
+                m.decisions.with_label_values(&[gw.policy, &w.name]).inc();
+            }
+            let guard = LedgerGuard {
+                gw: gw.clone(),
+                request,
+                worker: sel.worker,
+                first_token: false,
+            };
+            Ok((sel, guard))
+        }
+        Err(e) => {
+            if let GatewayError::Rejected(reason) = &e {
+                gw.metrics
+                    .rejected
+                    .with_label_values(&[reason.as_str()])
+                    .inc();
+            }
+            Err(e)
+        }
+    }
+}

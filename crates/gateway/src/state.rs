@@ -1,0 +1,194 @@
+//! The gateway's shared state: the router behind one lock, the worker registry, the
+//! preprocessor, the HTTP client, metrics, and the admission queue's bookkeeping.
+
+use crate::config::GatewayConfig;
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+use kvroute_core::{KvEvent, QueueState, RequestId, Router, Time, WorkerId};
+use kvroute_preprocess::Preprocessor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, RwLock};
+use std::time::Instant;
+use tokio::sync::Notify;
+
+/// Shared by every handler and background task.
+pub struct Gateway {
+    /// The settings.
+    pub config: GatewayConfig,
+    router: Mutex<Router>,
+    /// The workers.
+    pub registry: Registry,
+    /// Chat template and tokenizer (or approximate mode).
+    pub preprocessor: Preprocessor,
+    /// Calls to workers.
+    pub client: reqwest::Client,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// The policy's name (metric label).
+    pub policy: &'static str,
+    start: Instant,
+    next_request: AtomicU64,
+    queue: Mutex<QueueState>,
+    /// Woken whenever load is released or workers change, so queued requests retry.
+    pub wake: Notify,
+    models: RwLock<Vec<String>>,
+}
+
+impl Gateway {
+    /// The state for `config` (checked) with `preprocessor`.
+    pub fn new(
+        config: GatewayConfig,
+        preprocessor: Preprocessor,
+        router: Router,
+        client: reqwest::Client,
+        metrics: Metrics,
+    ) -> Self {
+        let registry = Registry::new(&config.workers);
+        let models = config.models.clone();
+        Self {
+            policy: config.router.policy.kind.as_str(),
+            config,
+            router: Mutex::new(router),
+            registry,
+            preprocessor,
+            client,
+            metrics,
+            start: Instant::now(),
+            next_request: AtomicU64::new(1),
+            queue: Mutex::new(QueueState::default()),
+            wake: Notify::new(),
+            models: RwLock::new(models),
+        }
+    }
+
+    /// Time since the gateway started: the router's clock.
+    pub fn now(&self) -> Time {
+        Time(self.start.elapsed())
+    }
+
+    /// A fresh request id for the ledger.
+    pub fn next_request(&self) -> RequestId {
+        RequestId(self.next_request.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The router, locked. Hold it briefly: no awaits while it is held.
+    pub fn router(&self) -> MutexGuard<'_, Router> {
+        self.router.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The admission queue's size.
+    pub fn queue_state(&self) -> QueueState {
+        *self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds (`+1`) or removes (`-1`) a request of `tokens` prompt tokens from the queue.
+    pub fn queue_change(&self, add: bool, tokens: u64) {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if add {
+            q.requests += 1;
+            q.tokens = q.tokens.saturating_add(tokens);
+        } else {
+            q.requests = q.requests.saturating_sub(1);
+            q.tokens = q.tokens.saturating_sub(tokens);
+        }
+        self.metrics.queued.set(q.requests as i64);
+    }
+
+    /// The model names served: configured, else learned from workers.
+    pub fn models(&self) -> Vec<String> {
+        self.models
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Whether `model` is served (always, while nothing is known).
+    pub fn serves(&self, model: &str) -> bool {
+        let models = self.models.read().unwrap_or_else(|p| p.into_inner());
+        models.is_empty() || models.iter().any(|m| m == model)
+    }
+
+    /// Adds model names a worker listed (when none were configured).
+    pub fn learn_models(&self, names: Vec<String>) {
+        if !self.config.models.is_empty() {
+            return;
+        }
+        let mut models = self.models.write().unwrap_or_else(|p| p.into_inner());
+        for n in names {
+            if !models.contains(&n) && models.len() < 1024 {
+                models.push(n);
+            }
+        }
+    }
+
+    /// Takes a worker out: the router forgets its index entries and load.
+    pub fn take_out(&self, id: WorkerId, why: &str) {
+        let Some(w) = self.registry.get(id) else {
+            return;
+        };
+        if w.set_up(false) {
+            self.router().remove_worker(id);
+            self.metrics.worker_up.with_label_values(&[&w.name]).set(0);
+            tracing::warn!(worker = %w.name, reason = why, "worker taken out");
+            self.wake.notify_waiters();
+        }
+    }
+
+    /// Brings a worker back (empty index, no load).
+    pub fn bring_back(&self, id: WorkerId) {
+        let Some(w) = self.registry.get(id) else {
+            return;
+        };
+        if w.set_up(true) {
+            if let Err(e) = self.router().add_worker(id, w.spec.capacity()) {
+                tracing::error!(worker = %w.name, error = %e, "could not add the worker back");
+                w.set_up(false);
+                return;
+            }
+            self.metrics.worker_up.with_label_values(&[&w.name]).set(1);
+            tracing::info!(worker = %w.name, "worker back in service");
+            self.wake.notify_waiters();
+        }
+    }
+
+    /// Drops every index entry of every worker (`POST /debug/reset`).
+    pub fn reset_index(&self) {
+        let mut r = self.router();
+        for w in self.registry.iter().filter(|w| w.is_up()) {
+            let _ = r.apply_event(w.id, &KvEvent::Cleared);
+        }
+    }
+
+    /// Copies the router's per-worker figures into the gauges (at scrape time).
+    pub fn refresh_gauges(&self) {
+        let r = self.router();
+        for w in self.registry.iter() {
+            let load = r.ledger().load(w.id).unwrap_or_default();
+            let labels = [w.name.as_str()];
+            self.metrics
+                .worker_inflight
+                .with_label_values(&labels)
+                .set(i64::from(load.inflight));
+            self.metrics
+                .worker_prefill
+                .with_label_values(&labels)
+                .set(i64::try_from(load.prefill_tokens).unwrap_or(i64::MAX));
+            let blocks = if w.is_up() {
+                r.index().block_count(w.id)
+            } else {
+                0
+            };
+            self.metrics
+                .index_blocks
+                .with_label_values(&labels)
+                .set(i64::try_from(blocks).unwrap_or(i64::MAX));
+            self.metrics
+                .worker_up
+                .with_label_values(&labels)
+                .set(i64::from(w.is_up()));
+        }
+        self.metrics
+            .inflight
+            .set(i64::try_from(r.ledger().inflight()).unwrap_or(i64::MAX));
+    }
+}

@@ -1,0 +1,127 @@
+//! KV events over ZMQ in both of vLLM's forms, sequence gaps filled by replay, restarts.
+
+use crate::support::*;
+use kvroute_core::hashing::EngineHash;
+use kvroute_gateway::{EventFeed, WorkerSpec};
+use kvroute_protocol::vllm_events::{encode_message, encode_payload, Event, EventBatch};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use zeromq::{Socket, SocketSend, ZmqMessage};
+
+fn frames_message(frames: [Vec<u8>; 3]) -> ZmqMessage {
+    let mut m = ZmqMessage::from(frames[0].clone());
+    m.push_back(frames[1].clone().into());
+    m.push_back(frames[2].clone().into());
+    m
+}
+
+/// A `BlockStored` of `blocks` blocks of 16 tokens starting at token `first`, map form.
+fn stored_map(seq: u64, first: u32, blocks: u32, parent: Option<u64>) -> [Vec<u8>; 3] {
+    let event = Event::Stored {
+        block_hashes: (0..blocks)
+            .map(|b| EngineHash(u64::from(first + b)))
+            .collect(),
+        parent: parent.map(EngineHash),
+        token_ids: (first..first + 16 * blocks).collect(),
+        block_size: 16,
+        lora_id: None,
+        medium: Some("GPU".into()),
+    };
+    encode_message("kv", seq, encode_payload(1.0, &[event], None))
+}
+
+/// The same in the older positional-array form.
+fn stored_array(seq: u64, first: u32, blocks: u32, parent: Option<u64>) -> [Vec<u8>; 3] {
+    let hashes: Vec<u64> = (0..blocks).map(|b| u64::from(first + b)).collect();
+    let tokens: Vec<u32> = (first..first + 16 * blocks).collect();
+    let event = ("BlockStored", hashes, parent, tokens, 16u32, None::<i64>);
+    let payload = rmp_serde::to_vec(&(2.0f64, vec![event])).unwrap();
+    encode_message("kv", seq, payload)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zmq_events_in_both_forms_update_the_index_and_a_restart_clears_it() {
+    let a = worker("a").await;
+    let mut publisher = zeromq::PubSocket::new();
+    let endpoint = publisher
+        .bind("tcp://127.0.0.1:0")
+        .await
+        .unwrap()
+        .to_string();
+    let mut cfg = config(&[&a], "kv");
+    cfg.workers[0] = WorkerSpec {
+        url: a.url(),
+        name: Some("a".into()),
+        events: Some(endpoint),
+        ..WorkerSpec::default()
+    };
+    let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
+    let url = gw.url();
+    // Until the subscription is up, published messages are lost (ZMQ's slow joiner): send
+    // the first batch again (as a new incarnation each time) until the index shows it.
+    assert!(
+        eventually(10, async || {
+            publisher
+                .send(frames_message(stored_map(0, 1000, 2, None)))
+                .await
+                .unwrap();
+            index_blocks(&url, 0).await == 2
+        })
+        .await
+    );
+    publisher
+        .send(frames_message(stored_array(1, 2000, 3, None)))
+        .await
+        .unwrap();
+    assert!(eventually(10, async || index_blocks(&url, 0).await == 5).await);
+    // The sequence goes back: the engine restarted, its old entries go.
+    publisher
+        .send(frames_message(stored_map(0, 3000, 1, None)))
+        .await
+        .unwrap();
+    assert!(eventually(10, async || index_blocks(&url, 0).await == 1).await);
+    let w = &debug_workers(&url).await["workers"][0]["worker"];
+    assert!(w["restarts"].as_u64().unwrap() >= 1, "{w}");
+    let metrics = crate::scrape(&url).await;
+    assert!(
+        metrics
+            .contains("kvroute_kv_events_total{result=\"applied\",type=\"stored\",worker=\"a\"}"),
+        "{metrics}"
+    );
+    gw.shutdown().await;
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_gap_is_filled_from_the_replay_service() {
+    let a = worker("a").await;
+    let batch = |seq: u64, first: u32| {
+        let frames = stored_map(seq, first, 1, None);
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        Arc::new(kvroute_protocol::vllm_events::decode_message(&refs).unwrap())
+    };
+    let all: Vec<Arc<EventBatch>> = (0..4).map(|s| batch(s, 100 * (s as u32 + 1))).collect();
+    let held = all.clone();
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let feed = EventFeed {
+        batches: rx,
+        replay: Some(Box::new(BufferReplay(Arc::new(move |from| {
+            held.iter().filter(|b| b.seq >= from).cloned().collect()
+        })))),
+    };
+    let gw = gateway_with_feeds(config(&[&a], "kv"), BTreeMap::from([(0, feed)])).await;
+    let url = gw.url();
+    // Batches 1 and 2 are lost on the way.
+    tx.send(all[0].clone()).await.unwrap();
+    tx.send(all[3].clone()).await.unwrap();
+    assert!(eventually(10, async || index_blocks(&url, 0).await == 4).await);
+    let w = &debug_workers(&url).await["workers"][0]["worker"];
+    assert_eq!(
+        (w["gaps"].as_u64(), w["replayed"].as_u64()),
+        (Some(1), Some(1)),
+        "{w}"
+    );
+    assert_eq!(w["degraded"], false);
+    gw.shutdown().await;
+    a.shutdown().await;
+}

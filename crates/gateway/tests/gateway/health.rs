@@ -1,0 +1,228 @@
+//! Admission, dead workers and metrics.
+
+use crate::support::*;
+use futures_util::StreamExt;
+use kvroute_gateway::WorkerSpec;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shed_mode_answers_503_with_retry_after_and_counts_it() {
+    let a = worker("a").await;
+    let mut cfg = config(&[&a], "kv");
+    cfg.router.admission.mode = kvroute_core::AdmissionMode::Shed;
+    // One request at a time makes the worker busy.
+    cfg.workers[0].max_batch = Some(1);
+    let gw = gateway(&[&a], cfg).await;
+    let url = gw.url();
+    let long = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat(&[("user", "a long answer please")], true, 4000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(long.status(), 200);
+    let mut stream = long.bytes_stream();
+    assert!(stream.next().await.is_some());
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat(&[("user", "me too")], false, 4))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "all_workers_busy");
+    drop(stream);
+    let metrics = scrape(&url).await;
+    assert!(
+        metrics.contains("kvroute_rejected_requests_total{reason=\"all_workers_busy\"} 1"),
+        "{metrics}"
+    );
+    // The dropped stream released the worker: requests go through again.
+    assert!(
+        eventually(10, async || {
+            post(
+                &url,
+                "/v1/chat/completions",
+                &chat(&[("user", "again")], false, 2),
+            )
+            .await
+            .0 == 200
+        })
+        .await
+    );
+    gw.shutdown().await;
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_is_taken_out_and_requests_keep_succeeding() {
+    let (a, b) = (worker("a").await, worker("b").await);
+    let mut cfg = config(&[&a, &b], "round_robin");
+    // Only failed requests take the worker out here, not the health checker.
+    cfg.health.interval_secs = 3600.0;
+    let gw = gateway(&[&a, &b], cfg).await;
+    let url = gw.url();
+    b.shutdown().await;
+    for i in 0..6 {
+        let (status, worker, json) = post(
+            &url,
+            "/v1/chat/completions",
+            &chat(&[("user", &format!("q{i}"))], false, 2),
+        )
+        .await;
+        assert_eq!(status, 200, "{json}");
+        assert_eq!(worker.as_deref(), Some("a"));
+    }
+    let workers = debug_workers(&url).await;
+    assert_eq!(
+        workers["workers"][1]["worker"]["health"], "down",
+        "{workers}"
+    );
+    let metrics = scrape(&url).await;
+    assert!(
+        metrics.contains("kvroute_worker_up{worker=\"b\"} 0"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("kvroute_retries_total 1"), "{metrics}");
+    gw.shutdown().await;
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_worker_left_the_answer_is_503_and_health_says_so() {
+    let a = worker("a").await;
+    let mut cfg = config(&[&a], "kv");
+    cfg.workers.push(WorkerSpec {
+        // A port nothing listens on: bound then released.
+        url: {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", l.local_addr().unwrap())
+        },
+        name: Some("ghost".into()),
+        ..WorkerSpec::default()
+    });
+    let gw = gateway(&[&a], cfg).await;
+    let url = gw.url();
+    assert!(
+        eventually(10, async || debug_workers(&url).await["workers"][1]
+            ["worker"]["health"]
+            == "down")
+        .await
+    );
+    a.shutdown().await;
+    assert!(
+        eventually(10, async || {
+            client()
+                .get(format!("{url}/ready"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                == 503
+        })
+        .await
+    );
+    let (status, _, body) = post(
+        &url,
+        "/v1/chat/completions",
+        &chat(&[("user", "anyone?")], false, 2),
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "no_healthy_workers");
+    let live = client().get(format!("{url}/live")).send().await.unwrap();
+    assert_eq!(live.status(), 200);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scraped_metrics_pass_promtool() {
+    let a = worker("a").await;
+    let gw = gateway(&[&a], config(&[&a], "predictive")).await;
+    let url = gw.url();
+    for stream in [false, true] {
+        let (status, _, _) = post(
+            &url,
+            "/v1/chat/completions",
+            &chat(&[("user", "hi")], stream, 3),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    let _ = post(
+        &url,
+        "/v1/chat/completions",
+        &serde_json::json!({"model": "x"}),
+    )
+    .await;
+    let text = scrape(&url).await;
+    for name in [
+        "kvroute_requests_total",
+        "kvroute_inflight_requests",
+        "kvroute_queued_requests",
+        "kvroute_input_tokens_bucket",
+        "kvroute_cached_tokens_bucket",
+        "kvroute_output_tokens_bucket",
+        "kvroute_output_tokens_total",
+        "kvroute_request_duration_seconds_bucket",
+        "kvroute_time_to_first_token_seconds_bucket",
+        "kvroute_inter_token_latency_seconds_bucket",
+        "kvroute_worker_inflight_requests",
+        "kvroute_worker_outstanding_prefill_tokens",
+        "kvroute_routing_decisions_total",
+        "kvroute_routing_duration_seconds_bucket",
+        "kvroute_kv_events_total",
+        "kvroute_index_blocks",
+        "kvroute_predicted_cached_tokens_bucket",
+    ] {
+        assert!(text.contains(name), "{name} missing:\n{text}");
+    }
+    assert!(
+        text.contains("kvroute_requests_total{model=\"kvroute-sim\",status=\"200\"} 2"),
+        "{text}"
+    );
+    match std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(mut child) => {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "promtool: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        // CI installs promtool and sets this, so the check cannot be skipped there.
+        Err(e) if std::env::var_os("KVROUTE_REQUIRE_PROMTOOL").is_none() => {
+            eprintln!("promtool not found ({e}); skipping its check");
+        }
+        Err(e) => panic!("promtool is required: {e}"),
+    }
+    gw.shutdown().await;
+    a.shutdown().await;
+}
+
+/// The gateway's `/metrics` text.
+pub async fn scrape(url: &str) -> String {
+    client()
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}

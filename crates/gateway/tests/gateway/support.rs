@@ -1,0 +1,162 @@
+//! Starting workers and gateways on 127.0.0.1 with ephemeral ports, and small HTTP helpers.
+
+use kvroute_gateway::{EventFeed, GatewayConfig, GatewayHandle, Replay, WorkerSpec};
+use kvroute_preprocess::Preprocessor;
+use kvroute_protocol::vllm_events::EventBatch;
+use kvroute_worker::{WorkerConfig, WorkerHandle};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const MODEL: &str = "kvroute-sim";
+
+/// A simulated worker, fast (the `tiny-fast` profile at 20x real time).
+pub async fn worker(name: &str) -> WorkerHandle {
+    worker_with(name, |_| {}).await
+}
+
+pub async fn worker_with(name: &str, tweak: impl FnOnce(&mut WorkerConfig)) -> WorkerHandle {
+    let mut cfg = WorkerConfig {
+        model: MODEL.into(),
+        profile: "tiny-fast".into(),
+        speedup: 20.0,
+        worker_name: name.into(),
+        ..WorkerConfig::default()
+    };
+    tweak(&mut cfg);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    kvroute_worker::spawn(cfg, Preprocessor::builtin(), listener, None)
+        .await
+        .unwrap()
+}
+
+/// Replays from a worker's in-process buffer.
+pub struct BufferReplay(pub Arc<dyn Fn(u64) -> Vec<Arc<EventBatch>> + Send + Sync>);
+
+impl Replay for BufferReplay {
+    fn replay_from(
+        &self,
+        from: u64,
+    ) -> futures_util::future::BoxFuture<'_, Result<Vec<Arc<EventBatch>>, String>> {
+        let got = (self.0)(from);
+        Box::pin(async move { Ok(got) })
+    }
+}
+
+/// A gateway config for `workers` with the builtin tokenizer and block size 16.
+pub fn config(workers: &[&WorkerHandle], policy: &str) -> GatewayConfig {
+    let mut c = GatewayConfig {
+        port: 0,
+        models: vec![MODEL.into()],
+        tokenizer: Some("builtin".into()),
+        workers: workers
+            .iter()
+            .map(|w| WorkerSpec {
+                url: w.url(),
+                name: Some(w.name().to_string()),
+                ..WorkerSpec::default()
+            })
+            .collect(),
+        ..GatewayConfig::default()
+    };
+    c.router.block_size = 16;
+    c.router.policy.kind = policy.parse().unwrap();
+    c.health.interval_secs = 0.2;
+    c.health.timeout_secs = 1.0;
+    c
+}
+
+/// Starts a gateway whose workers' events come over in-process channels.
+pub async fn gateway(workers: &[&WorkerHandle], config: GatewayConfig) -> GatewayHandle {
+    let feeds: BTreeMap<usize, EventFeed> = workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (i, EventFeed::from_broadcast(w.subscribe(), None)))
+        .collect();
+    gateway_with_feeds(config, feeds).await
+}
+
+pub async fn gateway_with_feeds(
+    config: GatewayConfig,
+    feeds: BTreeMap<usize, EventFeed>,
+) -> GatewayHandle {
+    let pre = kvroute_gateway::load_preprocessor(&config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    kvroute_gateway::spawn(config, pre, listener, feeds)
+        .await
+        .unwrap()
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// A chat request body.
+pub fn chat(messages: &[(&str, &str)], stream: bool, max_tokens: u32) -> serde_json::Value {
+    let messages: Vec<_> = messages
+        .iter()
+        .map(|(r, c)| serde_json::json!({"role": r, "content": c}))
+        .collect();
+    serde_json::json!({
+        "model": MODEL,
+        "messages": messages,
+        "stream": stream,
+        "max_tokens": max_tokens,
+        "stream_options": if stream { serde_json::json!({"include_usage": true}) } else { serde_json::Value::Null },
+    })
+}
+
+/// POSTs `body` to the gateway's `path`; returns status, the worker header and the JSON.
+pub async fn post(
+    url: &str,
+    path: &str,
+    body: &serde_json::Value,
+) -> (u16, Option<String>, serde_json::Value) {
+    let r = client()
+        .post(format!("{url}{path}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let worker = r
+        .headers()
+        .get("x-kvroute-worker")
+        .map(|v| v.to_str().unwrap().to_string());
+    let json = r.json().await.unwrap_or(serde_json::Value::Null);
+    (status, worker, json)
+}
+
+/// Polls `f` every 20 ms until it is true, for at most `secs` seconds.
+pub async fn eventually(secs: u64, mut f: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while tokio::time::Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// The gateway's `/debug/workers` answer.
+pub async fn debug_workers(url: &str) -> serde_json::Value {
+    client()
+        .get(format!("{url}/debug/workers"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Index blocks of the `i`-th worker as the gateway shows them.
+pub async fn index_blocks(url: &str, i: usize) -> u64 {
+    debug_workers(url).await["workers"][i]["index_blocks"]
+        .as_u64()
+        .unwrap()
+}

@@ -1,0 +1,349 @@
+//! Prompt preprocessing for kvroute: chat template rendering and
+//! tokenization.
+//!
+//! The gateway (to route on KV block hashes) and the workers (to fill their
+//! KV caches) must turn the same OpenAI request into exactly the same token
+//! ids. Both use a [`Preprocessor`]:
+//!
+//! - [`Preprocessor::from_dir`] loads a Hugging Face tokenizer directory
+//!   (`tokenizer.json` + `tokenizer_config.json`), as the real engine would;
+//! - [`Preprocessor::builtin`] is a small byte-level BPE shipped with the
+//!   project (trained on its own docs by `examples/make_tokenizer.rs`) with a
+//!   ChatML template;
+//! - [`Preprocessor::approximate`] needs no tokenizer at all: a fixed simple
+//!   template and 4-byte pseudo tokens.
+//!
+//! Everything is deterministic: no clock, environment or randomness is used
+//! (`strftime_now` in templates formats the fixed [`FIXED_DATE`]).
+
+mod approx;
+mod config;
+mod error;
+mod jinja;
+mod template;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock};
+
+use serde_json::Value as Json;
+use tokenizers::Tokenizer;
+
+pub use approx::BYTES_PER_PSEUDO_TOKEN;
+pub use error::PreprocessError;
+pub use jinja::FIXED_DATE;
+
+use template::ChatTemplate;
+
+/// Default cap on the size of the text given to [`Preprocessor::encode`]:
+/// 8 MiB.
+pub const DEFAULT_MAX_INPUT_BYTES: usize = 8 * 1024 * 1024;
+
+/// The shipped tokenizer's `tokenizer.json`.
+const BUILTIN_TOKENIZER: &[u8] = include_bytes!("../assets/tokenizer/tokenizer.json");
+/// The shipped tokenizer's `tokenizer_config.json`.
+const BUILTIN_CONFIG: &[u8] = include_bytes!("../assets/tokenizer/tokenizer_config.json");
+
+/// The builtin tokenizer, parsed once per process.
+static BUILTIN: LazyLock<Arc<Inner>> = LazyLock::new(|| {
+    let tokenizer = config::load_tokenizer(BUILTIN_TOKENIZER, "builtin tokenizer.json")
+        .expect("the embedded tokenizer.json is valid (covered by tests)");
+    let chat = config::parse_tokenizer_config(BUILTIN_CONFIG, "builtin tokenizer_config.json")
+        .expect("the embedded tokenizer_config.json is valid (covered by tests)");
+    let state = TokenizerState::new(tokenizer, chat, Source::Builtin, "builtin")
+        .expect("the embedded chat template compiles (covered by tests)");
+    Arc::new(Inner::Tokenizer(Box::new(state)))
+});
+
+/// Turns chat messages into a prompt and prompts into token ids.
+///
+/// Cheap to clone (the tokenizer and the compiled template are shared behind
+/// an `Arc`), `Send + Sync`; all methods take `&self`.
+#[derive(Clone)]
+pub struct Preprocessor {
+    inner: Arc<Inner>,
+    max_input_bytes: usize,
+}
+
+/// The shared part of a [`Preprocessor`].
+enum Inner {
+    /// A real tokenizer (boxed: it is much larger than the other variant).
+    Tokenizer(Box<TokenizerState>),
+    /// No tokenizer: fixed template, 4-byte pseudo tokens.
+    Approximate,
+}
+
+/// Where a tokenizer came from, for [`Preprocessor::describe`].
+enum Source {
+    Builtin,
+    Dir(PathBuf),
+}
+
+/// A loaded tokenizer and its chat template.
+struct TokenizerState {
+    tokenizer: Tokenizer,
+    /// The compiled template, or why there is none.
+    chat: Result<ChatTemplate, String>,
+    eos_token: Option<String>,
+    source: Source,
+}
+
+impl TokenizerState {
+    fn new(
+        tokenizer: Tokenizer,
+        chat: config::ChatConfig,
+        source: Source,
+        origin: &str,
+    ) -> Result<Self, PreprocessError> {
+        let eos_token = chat.eos_token.clone();
+        let chat = match chat.template {
+            Ok(template) => Ok(ChatTemplate::new(
+                template,
+                chat.bos_token,
+                chat.eos_token,
+                origin,
+            )?),
+            Err(missing) => Err(missing),
+        };
+        Ok(Self {
+            tokenizer,
+            chat,
+            eos_token,
+            source,
+        })
+    }
+}
+
+impl Preprocessor {
+    fn with_inner(inner: Arc<Inner>) -> Self {
+        Self {
+            inner,
+            max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
+        }
+    }
+
+    /// Loads a Hugging Face tokenizer directory: `dir/tokenizer.json` and
+    /// `dir/tokenizer_config.json`.
+    ///
+    /// The config's `chat_template` is a string or a list of
+    /// `{name, template}` objects (the one named `"default"` is used); when
+    /// absent, `dir/chat_template.jinja` or `dir/chat_template.json` is used
+    /// if present. Without any template, loading succeeds, encoding works,
+    /// and [`render_chat`](Self::render_chat) returns a
+    /// [`PreprocessError::Config`] saying so. `bos_token` / `eos_token` are
+    /// strings or objects with a `"content"` string. Truncation and padding
+    /// configured in `tokenizer.json` are disabled.
+    ///
+    /// Errors name the offending file: [`PreprocessError::Io`] for missing
+    /// or unreadable files, [`PreprocessError::TokenizerFile`] for an invalid
+    /// `tokenizer.json`, [`PreprocessError::Config`] for an invalid config or
+    /// a template that does not compile.
+    pub fn from_dir(dir: &Path) -> Result<Self, PreprocessError> {
+        let tokenizer_path = dir.join("tokenizer.json");
+        let config_path = dir.join("tokenizer_config.json");
+        let tokenizer_bytes = config::read(&tokenizer_path)?;
+        let config_bytes = config::read(&config_path)?;
+        let tokenizer =
+            config::load_tokenizer(&tokenizer_bytes, &tokenizer_path.display().to_string())?;
+        let config_origin = config_path.display().to_string();
+        let mut chat = config::parse_tokenizer_config(&config_bytes, &config_origin)?;
+        if let Err(missing) = &chat.template {
+            chat.template = config::fallback_template(dir, missing.clone())?;
+        }
+        let state = TokenizerState::new(
+            tokenizer,
+            chat,
+            Source::Dir(dir.to_path_buf()),
+            &config_origin,
+        )?;
+        Ok(Self::with_inner(Arc::new(Inner::Tokenizer(Box::new(
+            state,
+        )))))
+    }
+
+    /// The small tokenizer shipped with the project (byte-level BPE, 2,048
+    /// tokens, special tokens `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`,
+    /// ChatML template). Parsed once per process; later calls are cheap.
+    pub fn builtin() -> Self {
+        Self::with_inner(Arc::clone(&BUILTIN))
+    }
+
+    /// Approximate mode, without a tokenizer.
+    ///
+    /// [`render_chat`](Self::render_chat) uses a fixed simple template:
+    /// `"<|role|>\ncontent\n"` per message, then `"<|assistant|>\n"` when
+    /// `add_generation_prompt`. [`encode`](Self::encode) turns the UTF-8
+    /// bytes into pseudo token ids, [`BYTES_PER_PSEUDO_TOKEN`] bytes per id
+    /// read as a little-endian `u32`, the last one zero-padded ("abcde" ->
+    /// `[0x6463_6261, 0x65]`). [`decode`](Self::decode) is not supported.
+    pub fn approximate() -> Self {
+        Self::with_inner(Arc::new(Inner::Approximate))
+    }
+
+    /// Sets the cap on the text given to [`encode`](Self::encode), in bytes
+    /// (default [`DEFAULT_MAX_INPUT_BYTES`]).
+    pub fn with_max_input_bytes(mut self, max_bytes: usize) -> Self {
+        self.max_input_bytes = max_bytes;
+        self
+    }
+
+    /// The cap on the text given to [`encode`](Self::encode), in bytes.
+    pub fn max_input_bytes(&self) -> usize {
+        self.max_input_bytes
+    }
+
+    /// True in approximate mode.
+    pub fn is_approximate(&self) -> bool {
+        matches!(*self.inner, Inner::Approximate)
+    }
+
+    /// A short description for logs and health endpoints, e.g. `"tokenizer at
+    /// /models/x (vocab 151665)"`, `"builtin tokenizer (vocab 2048)"` or
+    /// `"approximate (4 bytes per pseudo token)"`. `", no chat template"` is
+    /// appended when the tokenizer has none.
+    pub fn describe(&self) -> String {
+        match &*self.inner {
+            Inner::Approximate => {
+                format!("approximate ({BYTES_PER_PSEUDO_TOKEN} bytes per pseudo token)")
+            }
+            Inner::Tokenizer(state) => {
+                let vocab = state.tokenizer.get_vocab_size(true);
+                let what = match &state.source {
+                    Source::Builtin => "builtin tokenizer".to_owned(),
+                    Source::Dir(dir) => format!("tokenizer at {}", dir.display()),
+                };
+                let no_template = if state.chat.is_err() {
+                    ", no chat template"
+                } else {
+                    ""
+                };
+                format!("{what} (vocab {vocab}){no_template}")
+            }
+        }
+    }
+
+    /// Renders the chat template for an OpenAI chat request.
+    ///
+    /// `messages` are the elements of the request's `messages` array as
+    /// given: objects with a string `role` and `content` (a string, null, or
+    /// a list of parts; a list made only of `{"type": "text", "text": ...}`
+    /// parts is passed to the template as one string, the texts joined with
+    /// `"\n"`), plus any other fields (`name`, `tool_calls`, ...), which the
+    /// template sees unchanged.
+    ///
+    /// The template also sees `add_generation_prompt`, `bos_token` and
+    /// `eos_token` (when configured), `tools` and `documents` (none), and the
+    /// functions `raise_exception(msg)` and `strftime_now(format)`.
+    ///
+    /// Errors: [`PreprocessError::Invalid`] when `messages` is empty or a
+    /// message is not an object with a string `role`;
+    /// [`PreprocessError::Template`] when rendering fails (including
+    /// `raise_exception` messages); [`PreprocessError::Config`] when the
+    /// tokenizer has no chat template.
+    pub fn render_chat(
+        &self,
+        messages: &[Json],
+        add_generation_prompt: bool,
+    ) -> Result<String, PreprocessError> {
+        self.render_chat_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// Like [`render_chat`](Self::render_chat), with the request's `tools`
+    /// (the elements of its `tools` array) available to the template as
+    /// `tools`. `None` renders exactly like `render_chat`.
+    pub fn render_chat_with_tools(
+        &self,
+        messages: &[Json],
+        tools: Option<&[Json]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, PreprocessError> {
+        let messages = template::normalize_messages(messages)?;
+        match &*self.inner {
+            Inner::Approximate => Ok(approx::render(&messages, tools, add_generation_prompt)),
+            Inner::Tokenizer(state) => match &state.chat {
+                Ok(chat) => chat.render(&messages, tools, add_generation_prompt),
+                Err(missing) => Err(PreprocessError::Config(format!(
+                    "cannot render chat messages: {missing}"
+                ))),
+            },
+        }
+    }
+
+    /// The token ids of `text`, without adding special tokens (a rendered
+    /// chat template already contains them; special-token text such as
+    /// `<|im_start|>` in `text` still becomes its single special id).
+    /// Deterministic.
+    ///
+    /// Returns [`PreprocessError::TooLong`] without tokenizing when `text` is
+    /// longer than [`max_input_bytes`](Self::max_input_bytes).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, PreprocessError> {
+        if text.len() > self.max_input_bytes {
+            return Err(PreprocessError::TooLong {
+                limit: self.max_input_bytes,
+                got: text.len(),
+            });
+        }
+        match &*self.inner {
+            Inner::Approximate => Ok(approx::encode(text)),
+            Inner::Tokenizer(state) => state
+                .tokenizer
+                .encode_fast(text, false)
+                .map(|encoding| encoding.get_ids().to_vec())
+                .map_err(|e| PreprocessError::Encode(e.to_string())),
+        }
+    }
+
+    /// The text of `ids`, special tokens included. Ids outside the
+    /// vocabulary are skipped. [`PreprocessError::NotSupported`] in
+    /// approximate mode.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, PreprocessError> {
+        match &*self.inner {
+            Inner::Approximate => Err(PreprocessError::NotSupported(
+                "decoding in approximate mode (pseudo tokens are not real tokens)",
+            )),
+            Inner::Tokenizer(state) => state
+                .tokenizer
+                .decode(ids, false)
+                .map_err(|e| PreprocessError::Decode(e.to_string())),
+        }
+    }
+
+    /// The vocabulary size, added tokens included (0 in approximate mode).
+    pub fn vocab_size(&self) -> usize {
+        match &*self.inner {
+            Inner::Approximate => 0,
+            Inner::Tokenizer(state) => state.tokenizer.get_vocab_size(true),
+        }
+    }
+
+    /// The configured `eos_token` text, if any (none in approximate mode).
+    pub fn eos_token(&self) -> Option<&str> {
+        match &*self.inner {
+            Inner::Approximate => None,
+            Inner::Tokenizer(state) => state.eos_token.as_deref(),
+        }
+    }
+
+    /// The id of the configured `eos_token`, if it is in the vocabulary.
+    pub fn eos_token_id(&self) -> Option<u32> {
+        match &*self.inner {
+            Inner::Approximate => None,
+            Inner::Tokenizer(state) => state
+                .eos_token
+                .as_deref()
+                .and_then(|eos| state.tokenizer.token_to_id(eos)),
+        }
+    }
+}
+
+impl fmt::Debug for Preprocessor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Preprocessor")
+            .field("kind", &self.describe())
+            .field("max_input_bytes", &self.max_input_bytes)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;

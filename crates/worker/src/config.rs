@@ -1,0 +1,173 @@
+//! The worker's settings ([`WorkerConfig`]) and the engine settings derived from them.
+
+use crate::WorkerError;
+use kvroute_engine::{EngineConfig, Profile};
+use serde::{Deserialize, Serialize};
+
+/// Settings of a simulated worker. Every field has a default, so a TOML or JSON document
+/// needs only the ones it changes; unknown fields are refused.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// The served model name (`model` of requests, `GET /v1/models`).
+    pub model: String,
+    /// The engine profile (a name from `kvroute_engine`'s `data/profiles.toml`).
+    pub profile: String,
+    /// KV block size in tokens, instead of the profile's (same KV memory).
+    pub block_size: Option<usize>,
+    /// Virtual seconds per real second: 2.0 runs the engine twice as fast as the profile
+    /// says. Positive and finite.
+    pub speedup: f64,
+    /// Most sequences per step, instead of the profile's.
+    pub max_num_seqs: Option<usize>,
+    /// Most tokens per step, instead of the profile's.
+    pub max_num_batched_tokens: Option<usize>,
+    /// KV blocks, instead of what the profile's memory gives.
+    pub num_gpu_blocks: Option<usize>,
+    /// Most requests waiting in the engine, instead of the engine's default (100,000);
+    /// beyond it requests get 503 with `Retry-After`.
+    pub max_waiting: Option<usize>,
+    /// Tokens generated when a request gives no `max_tokens`.
+    pub default_max_tokens: u32,
+    /// Largest request body, bytes (413 beyond).
+    pub max_body_bytes: usize,
+    /// Largest prompt, tokens (413 beyond).
+    pub max_prompt_tokens: usize,
+    /// The ZMQ topic of KV event messages.
+    pub topic: String,
+    /// Event batches kept for replay.
+    pub replay_buffer: usize,
+    /// The worker's name in logs.
+    pub worker_name: String,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            model: "kvroute-sim".into(),
+            profile: "tiny-fast".into(),
+            block_size: None,
+            speedup: 1.0,
+            max_num_seqs: None,
+            max_num_batched_tokens: None,
+            num_gpu_blocks: None,
+            max_waiting: None,
+            default_max_tokens: 64,
+            max_body_bytes: 4 << 20,
+            max_prompt_tokens: 131_072,
+            topic: "kv-events".into(),
+            replay_buffer: 10_000,
+            worker_name: "worker".into(),
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// Checks the settings, the profile and the engine settings they give.
+    pub fn validate(&self) -> Result<(), WorkerError> {
+        self.engine_config().map(|_| ())
+    }
+
+    /// The engine settings: the profile's, with this config's overrides, KV events carrying
+    /// token ids (as engines publish them). Checked.
+    pub fn engine_config(&self) -> Result<EngineConfig, WorkerError> {
+        let bad = |m: &str| Err(WorkerError::Config(m.to_string()));
+        if self.model.is_empty() {
+            return bad("model must not be empty");
+        }
+        if !(self.speedup.is_finite() && self.speedup > 0.0) {
+            return bad("speedup must be positive and finite");
+        }
+        if self.default_max_tokens == 0 {
+            return bad("default_max_tokens must be at least 1");
+        }
+        if self.max_body_bytes == 0 || self.max_prompt_tokens == 0 {
+            return bad("max_body_bytes and max_prompt_tokens must be at least 1");
+        }
+        let overrides = [
+            ("block_size", self.block_size),
+            ("max_num_seqs", self.max_num_seqs),
+            ("max_num_batched_tokens", self.max_num_batched_tokens),
+            ("num_gpu_blocks", self.num_gpu_blocks),
+            ("max_waiting", self.max_waiting),
+        ];
+        if let Some((name, _)) = overrides.iter().find(|(_, v)| *v == Some(0)) {
+            return Err(WorkerError::Config(format!("{name} must be at least 1")));
+        }
+        let profile = Profile::builtin(&self.profile)?;
+        let block_size = self.block_size.unwrap_or(profile.block_size);
+        let mut cfg = EngineConfig::from_profile_with_block_size(&profile, block_size);
+        if let Some(n) = self.max_num_seqs {
+            cfg.max_num_seqs = n;
+        }
+        if let Some(n) = self.max_num_batched_tokens {
+            cfg.max_num_batched_tokens = n;
+        }
+        if let Some(n) = self.num_gpu_blocks {
+            cfg.num_gpu_blocks = n;
+        }
+        if let Some(n) = self.max_waiting {
+            cfg.max_waiting = n;
+        }
+        cfg.kv_events_with_tokens = true;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_build_the_tiny_fast_engine() {
+        let c = WorkerConfig::default();
+        let e = c.engine_config().unwrap();
+        assert_eq!((e.block_size, e.num_gpu_blocks), (16, 8192));
+        assert!(e.kv_events_with_tokens);
+    }
+
+    #[test]
+    fn overrides_apply_and_bad_values_are_refused() {
+        let c = WorkerConfig {
+            profile: "tiny".into(),
+            block_size: Some(8),
+            max_num_seqs: Some(3),
+            num_gpu_blocks: Some(10),
+            ..WorkerConfig::default()
+        };
+        let e = c.engine_config().unwrap();
+        assert_eq!((e.block_size, e.max_num_seqs, e.num_gpu_blocks), (8, 3, 10));
+        for bad in [
+            WorkerConfig {
+                speedup: 0.0,
+                ..WorkerConfig::default()
+            },
+            WorkerConfig {
+                speedup: f64::INFINITY,
+                ..WorkerConfig::default()
+            },
+            WorkerConfig {
+                profile: "nope".into(),
+                ..WorkerConfig::default()
+            },
+            WorkerConfig {
+                block_size: Some(0),
+                ..WorkerConfig::default()
+            },
+            WorkerConfig {
+                default_max_tokens: 0,
+                ..WorkerConfig::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_and_missing_ones_default() {
+        let c: WorkerConfig = serde_json::from_str(r#"{"speedup": 4.0}"#).unwrap();
+        assert_eq!((c.speedup, c.model.as_str()), (4.0, "kvroute-sim"));
+        assert!(serde_json::from_str::<WorkerConfig>(r#"{"speed": 4.0}"#).is_err());
+    }
+}

@@ -1,0 +1,148 @@
+//! The KV event hub: numbers each engine step's events as one batch (consecutive sequence
+//! numbers from 0 per engine incarnation), keeps the last batches for replay and hands them
+//! to in-process subscribers (a broadcast channel; the ZMQ publisher is one of them).
+
+use kvroute_core::KvEvent;
+use kvroute_protocol::vllm_events::{Event, EventBatch};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::broadcast;
+
+/// Batches a broadcast subscriber may fall behind by before it misses some (it is told so
+/// by `RecvError::Lagged` and can catch up with a replay).
+pub(crate) const BROADCAST_CAPACITY: usize = 16_384;
+
+/// The data-parallel rank stamped on batches (a worker is one rank, like vLLM's rank 0).
+const DP_RANK: i64 = 0;
+
+/// See the module documentation. Only the engine driver publishes; anyone may read.
+pub(crate) struct EventHub {
+    state: Mutex<State>,
+    tx: broadcast::Sender<Arc<EventBatch>>,
+}
+
+struct State {
+    next_seq: u64,
+    buffer: VecDeque<Arc<EventBatch>>,
+    capacity: usize,
+}
+
+impl EventHub {
+    /// A hub keeping the last `replay` batches.
+    pub(crate) fn new(replay: usize) -> Self {
+        let (tx, _) = broadcast::channel(BROADCAST_CAPACITY);
+        Self {
+            state: Mutex::new(State {
+                next_seq: 0,
+                buffer: VecDeque::with_capacity(replay.min(1024)),
+                capacity: replay,
+            }),
+            tx,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent whatever panicked while holding the lock.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes the events of one engine step at virtual time `ts` (seconds) as the next
+    /// batch; nothing when there are none. Returns the batch.
+    pub(crate) fn publish(&self, ts: f64, events: &[KvEvent]) -> Option<Arc<EventBatch>> {
+        let events: Vec<Event> = events.iter().filter_map(Event::from_kv_event).collect();
+        if events.is_empty() {
+            return None;
+        }
+        let mut st = self.state();
+        let batch = Arc::new(EventBatch {
+            seq: st.next_seq,
+            ts,
+            events,
+            dp_rank: Some(DP_RANK),
+        });
+        st.next_seq += 1;
+        if st.capacity > 0 {
+            if st.buffer.len() == st.capacity {
+                st.buffer.pop_front();
+            }
+            st.buffer.push_back(batch.clone());
+        }
+        // Sent under the lock, so subscribers see batches in sequence order. No subscriber
+        // is not an error.
+        let _ = self.tx.send(batch.clone());
+        Some(batch)
+    }
+
+    /// A new incarnation of the engine: the sequence restarts at 0 and the replay buffer is
+    /// emptied.
+    pub(crate) fn restart(&self) {
+        let mut st = self.state();
+        st.next_seq = 0;
+        st.buffer.clear();
+    }
+
+    /// The buffered batches with a sequence number of `seq` or more, in order.
+    pub(crate) fn replay_from(&self, seq: u64) -> Vec<Arc<EventBatch>> {
+        let st = self.state();
+        let first = st.buffer.partition_point(|b| b.seq < seq);
+        st.buffer.range(first..).cloned().collect()
+    }
+
+    /// A receiver of the batches published from now on.
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<EventBatch>> {
+        self.tx.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvroute_core::{EngineHash, Namespace, StoredBlocks};
+
+    fn stored(h: u64) -> KvEvent {
+        KvEvent::Stored(StoredBlocks {
+            parent: None,
+            block_hashes: vec![EngineHash(h)],
+            token_ids: vec![1, 2],
+            block_size: 2,
+            namespace: Namespace::default(),
+        })
+    }
+
+    #[test]
+    fn batches_are_numbered_buffered_and_broadcast() {
+        let hub = EventHub::new(3);
+        let mut rx = hub.subscribe();
+        assert!(
+            hub.publish(0.5, &[]).is_none(),
+            "empty steps publish nothing"
+        );
+        for h in 0..5 {
+            hub.publish(h as f64, &[stored(h)]).unwrap();
+        }
+        for want in 0..5 {
+            let b = rx.try_recv().unwrap();
+            assert_eq!((b.seq, b.dp_rank), (want, Some(0)));
+        }
+        let seqs = |v: Vec<Arc<EventBatch>>| v.iter().map(|b| b.seq).collect::<Vec<_>>();
+        assert_eq!(
+            seqs(hub.replay_from(0)),
+            vec![2, 3, 4],
+            "only the last 3 kept"
+        );
+        assert_eq!(seqs(hub.replay_from(3)), vec![3, 4]);
+        assert_eq!(seqs(hub.replay_from(9)), Vec::<u64>::new());
+        hub.restart();
+        assert!(hub.replay_from(0).is_empty());
+        let b = hub.publish(9.0, &[KvEvent::Cleared]).unwrap();
+        assert_eq!((b.seq, &b.events[..]), (0, &[Event::Cleared][..]));
+        assert_eq!(seqs(hub.replay_from(0)), vec![0]);
+    }
+
+    #[test]
+    fn a_zero_replay_buffer_keeps_nothing() {
+        let hub = EventHub::new(0);
+        hub.publish(1.0, &[stored(1)]).unwrap();
+        assert!(hub.replay_from(0).is_empty());
+    }
+}

@@ -1,0 +1,280 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`: read and check the request,
+//! turn the prompt into token ids (chat template, tokenizer, or the ids given), submit it to
+//! the engine driver, and answer with one JSON body or a stream ([`crate::stream`]).
+
+use crate::driver::{Command, Reply};
+use crate::http::{driver_gone, error_response, json_response, read_body, AppState, RequestTag};
+use crate::stream::{sse_response, StreamCtx};
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::Extension;
+use kvroute_core::{Namespace, RequestId};
+use kvroute_engine::{EngineError, EngineRequest, Finished};
+use kvroute_preprocess::PreprocessError;
+use kvroute_protocol::openai::{
+    parse_request, ApiError, ChatChoice, ChatCompletion, ChatMessageOut, Completion,
+    CompletionChoice, Endpoint, ErrorKind, PromptInput, Usage,
+};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+/// `POST /v1/chat/completions`.
+pub(crate) async fn chat(
+    State(s): State<AppState>,
+    Extension(tag): Extension<RequestTag>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    generate(s, Endpoint::Chat, tag, headers, body)
+        .await
+        .unwrap_or_else(|e| error_response(&e))
+}
+
+/// `POST /v1/completions`.
+pub(crate) async fn completions(
+    State(s): State<AppState>,
+    Extension(tag): Extension<RequestTag>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    generate(s, Endpoint::Completions, tag, headers, body)
+        .await
+        .unwrap_or_else(|e| error_response(&e))
+}
+
+/// Sends `Abort` for its request when dropped armed: the handler or the stream holding it
+/// went away before the request completed (client gone).
+pub(crate) struct AbortGuard {
+    id: RequestId,
+    commands: mpsc::Sender<Command>,
+    armed: bool,
+}
+
+impl AbortGuard {
+    /// The request completed: nothing to abort.
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            // When the command queue is full, the driver still notices at the request's next
+            // token (its channel is closed).
+            let _ = self.commands.try_send(Command::Abort { id: self.id });
+        }
+    }
+}
+
+async fn generate(
+    s: AppState,
+    endpoint: Endpoint,
+    tag: RequestTag,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = read_body(&headers, body, s.cfg.max_body_bytes).await?;
+    let (obj, view) = parse_request(endpoint, &bytes, s.cfg.max_prompt_tokens)?;
+    if view.model != s.cfg.model {
+        return Err(ApiError::model_not_found(&view.model));
+    }
+    match obj.get("n") {
+        None | Some(Value::Null) => {}
+        Some(n) if n.as_u64() == Some(1) => {}
+        Some(_) => return Err(ApiError::invalid_param("n", "only `n` = 1 is supported")),
+    }
+    let tokens = prompt_tokens(&s, view.input).await?;
+    if tokens.len() > s.cfg.max_prompt_tokens {
+        return Err(ApiError::new(
+            ErrorKind::TooLarge,
+            format!(
+                "the prompt has {} tokens, more than the limit of {}",
+                tokens.len(),
+                s.cfg.max_prompt_tokens
+            ),
+        )
+        .with_param(match endpoint {
+            Endpoint::Chat => "messages",
+            Endpoint::Completions => "prompt",
+        })
+        .with_code("context_length_exceeded"));
+    }
+    let max_tokens = view.max_tokens.unwrap_or(s.cfg.default_max_tokens);
+    let (id, hex) = s.ids.next();
+    let request = EngineRequest {
+        id,
+        prompt: kvroute_engine::EnginePrompt::Tokens(tokens),
+        max_tokens,
+        namespace: Namespace::new(None, view.cache_salt.as_deref()),
+    };
+    let (rx, guard) = submit(&s, request, view.stream).await?;
+    let public_id = match endpoint {
+        Endpoint::Chat => format!("chatcmpl-{hex}"),
+        Endpoint::Completions => format!("cmpl-{hex}"),
+    };
+    tracing::debug!(
+        worker = %s.cfg.worker_name,
+        request = %id,
+        id = %public_id,
+        x_request_id = ?tag.0,
+        endpoint = endpoint.label(),
+        stream = view.stream,
+        max_tokens,
+        "accepted"
+    );
+    let ctx = StreamCtx {
+        id: public_id,
+        created: crate::http::unix_now(),
+        model: s.cfg.model.clone(),
+        endpoint,
+        include_usage: view.include_usage,
+        max_tokens,
+        text: s.text.clone(),
+    };
+    if view.stream {
+        return Ok(sse_response(ctx, rx, guard));
+    }
+    collect(ctx, rx, guard).await
+}
+
+/// The prompt's token ids: the chat template rendered then encoded, the text encoded, or
+/// the ids given. Rendering and tokenizing run off the async runtime.
+async fn prompt_tokens(s: &AppState, input: PromptInput) -> Result<Vec<u32>, ApiError> {
+    let pre = s.pre.clone();
+    let job = move || match input {
+        PromptInput::Tokens(t) => Ok(t),
+        PromptInput::Text(text) => pre.encode(&text),
+        PromptInput::Messages(messages) => {
+            let text = pre.render_chat(&messages, true)?;
+            pre.encode(&text)
+        }
+    };
+    tokio::task::spawn_blocking(job)
+        .await
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("tokenizer task failed: {e}")))?
+        .map_err(|e| preprocess_error(&e))
+}
+
+/// The answer to a preprocessing error: 413 for input over the tokenizer's limit, 400 for
+/// what the request or the template got wrong, 500 for the rest (a broken tokenizer).
+fn preprocess_error(e: &PreprocessError) -> ApiError {
+    match e {
+        PreprocessError::TooLong { .. } => {
+            ApiError::new(ErrorKind::TooLarge, e.to_string()).with_code("context_length_exceeded")
+        }
+        PreprocessError::Invalid(_) | PreprocessError::Template(_) | PreprocessError::Config(_) => {
+            ApiError::invalid(e.to_string())
+        }
+        _ => ApiError::new(ErrorKind::Internal, e.to_string()),
+    }
+}
+
+/// The answer to an engine refusal: 503 (with `Retry-After`) when the queue is full, 400
+/// otherwise (`context_length_exceeded` when prompt plus `max_tokens` exceed the KV cache).
+fn engine_error(e: &EngineError) -> ApiError {
+    match e {
+        EngineError::QueueFull(_) => ApiError::unavailable("queue_full", e.to_string(), 1),
+        EngineError::TooLong { .. } => {
+            ApiError::invalid(e.to_string()).with_code("context_length_exceeded")
+        }
+        _ => ApiError::invalid(e.to_string()),
+    }
+}
+
+/// Submits a request and waits for the engine to accept it.
+async fn submit(
+    s: &AppState,
+    request: EngineRequest,
+    stream: bool,
+) -> Result<(mpsc::UnboundedReceiver<Reply>, AbortGuard), ApiError> {
+    let (reply, mut rx) = mpsc::unbounded_channel();
+    let id = request.id;
+    let cmd = Command::Submit {
+        request,
+        reply,
+        stream,
+    };
+    s.commands.send(cmd).await.map_err(|_| driver_gone())?;
+    // Armed from here: if this handler is dropped while waiting, the request is aborted.
+    let guard = AbortGuard {
+        id,
+        commands: s.commands.clone(),
+        armed: true,
+    };
+    match rx.recv().await {
+        Some(Reply::Accepted) => Ok((rx, guard)),
+        Some(Reply::Rejected(e)) => {
+            let mut guard = guard;
+            guard.disarm();
+            Err(engine_error(&e))
+        }
+        Some(_) | None => Err(driver_gone()),
+    }
+}
+
+/// Waits for the completion and answers with one JSON body.
+async fn collect(
+    ctx: StreamCtx,
+    mut rx: mpsc::UnboundedReceiver<Reply>,
+    mut guard: AbortGuard,
+) -> Result<Response, ApiError> {
+    let finished = loop {
+        match rx.recv().await {
+            Some(Reply::Finished(f)) => break f,
+            Some(_) => continue,
+            None => return Err(driver_gone()),
+        }
+    };
+    guard.disarm();
+    let body = match ctx.endpoint {
+        Endpoint::Chat => serde_json::to_string(&chat_completion(&ctx, &finished)),
+        Endpoint::Completions => serde_json::to_string(&completion(&ctx, &finished)),
+    }
+    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
+    Ok(json_response(StatusCode::OK, body))
+}
+
+/// The usage of a completed request.
+pub(crate) fn usage(f: &Finished) -> Usage {
+    Usage::new(
+        f.prompt_tokens as u64,
+        f.output.len() as u64,
+        f.cached_tokens as u64,
+    )
+}
+
+fn chat_completion(ctx: &StreamCtx, f: &Finished) -> ChatCompletion {
+    ChatCompletion {
+        id: ctx.id.clone(),
+        object: "chat.completion".into(),
+        created: ctx.created,
+        model: ctx.model.clone(),
+        choices: vec![ChatChoice {
+            index: 0,
+            message: ChatMessageOut {
+                role: "assistant".into(),
+                content: ctx.text.text(&f.output),
+            },
+            finish_reason: Some("length".into()),
+        }],
+        usage: Some(usage(f)),
+    }
+}
+
+fn completion(ctx: &StreamCtx, f: &Finished) -> Completion {
+    Completion {
+        id: ctx.id.clone(),
+        object: "text_completion".into(),
+        created: ctx.created,
+        model: ctx.model.clone(),
+        choices: vec![CompletionChoice {
+            index: 0,
+            text: ctx.text.text(&f.output),
+            finish_reason: Some("length".into()),
+        }],
+        usage: Some(usage(f)),
+    }
+}

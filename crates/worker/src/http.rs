@@ -1,0 +1,192 @@
+//! The HTTP server: routes, shared state, the `x-request-id` middleware, OpenAI error
+//! answers, body reading under a size limit, and the small endpoints (`/v1/models`,
+//! `/health`, `/metrics`, `/admin/reset`). Generation lives in [`crate::generate`].
+
+use crate::driver::Command;
+use crate::ids::IdGen;
+use crate::metrics::Metrics;
+use crate::text::OutputText;
+use crate::WorkerConfig;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use kvroute_preprocess::Preprocessor;
+use kvroute_protocol::openai::{ApiError, ErrorKind, ModelList};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// The header echoed (or generated) on every answer.
+pub(crate) const REQUEST_ID: &str = "x-request-id";
+
+/// Longest incoming `x-request-id` echoed; longer ones are replaced.
+const MAX_REQUEST_ID: usize = 256;
+
+/// What every handler shares.
+pub(crate) struct Shared {
+    pub(crate) cfg: WorkerConfig,
+    pub(crate) pre: Preprocessor,
+    pub(crate) text: OutputText,
+    pub(crate) commands: mpsc::Sender<Command>,
+    pub(crate) ids: IdGen,
+    pub(crate) metrics: Metrics,
+    /// Unix seconds at start (`created` of the model card).
+    pub(crate) started: u64,
+}
+
+/// The state handlers get.
+pub(crate) type AppState = Arc<Shared>;
+
+/// The request's `x-request-id`: the client's, or one made up.
+#[derive(Clone, Debug)]
+pub(crate) struct RequestTag(pub(crate) HeaderValue);
+
+/// The routes.
+pub(crate) fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(crate::generate::chat))
+        .route("/v1/completions", post(crate::generate::completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/admin/reset", post(reset))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), request_id))
+        .with_state(state)
+}
+
+/// Echoes the client's `x-request-id` (a short printable one) or sets a new one, and makes
+/// it available to handlers as [`RequestTag`].
+async fn request_id(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
+    let given = req
+        .headers()
+        .get(REQUEST_ID)
+        .filter(|v| v.len() <= MAX_REQUEST_ID && v.to_str().is_ok() && !v.is_empty())
+        .cloned();
+    let tag = given.unwrap_or_else(|| {
+        let (_, hex) = s.ids.next();
+        HeaderValue::from_str(&hex).unwrap_or(HeaderValue::from_static("unknown"))
+    });
+    req.extensions_mut().insert(RequestTag(tag.clone()));
+    let mut resp = next.run(req).await;
+    resp.headers_mut().insert(REQUEST_ID, tag);
+    resp
+}
+
+/// An OpenAI error answer, with `Retry-After` when the error has a retry delay.
+pub(crate) fn error_response(e: &ApiError) -> Response {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        e.to_json(),
+    )
+        .into_response();
+    if let Some(secs) = e.retry_after_secs {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    resp
+}
+
+/// A JSON answer.
+pub(crate) fn json_response(status: StatusCode, body: String) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// 413 for a body over `limit` bytes.
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        ErrorKind::TooLarge,
+        format!("the request body is larger than the limit of {limit} bytes"),
+    )
+    .with_code("body_too_large")
+}
+
+/// Reads a body of at most `limit` bytes (413 beyond, whatever the `Content-Length` says).
+pub(crate) async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large(limit));
+    }
+    let mut buf = BytesMut::with_capacity(declared.map_or(0, |n| n as usize).min(limit));
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk
+            .map_err(|e| ApiError::invalid(format!("could not read the request body: {e}")))?;
+        if buf.len() + chunk.len() > limit {
+            return Err(too_large(limit));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}
+
+/// Unix seconds now.
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn models(State(s): State<AppState>) -> Response {
+    let list = ModelList::of(std::slice::from_ref(&s.cfg.model), s.started, "kvroute");
+    match serde_json::to_string(&list) {
+        Ok(body) => json_response(StatusCode::OK, body),
+        Err(e) => error_response(&ApiError::new(ErrorKind::Internal, e.to_string())),
+    }
+}
+
+async fn health() -> Response {
+    json_response(StatusCode::OK, r#"{"status":"ok"}"#.to_string())
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    match s.metrics.render() {
+        Ok(text) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+            text,
+        )
+            .into_response(),
+        Err(_) => error_response(&ApiError::new(
+            ErrorKind::Internal,
+            "could not encode the metrics",
+        )),
+    }
+}
+
+/// The driver is gone (shutting down).
+pub(crate) fn driver_gone() -> ApiError {
+    ApiError::unavailable("shutting_down", "the worker is shutting down", 1)
+}
+
+async fn reset(State(s): State<AppState>) -> Response {
+    let (done, wait) = oneshot::channel();
+    if s.commands.send(Command::Reset { done }).await.is_err() || wait.await.is_err() {
+        return error_response(&driver_gone());
+    }
+    json_response(StatusCode::OK, r#"{"status":"reset"}"#.to_string())
+}
+
+async fn not_found(req: Request) -> Response {
+    error_response(
+        &ApiError::new(
+            ErrorKind::NotFound,
+            format!("no route for {} {}", req.method(), req.uri().path()),
+        )
+        .with_code("not_found"),
+    )
+}

@@ -1,0 +1,194 @@
+//! KV events: the in-process subscription, replay, reset, and the ZMQ PUB and replay
+//! sockets (vLLM's wire format and replay protocol).
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use kvroute_protocol::vllm_events::{decode_message, decode_payload, Event, EventBatch};
+use kvroute_worker::{WorkerHandle, ZmqConfig, END_SEQ};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast;
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+
+/// Completes a token-id prompt (non-streaming: the answer comes after the prompt's blocks
+/// were published).
+async fn complete(client: &reqwest::Client, w: &WorkerHandle, prompt: &[u32], max_tokens: u32) {
+    let body = json!({"model": "kvroute-sim", "prompt": prompt, "max_tokens": max_tokens});
+    let r = client
+        .post(format!("{}/v1/completions", w.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+async fn next_batch(rx: &mut broadcast::Receiver<Arc<EventBatch>>) -> Arc<EventBatch> {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("no event batch in time")
+        .unwrap()
+}
+
+/// The token ids of the `Stored` events of `batches`, concatenated.
+fn stored_tokens(batches: &[Arc<EventBatch>]) -> Vec<u32> {
+    let mut out = Vec::new();
+    for b in batches {
+        for e in &b.events {
+            if let Event::Stored {
+                token_ids,
+                block_size,
+                ..
+            } = e
+            {
+                assert_eq!(*block_size, 16);
+                out.extend_from_slice(token_ids);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn events_are_numbered_replayable_and_restart_after_a_reset() {
+    bounded(async {
+        let w = start(config(), None).await;
+        let client = reqwest::Client::new();
+        let mut rx = w.subscribe();
+        // 40 tokens: 2 full blocks of 16; 3 more tokens do not fill a third.
+        let p1: Vec<u32> = (1000..1040).collect();
+        let p2: Vec<u32> = (2000..2040).collect();
+        complete(&client, &w, &p1, 3).await;
+        complete(&client, &w, &p2, 3).await;
+        let mut got = Vec::new();
+        while stored_tokens(&got).len() < 64 {
+            got.push(next_batch(&mut rx).await);
+        }
+        let seqs: Vec<u64> = got.iter().map(|b| b.seq).collect();
+        assert_eq!(seqs, (0..got.len() as u64).collect::<Vec<_>>());
+        let want: Vec<u32> = p1[..32].iter().chain(&p2[..32]).copied().collect();
+        assert_eq!(stored_tokens(&got), want);
+        let Event::Stored { parent, .. } = &got[0].events[0] else {
+            panic!("{:?}", got[0]);
+        };
+        assert_eq!(*parent, None, "the first block is a root");
+
+        let replay = w.replay_from(0);
+        assert_eq!(replay, got, "the buffer holds what was broadcast");
+        let from1 = w.replay_from(1);
+        assert_eq!(from1[..], got[1..]);
+
+        let r = client
+            .post(format!("{}/admin/reset", w.url()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let b = next_batch(&mut rx).await;
+        assert_eq!(b.seq, 0, "the sequence restarts");
+        assert!(b.events.contains(&Event::Cleared), "{b:?}");
+        assert_eq!(w.replay_from(0), vec![b.clone()]);
+
+        // The cache is empty: the same prompt is stored again, as batch 1.
+        complete(&client, &w, &p1, 3).await;
+        let b = next_batch(&mut rx).await;
+        assert_eq!(b.seq, 1);
+        assert_eq!(stored_tokens(&[b]), p1[..32].to_vec());
+        w.shutdown().await;
+    })
+    .await;
+}
+
+fn frames(m: ZmqMessage) -> Vec<Bytes> {
+    m.into_vec()
+}
+
+/// Sends a replay request from `start` and reads the answers up to the end marker.
+async fn replay(dealer: &mut DealerSocket, start: u64) -> Vec<EventBatch> {
+    let request = ZmqMessage::try_from(vec![
+        Bytes::new(),
+        Bytes::copy_from_slice(&start.to_be_bytes()),
+    ])
+    .unwrap();
+    dealer.send(request).await.unwrap();
+    let mut got = Vec::new();
+    loop {
+        let f = frames(dealer.recv().await.unwrap());
+        assert_eq!(f.len(), 3, "[empty, seq, payload]");
+        assert!(f[0].is_empty());
+        if f[1][..] == END_SEQ {
+            assert!(f[2].is_empty());
+            return got;
+        }
+        let seq = u64::from_be_bytes(f[1][..].try_into().unwrap());
+        let (ts, events, dp_rank) = decode_payload(&f[2]).unwrap();
+        got.push(EventBatch {
+            seq,
+            ts,
+            events,
+            dp_rank,
+        });
+    }
+}
+
+#[tokio::test]
+async fn zmq_publishes_like_vllm_and_answers_replay_requests() {
+    bounded(async {
+        let zmq = ZmqConfig {
+            publish: "tcp://127.0.0.1:0".into(),
+            replay: Some("tcp://127.0.0.1:0".into()),
+        };
+        let w = start(config(), Some(zmq)).await;
+        let (pub_ep, replay_ep) = w.zmq_endpoints().unwrap();
+        assert!(pub_ep.starts_with("tcp://127.0.0.1:") && !pub_ep.ends_with(":0"));
+        assert!(replay_ep.starts_with("tcp://127.0.0.1:") && !replay_ep.ends_with(":0"));
+        let client = reqwest::Client::new();
+
+        let mut sub = SubSocket::new();
+        sub.connect(&pub_ep).await.unwrap();
+        sub.subscribe("kv-events").await.unwrap();
+        // The subscription reaches the publisher some time after `subscribe` returns (ZMQ's
+        // slow joiner): publish fresh blocks until one arrives, within a bound.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let mut k = 0u32;
+        let msg = loop {
+            assert!(tokio::time::Instant::now() < deadline, "nothing received");
+            let prompt: Vec<u32> = (0..32).map(|i| 10_000 + k * 100 + i).collect();
+            k += 1;
+            complete(&client, &w, &prompt, 1).await;
+            if let Ok(m) = tokio::time::timeout(Duration::from_millis(250), sub.recv()).await {
+                break m.unwrap();
+            }
+        };
+        let f = frames(msg);
+        assert_eq!(&f[0][..], b"kv-events");
+        let parts: Vec<&[u8]> = f.iter().map(|b| &b[..]).collect();
+        let batch = decode_message(&parts).unwrap();
+        let local = w.replay_from(batch.seq);
+        assert_eq!(
+            local[0].as_ref(),
+            &batch,
+            "the wire batch is the in-process one"
+        );
+        assert_eq!(batch.dp_rank, Some(0));
+
+        // Replay from 0: every buffered batch, then the end marker.
+        let mut dealer = DealerSocket::new();
+        dealer.connect(&replay_ep).await.unwrap();
+        let all = replay(&mut dealer, 0).await;
+        let local: Vec<EventBatch> = w.replay_from(0).iter().map(|b| (**b).clone()).collect();
+        assert!(!all.is_empty());
+        assert_eq!(all, local);
+        let tail = replay(&mut dealer, 1).await;
+        assert_eq!(tail[..], local[1..]);
+        assert!(
+            replay(&mut dealer, 1 << 40).await.is_empty(),
+            "only the end marker"
+        );
+        w.shutdown().await;
+    })
+    .await;
+}
