@@ -2,11 +2,14 @@
 //! `demo` both in one process, `simulate` the fleet simulator; `profiles` lists the engine
 //! profiles, `hash` shows how the router hashes a prompt.
 
+mod demo;
 mod serve;
 mod simulate;
+mod worker;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use demo::DemoArgs;
 use kvroute_core::{BlockSize, BlockedPrompt, Namespace};
 
 #[derive(Parser)]
@@ -24,8 +27,12 @@ struct Cli {
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
+    /// Everything in one process: the gateway and simulated workers, ready to curl.
+    Demo(DemoArgs),
     /// Run the gateway in front of engine replicas.
     Serve(serve::ServeArgs),
+    /// Run one simulated engine replica (OpenAI API, vLLM-style KV events over ZMQ).
+    Worker(worker::WorkerArgs),
     /// Simulate a fleet in virtual time: compare policies, plan capacity.
     Simulate(simulate::SimulateArgs),
     /// List the built-in engine profiles.
@@ -67,6 +74,14 @@ fn init_logs() {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Command::Demo(a) => {
+            init_logs();
+            demo::run(&a)?
+        }
+        Command::Worker(a) => {
+            init_logs();
+            worker::run(&a)?
+        }
         Command::Serve(a) => {
             init_logs();
             serve::run(&a)?

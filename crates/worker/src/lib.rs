@@ -65,6 +65,17 @@ pub struct ZmqConfig {
     pub replay: Option<String>,
 }
 
+/// A worker's replay buffer, shareable across tasks.
+#[derive(Clone)]
+pub struct ReplaySource(Arc<events::EventHub>);
+
+impl ReplaySource {
+    /// The buffered batches with a sequence number of `seq` or more, in order.
+    pub fn replay_from(&self, seq: u64) -> Vec<Arc<EventBatch>> {
+        self.0.replay_from(seq)
+    }
+}
+
 /// A running worker. Dropping it stops the worker too (without waiting for its tasks).
 pub struct WorkerHandle {
     name: String,
@@ -110,6 +121,12 @@ impl WorkerHandle {
     /// [`WorkerHandle::replay_from`].
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<EventBatch>> {
         self.hub.subscribe()
+    }
+
+    /// A cloneable handle on the replay buffer (for an in-process subscriber that keeps it
+    /// apart from the worker handle).
+    pub fn replay_source(&self) -> ReplaySource {
+        ReplaySource(self.hub.clone())
     }
 
     /// The buffered batches with a sequence number of `seq` or more (the last

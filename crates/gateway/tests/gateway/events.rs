@@ -125,3 +125,47 @@ async fn a_sequence_gap_is_filled_from_the_replay_service() {
     gw.shutdown().await;
     a.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_zmq_replay_client_speaks_the_workers_replay_protocol() {
+    use kvroute_gateway::events::ZmqReplay;
+    use kvroute_gateway::Replay;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let zmq = kvroute_worker::ZmqConfig {
+        publish: "tcp://127.0.0.1:0".into(),
+        replay: Some("tcp://127.0.0.1:0".into()),
+    };
+    let cfg = kvroute_worker::WorkerConfig {
+        speedup: 20.0,
+        ..Default::default()
+    };
+    let w = kvroute_worker::spawn(
+        cfg,
+        kvroute_preprocess::Preprocessor::builtin(),
+        listener,
+        Some(zmq),
+    )
+    .await
+    .unwrap();
+    let (status, _, _) = post(
+        &w.url(),
+        "/v1/chat/completions",
+        &chat(&[("user", &"tell me more ".repeat(30))], false, 4),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let held = w.replay_from(0);
+    assert!(!held.is_empty());
+    let client = ZmqReplay {
+        endpoint: w.zmq_replay_endpoint().unwrap(),
+        worker: "w".into(),
+    };
+    let got = tokio::time::timeout(std::time::Duration::from_secs(10), client.replay_from(0))
+        .await
+        .unwrap()
+        .unwrap();
+    let want: Vec<_> = held.iter().map(|b| b.as_ref().clone()).collect();
+    let got: Vec<_> = got.iter().map(|b| b.as_ref().clone()).collect();
+    assert_eq!(got, want);
+    w.shutdown().await;
+}

@@ -1,0 +1,137 @@
+//! `kvroute demo`: everything in one process: the gateway on `--port` and N simulated
+//! workers on ephemeral loopback ports, their KV events wired to the gateway by in-process
+//! channels (with replay from each worker's buffer).
+
+use anyhow::{Context, Result};
+use clap::Args;
+use kvroute_core::PolicyKind;
+use kvroute_gateway::{EventFeed, GatewayConfig, Replay, WorkerSpec};
+use kvroute_preprocess::Preprocessor;
+use kvroute_protocol::vllm_events::EventBatch;
+use kvroute_worker::{ReplaySource, WorkerConfig};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Options of `kvroute demo`.
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Address of the gateway.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port of the gateway.
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Simulated workers.
+    #[arg(long, default_value_t = 3)]
+    pub workers: usize,
+    /// Engine profile of the workers (`kvroute profiles` lists them).
+    #[arg(long, default_value = "tiny-fast")]
+    pub profile: String,
+    /// Virtual seconds per real second of the workers.
+    #[arg(long, default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Routing policy.
+    #[arg(long, default_value = "predictive")]
+    pub policy: PolicyKind,
+    /// Tokenizer directory or `builtin` (shared by the gateway and the workers).
+    #[arg(long, default_value = "builtin")]
+    pub tokenizer: String,
+    /// The served model name.
+    #[arg(long, default_value = "kvroute-sim")]
+    pub model: String,
+}
+
+/// The tokenizer `builtin` or in a directory.
+pub fn preprocessor(spec: &str) -> Result<Preprocessor> {
+    Ok(match spec {
+        "builtin" => Preprocessor::builtin(),
+        dir => Preprocessor::from_dir(std::path::Path::new(dir))
+            .with_context(|| format!("tokenizer {dir}"))?,
+    })
+}
+
+/// A worker's replay buffer seen through the gateway's replay interface.
+struct BufferReplay(ReplaySource);
+
+impl Replay for BufferReplay {
+    fn replay_from(
+        &self,
+        from: u64,
+    ) -> futures_util::future::BoxFuture<'_, Result<Vec<Arc<EventBatch>>, String>> {
+        let got = self.0.replay_from(from);
+        Box::pin(async move { Ok(got) })
+    }
+}
+
+/// Runs the demo until Ctrl-C.
+pub fn run(args: &DemoArgs) -> Result<()> {
+    anyhow::ensure!(
+        (1..=64).contains(&args.workers),
+        "--workers must be within 1..=64"
+    );
+    let pre = preprocessor(&args.tokenizer)?;
+    crate::runtime()?.block_on(async move {
+        let mut workers = Vec::new();
+        let mut specs = Vec::new();
+        let mut feeds = BTreeMap::new();
+        let mut block_size = 0;
+        for i in 0..args.workers {
+            let cfg = WorkerConfig {
+                model: args.model.clone(),
+                profile: args.profile.clone(),
+                speedup: args.speedup,
+                worker_name: format!("worker-{}", i + 1),
+                ..WorkerConfig::default()
+            };
+            let engine = cfg.engine_config()?;
+            block_size = engine.block_size;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let w = kvroute_worker::spawn(cfg, pre.clone(), listener, None).await?;
+            feeds.insert(
+                i,
+                EventFeed::from_broadcast(
+                    w.subscribe(),
+                    Some(Box::new(BufferReplay(w.replay_source()))),
+                ),
+            );
+            specs.push(WorkerSpec {
+                url: w.url(),
+                name: Some(w.name().to_string()),
+                kv_blocks: Some(engine.num_gpu_blocks as u64),
+                max_batch: u32::try_from(engine.max_num_seqs).ok(),
+                ..WorkerSpec::default()
+            });
+            workers.push(w);
+        }
+        let mut config = GatewayConfig {
+            host: args.host.clone(),
+            port: args.port,
+            models: vec![args.model.clone()],
+            tokenizer: Some(args.tokenizer.clone()),
+            workers: specs,
+            ..GatewayConfig::default()
+        };
+        config.router.block_size = block_size;
+        config.router.policy.kind = args.policy;
+        let addr = format!("{}:{}", config.host, config.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("listening on {addr} (another demo running? try --port)"))?;
+        let gateway = kvroute_gateway::spawn(config, pre, listener, feeds).await?;
+        let url = gateway.url();
+        println!("kvroute demo: gateway {url} (policy {}), {} simulated workers ({}, {}x real time)", args.policy.as_str(), workers.len(), args.profile, args.speedup);
+        for w in &workers {
+            println!("  {} at {}", w.name(), w.url());
+        }
+        println!("  metrics: {url}/metrics   workers: {url}/debug/workers");
+        println!("try:\n  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":32}}'", args.model);
+        println!("Ctrl-C stops.");
+        tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+        println!("stopping");
+        gateway.shutdown().await;
+        for w in workers {
+            w.shutdown().await;
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,117 @@
+//! `kvroute worker`: one simulated engine replica served over HTTP in real time, publishing
+//! its KV events over ZMQ like vLLM.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use kvroute_worker::{WorkerConfig, ZmqConfig};
+use std::path::PathBuf;
+
+/// Options of `kvroute worker` (each overrides the config file).
+#[derive(Args, Debug, Default)]
+pub struct WorkerArgs {
+    /// TOML config file (the `WorkerConfig` fields).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 8001)]
+    pub port: u16,
+    /// Engine profile (`kvroute profiles` lists them).
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// Virtual seconds per real second.
+    #[arg(long)]
+    pub speedup: Option<f64>,
+    /// KV block size in tokens (instead of the profile's).
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// Most sequences per step.
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    /// Most tokens per step.
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
+    /// KV blocks (instead of what the profile's memory gives).
+    #[arg(long)]
+    pub num_gpu_blocks: Option<usize>,
+    /// The served model name.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// The worker's name in logs.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Tokenizer directory (tokenizer.json + tokenizer_config.json) or `builtin`; use the
+    /// gateway's, so both cut prompts into the same tokens.
+    #[arg(long, default_value = "builtin")]
+    pub tokenizer: String,
+    /// ZMQ endpoint to publish KV events on, e.g. tcp://127.0.0.1:5557.
+    #[arg(long)]
+    pub zmq_publish: Option<String>,
+    /// ZMQ endpoint of the replay service, e.g. tcp://127.0.0.1:5558.
+    #[arg(long, requires = "zmq_publish")]
+    pub zmq_replay: Option<String>,
+}
+
+impl WorkerArgs {
+    /// The config file (if any) with the flags applied, checked.
+    pub fn config(&self) -> Result<WorkerConfig> {
+        let mut c: WorkerConfig = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                toml::from_str(&text).with_context(|| path.display().to_string())?
+            }
+            None => WorkerConfig::default(),
+        };
+        if let Some(p) = &self.profile {
+            c.profile = p.clone();
+        }
+        if let Some(s) = self.speedup {
+            c.speedup = s;
+        }
+        c.block_size = self.block_size.or(c.block_size);
+        c.max_num_seqs = self.max_num_seqs.or(c.max_num_seqs);
+        c.max_num_batched_tokens = self.max_num_batched_tokens.or(c.max_num_batched_tokens);
+        c.num_gpu_blocks = self.num_gpu_blocks.or(c.num_gpu_blocks);
+        if let Some(m) = &self.model {
+            c.model = m.clone();
+        }
+        if let Some(n) = &self.name {
+            c.worker_name = n.clone();
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// Runs the worker until Ctrl-C.
+pub fn run(args: &WorkerArgs) -> Result<()> {
+    let config = args.config()?;
+    let zmq = args.zmq_publish.as_ref().map(|p| ZmqConfig {
+        publish: p.clone(),
+        replay: args.zmq_replay.clone(),
+    });
+    crate::runtime()?.block_on(async move {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("listening on {addr}"))?;
+        let pre = crate::demo::preprocessor(&args.tokenizer)?;
+        let handle = kvroute_worker::spawn(config, pre, listener, zmq).await?;
+        println!("kvroute worker on {}", handle.url());
+        if let Some(p) = handle.zmq_publish_endpoint() {
+            println!("  KV events: {p}");
+        }
+        if let Some(r) = handle.zmq_replay_endpoint() {
+            println!("  replay:    {r}");
+        }
+        tokio::signal::ctrl_c()
+            .await
+            .context("waiting for Ctrl-C")?;
+        println!("stopping");
+        handle.shutdown().await;
+        Ok(())
+    })
+}

@@ -1,0 +1,187 @@
+//! `kvroute worker`, `kvroute serve` and `kvroute demo` as processes on 127.0.0.1: KV events
+//! over real ZMQ sockets between processes, and a clean stop on Ctrl-C (SIGINT).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A server process and the lines it printed, read on a thread.
+struct Server {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start kvroute");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// The text after `prefix` on the first line holding it (within 30 s).
+    fn value_after(&self, prefix: &str) -> String {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("no line with {prefix:?}"));
+            if let Some(i) = line.find(prefix) {
+                return line[i + prefix.len()..]
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+            }
+        }
+    }
+
+    /// Sends SIGINT and returns whether it exited successfully within 20 s.
+    fn interrupt(mut self) -> bool {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-INT", &pid]).status();
+        for _ in 0..200 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        false
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn chat(url: &str, messages: serde_json::Value) -> (String, serde_json::Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&serde_json::json!({"model": "kvroute-sim", "messages": messages, "max_tokens": 8}))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let worker = r.headers()["x-kvroute-worker"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    (worker, r.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn gateway_and_workers_as_processes_share_kv_events_over_zmq() {
+    let mut workers = Vec::new();
+    let mut specs = Vec::new();
+    for name in ["w1", "w2"] {
+        let w = Server::start(&[
+            "worker",
+            "--port",
+            "0",
+            "--name",
+            name,
+            "--speedup",
+            "20",
+            "--zmq-publish",
+            "tcp://127.0.0.1:0",
+            "--zmq-replay",
+            "tcp://127.0.0.1:0",
+        ]);
+        let url = w.value_after("kvroute worker on ");
+        let events = w.value_after("KV events: ");
+        let replay = w.value_after("replay:    ");
+        specs.push(format!("{url}={events}={replay}"));
+        workers.push(w);
+    }
+    let mut args = vec![
+        "serve",
+        "--port",
+        "0",
+        "--policy",
+        "kv",
+        "--tokenizer",
+        "builtin",
+        "--block-size",
+        "16",
+    ];
+    for s in &specs {
+        args.extend(["--worker", s.as_str()]);
+    }
+    let gw = Server::start(&args);
+    let url = gw.value_after("kvroute gateway on ");
+
+    let system = "You are a helpful assistant who answers briefly. ".repeat(10);
+    let turn1 = serde_json::json!([{"role": "system", "content": system}, {"role": "user", "content": "hi"}]);
+    let (w1, answer) = chat(&url, turn1.clone()).await;
+    let reply = answer["choices"][0]["message"]["content"].clone();
+    let mut turn2 = turn1.as_array().unwrap().clone();
+    turn2.push(serde_json::json!({"role": "assistant", "content": reply}));
+    turn2.push(serde_json::json!({"role": "user", "content": "and then?"}));
+    // The first turn's blocks reach the index over ZMQ (the subscription may still be
+    // joining when the first events go out: poll the router's view).
+    let client = reqwest::Client::new();
+    let mut indexed = false;
+    for _ in 0..300 {
+        let v: serde_json::Value = client
+            .get(format!("{url}/debug/workers"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if v["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["index_blocks"].as_u64() > Some(0))
+        {
+            indexed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(indexed, "no KV events reached the gateway");
+    let (w2, answer2) = chat(&url, serde_json::Value::Array(turn2)).await;
+    assert_eq!(w1, w2);
+    assert!(
+        answer2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(100),
+        "{answer2}"
+    );
+    assert!(gw.interrupt(), "the gateway did not stop cleanly");
+    for w in workers {
+        assert!(w.interrupt(), "a worker did not stop cleanly");
+    }
+}
+
+#[tokio::test]
+async fn the_demo_answers_and_stops_on_ctrl_c() {
+    let demo = Server::start(&["demo", "--port", "0", "--speedup", "20"]);
+    let url = demo.value_after("gateway ");
+    let (_, answer) = chat(
+        &url,
+        serde_json::json!([{"role": "user", "content": "Hello!"}]),
+    )
+    .await;
+    assert_eq!(answer["usage"]["completion_tokens"], 8);
+    assert!(demo.interrupt(), "the demo did not stop cleanly");
+}
