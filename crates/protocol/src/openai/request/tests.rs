@@ -120,3 +120,33 @@ fn too_many_token_ids_is_413() {
     assert_eq!(e.status(), 413);
     assert_eq!(e.code.as_deref(), Some("context_length_exceeded"));
 }
+
+proptest::proptest! {
+    #[test]
+    fn any_bytes_give_a_view_or_a_client_error(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+        for endpoint in [Endpoint::Chat, Endpoint::Completions] {
+            if let Err(e) = parse_request(endpoint, &data, 16) {
+                proptest::prop_assert!((400..500).contains(&e.status()));
+            }
+        }
+    }
+
+    #[test]
+    fn any_json_object_gives_a_view_or_a_client_error(
+        model in proptest::option::of("[a-z]{0,3}"),
+        prompt in proptest::option::of(proptest::collection::vec(-2i64..5_000_000_000, 0..20)),
+        max_tokens in proptest::option::of(-5i64..10),
+        stream in proptest::option::of(proptest::prelude::any::<bool>()),
+    ) {
+        let mut obj = serde_json::Map::new();
+        if let Some(m) = model { obj.insert("model".into(), m.into()); }
+        if let Some(p) = prompt { obj.insert("prompt".into(), p.into()); }
+        if let Some(n) = max_tokens { obj.insert("max_tokens".into(), n.into()); }
+        if let Some(s) = stream { obj.insert("stream".into(), s.into()); }
+        let body = serde_json::to_vec(&obj).unwrap();
+        match parse_request(Endpoint::Completions, &body, 16) {
+            Ok((_, v)) => proptest::prop_assert!(!v.model.is_empty() && v.max_tokens != Some(0)),
+            Err(e) => proptest::prop_assert!((400..500).contains(&e.status())),
+        }
+    }
+}
