@@ -230,3 +230,59 @@ pub async fn scrape(url: &str) -> String {
         .await
         .unwrap()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_comes_back_is_brought_back() {
+    let a = worker("a").await;
+    let b = worker("b").await;
+    let b_addr = b.http_addr();
+    let gw = gateway(&[&a, &b], config(&[&a, &b], "round_robin")).await;
+    let url = gw.url();
+    b.shutdown().await;
+    assert!(eventually(10, async || debug_workers(&url).await["workers"][1]["worker"]["health"] == "down").await);
+    // The same address answers again.
+    let listener = tokio::net::TcpListener::bind(b_addr).await.unwrap();
+    let cfg = kvroute_worker::WorkerConfig {
+        model: MODEL.into(),
+        speedup: 20.0,
+        worker_name: "b".into(),
+        ..Default::default()
+    };
+    let b2 = kvroute_worker::spawn(cfg, kvroute_preprocess::Preprocessor::builtin(), listener, None)
+        .await
+        .unwrap();
+    assert!(eventually(10, async || debug_workers(&url).await["workers"][1]["worker"]["health"] == "up").await);
+    let mut served = std::collections::BTreeSet::new();
+    for i in 0..4 {
+        let (status, worker, _) =
+            post(&url, "/v1/chat/completions", &chat(&[("user", &format!("q{i}"))], false, 2)).await;
+        assert_eq!(status, 200);
+        served.insert(worker.unwrap());
+    }
+    assert_eq!(served.len(), 2, "{served:?}");
+    gw.shutdown().await;
+    a.shutdown().await;
+    b2.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_tokenizer_the_gateway_routes_in_approximate_mode() {
+    let (a, b) = (worker("a").await, worker("b").await);
+    let mut cfg = config(&[&a, &b], "kv");
+    cfg.tokenizer = None;
+    // No event feeds: the router keeps its own guesses.
+    let gw = gateway_with_feeds(cfg, std::collections::BTreeMap::new()).await;
+    let url = gw.url();
+    let system = "A long shared system prompt for every turn. ".repeat(20);
+    let turn1 = [("system", system.as_str()), ("user", "first")];
+    let (s1, w1, j1) = post(&url, "/v1/chat/completions", &chat(&turn1, false, 4)).await;
+    assert_eq!(s1, 200, "{j1}");
+    let turn2 = [turn1[0], turn1[1], ("assistant", "ok"), ("user", "second")];
+    let (s2, w2, j2) = post(&url, "/v1/chat/completions", &chat(&turn2, false, 4)).await;
+    assert_eq!(s2, 200, "{j2}");
+    assert_eq!(w1, w2, "the follow-up goes where the router sent its prefix");
+    assert!(j2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(100), "{j2}");
+    gw.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}

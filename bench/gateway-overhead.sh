@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Gateway overhead against a zero-delay worker: TTFT through the gateway versus direct at
+# concurrency 1 and 64, short and long prompts, and the closed-loop request rate.
+# Usage: bash bench/gateway-overhead.sh [REQUESTS] [SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo run --release --locked -q -p kvroute-gateway --example overhead -- "${1:-2000}" "${2:-5}"

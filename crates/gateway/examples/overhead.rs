@@ -1,0 +1,202 @@
+//! Gateway overhead: time to first token through the gateway versus straight to the worker,
+//! and the highest request rate the gateway sustains, against a zero-delay worker (a stub
+//! that answers every request at once). Client, gateway and stub share this machine's cores,
+//! so the figures are upper bounds on the overhead a separate client would see.
+//!
+//! `cargo run --release -p kvroute-gateway --example overhead -- [REQUESTS] [SECONDS] [WORDS,...]`
+//! (`bench/gateway-overhead.sh` runs it). Prints a Markdown table.
+
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use futures_util::StreamExt;
+use kvroute_gateway::{GatewayConfig, WorkerSpec};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MODEL: &str = "stub";
+
+/// The stub worker: four content chunks, usage, `[DONE]`, all in one write.
+async fn stub_chat() -> impl IntoResponse {
+    let mut body = String::new();
+    for i in 0..4 {
+        body.push_str(&format!(
+            "data: {{\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"{MODEL}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}},\"finish_reason\":null}}]}}\n\n"
+        ));
+    }
+    body.push_str("data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"stub\",\"choices\":[],\"usage\":{\"prompt_tokens\":30,\"completion_tokens\":4,\"total_tokens\":34}}\n\ndata: [DONE]\n\n");
+    ([("content-type", "text/event-stream")], body)
+}
+
+async fn start_stub() -> String {
+    let app = axum::Router::new()
+        .route("/v1/chat/completions", post(stub_chat))
+        .route("/v1/completions", post(stub_chat))
+        .route("/health", get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+/// A completions request with `n` token ids: no template, no tokenizer.
+fn ids_body(n: usize) -> bytes::Bytes {
+    let ids: Vec<u32> = (0..n as u32).map(|i| 100 + i % 1000).collect();
+    serde_json::to_vec(&serde_json::json!({
+        "model": MODEL, "prompt": ids, "stream": true, "max_tokens": 4,
+    }))
+    .unwrap()
+    .into()
+}
+
+fn body(prompt_words: usize) -> bytes::Bytes {
+    let content = "route me to the warm cache please ".repeat(prompt_words / 7 + 1);
+    serde_json::to_vec(&serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "stream": true,
+        "max_tokens": 4,
+    }))
+    .unwrap()
+    .into()
+}
+
+/// Sends one request and returns the seconds to the first body chunk (the stream is read to
+/// its end).
+async fn one(client: &reqwest::Client, url: &str, body: bytes::Bytes) -> f64 {
+    let start = Instant::now();
+    // Token-id prompts go to the completions API.
+    let path = if body.windows(9).any(|w| w == br#""prompt":"#) {
+        "/v1/completions"
+    } else {
+        "/v1/chat/completions"
+    };
+    let resp = client
+        .post(format!("{url}{path}"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("request");
+    if !resp.status().is_success() {
+        let status = resp.status();
+        panic!("status {status}: {}", resp.text().await.unwrap_or_default());
+    }
+    let mut stream = resp.bytes_stream();
+    let mut first = None;
+    while let Some(chunk) = stream.next().await {
+        chunk.expect("body");
+        first.get_or_insert_with(|| start.elapsed().as_secs_f64());
+    }
+    first.unwrap_or_else(|| start.elapsed().as_secs_f64())
+}
+
+/// TTFTs of `n` requests at `concurrency`.
+async fn ttfts(url: &str, body: bytes::Bytes, n: usize, concurrency: usize) -> Vec<f64> {
+    let client = reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap();
+    let next = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (client, url, body, next) = (client.clone(), url.to_string(), body.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                while (next.fetch_add(1, Ordering::Relaxed) as usize) < n {
+                    out.push(one(&client, &url, body.clone()).await);
+                }
+                out
+            })
+        })
+        .collect();
+    let mut all = Vec::with_capacity(n);
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all.sort_by(f64::total_cmp);
+    all
+}
+
+/// Requests completed per second in a closed loop at `concurrency` for `secs`.
+async fn rate(url: &str, body: bytes::Bytes, concurrency: usize, secs: f64) -> f64 {
+    let client = reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap();
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (client, url, body, done) = (client.clone(), url.to_string(), body.clone(), done.clone());
+            tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    one(&client, &url, body.clone()).await;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+#[tokio::main]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let requests: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2000);
+    let secs: f64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(5.0);
+    let sizes: Vec<usize> = args
+        .next()
+        .map(|a| a.split(',').filter_map(|w| w.parse().ok()).collect())
+        .unwrap_or_else(|| vec![30, 2000]);
+    let stub = start_stub().await;
+    let mut config = GatewayConfig {
+        port: 0,
+        models: vec![MODEL.into()],
+        tokenizer: Some("builtin".into()),
+        workers: vec![WorkerSpec {
+            url: stub.clone(),
+            ..WorkerSpec::default()
+        }],
+        ..GatewayConfig::default()
+    };
+    config.router.block_size = 16;
+    config.router.policy.kind = kvroute_core::PolicyKind::Kv;
+    config.router.admission.mode = kvroute_core::AdmissionMode::None;
+    let pre = kvroute_gateway::load_preprocessor(&config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gw = kvroute_gateway::spawn(config, pre, listener, BTreeMap::new()).await.unwrap();
+    let via = gw.url();
+
+    println!("| prompt | concurrency | direct TTFT p50 / p99 (ms) | via gateway p50 / p99 (ms) | added p50 / p99 (ms) |");
+    println!("| --- | --- | --- | --- | --- |");
+    let cases: Vec<(String, bytes::Bytes)> = std::iter::once(("30 token ids".to_string(), ids_body(30)))
+        .chain(sizes.iter().map(|&w| (format!("~{w} words"), body(w))))
+        .collect();
+    for (label, b) in cases {
+        // Warm up connections and the tokenizer.
+        ttfts(&stub, b.clone(), 200, 8).await;
+        ttfts(&via, b.clone(), 200, 8).await;
+        for c in [1, 64] {
+            let d = ttfts(&stub, b.clone(), requests, c).await;
+            let g = ttfts(&via, b.clone(), requests, c).await;
+            let ms = |x: f64| x * 1e3;
+            println!(
+                "| {label} | {c} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} |",
+                ms(pct(&d, 0.5)), ms(pct(&d, 0.99)),
+                ms(pct(&g, 0.5)), ms(pct(&g, 0.99)),
+                ms(pct(&g, 0.5) - pct(&d, 0.5)), ms(pct(&g, 0.99) - pct(&d, 0.99)),
+            );
+        }
+    }
+    let b = body(30);
+    let direct = rate(&stub, b.clone(), 64, secs).await;
+    let via_rate = rate(&via, b, 64, secs).await;
+    println!();
+    println!("closed loop, concurrency 64, {secs} s: direct {direct:.0} req/s, via gateway {via_rate:.0} req/s");
+    gw.shutdown().await;
+}
