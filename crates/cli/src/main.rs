@@ -54,6 +54,18 @@ enum Command {
     },
 }
 
+/// A config tree from a TOML file, or its defaults when there is no file.
+fn read_toml<T: serde::de::DeserializeOwned + Default>(
+    path: Option<&std::path::Path>,
+) -> Result<T> {
+    let Some(path) = path else {
+        return Ok(T::default());
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    toml::from_str(&text).with_context(|| path.display().to_string())
+}
+
 /// A multi-threaded tokio runtime for the server subcommands.
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()

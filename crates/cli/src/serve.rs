@@ -59,14 +59,7 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// The config file (if any) with the flags applied.
     pub fn config(&self) -> Result<GatewayConfig> {
-        let mut c = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading {}", path.display()))?;
-                GatewayConfig::from_toml(&text).with_context(|| path.display().to_string())?
-            }
-            None => GatewayConfig::default(),
-        };
+        let mut c: GatewayConfig = crate::read_toml(self.config.as_deref())?;
         if let Some(h) = &self.host {
             c.host = h.clone();
         }

@@ -57,14 +57,7 @@ pub struct WorkerArgs {
 impl WorkerArgs {
     /// The config file (if any) with the flags applied, checked.
     pub fn config(&self) -> Result<WorkerConfig> {
-        let mut c: WorkerConfig = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading {}", path.display()))?;
-                toml::from_str(&text).with_context(|| path.display().to_string())?
-            }
-            None => WorkerConfig::default(),
-        };
+        let mut c: WorkerConfig = crate::read_toml(self.config.as_deref())?;
         if let Some(p) = &self.profile {
             c.profile = p.clone();
         }

@@ -94,11 +94,15 @@ async fn one(client: &reqwest::Client, url: &str, body: bytes::Bytes) -> f64 {
 
 /// TTFTs of `n` requests at `concurrency`.
 async fn ttfts(url: &str, body: bytes::Bytes, n: usize, concurrency: usize) -> Vec<f64> {
-    let client = reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap();
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .build()
+        .unwrap();
     let next = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..concurrency)
         .map(|_| {
-            let (client, url, body, next) = (client.clone(), url.to_string(), body.clone(), next.clone());
+            let (client, url, body, next) =
+                (client.clone(), url.to_string(), body.clone(), next.clone());
             tokio::spawn(async move {
                 let mut out = Vec::new();
                 while (next.fetch_add(1, Ordering::Relaxed) as usize) < n {
@@ -118,13 +122,17 @@ async fn ttfts(url: &str, body: bytes::Bytes, n: usize, concurrency: usize) -> V
 
 /// Requests completed per second in a closed loop at `concurrency` for `secs`.
 async fn rate(url: &str, body: bytes::Bytes, concurrency: usize, secs: f64) -> f64 {
-    let client = reqwest::Client::builder().pool_max_idle_per_host(256).build().unwrap();
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .build()
+        .unwrap();
     let done = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let start = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
         .map(|_| {
-            let (client, url, body, done) = (client.clone(), url.to_string(), body.clone(), done.clone());
+            let (client, url, body, done) =
+                (client.clone(), url.to_string(), body.clone(), done.clone());
             tokio::spawn(async move {
                 while Instant::now() < deadline {
                     one(&client, &url, body.clone()).await;
@@ -169,14 +177,17 @@ async fn main() {
     config.router.admission.mode = kvroute_core::AdmissionMode::None;
     let pre = kvroute_gateway::load_preprocessor(&config).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gw = kvroute_gateway::spawn(config, pre, listener, BTreeMap::new()).await.unwrap();
+    let gw = kvroute_gateway::spawn(config, pre, listener, BTreeMap::new())
+        .await
+        .unwrap();
     let via = gw.url();
 
     println!("| prompt | concurrency | direct TTFT p50 / p99 (ms) | via gateway p50 / p99 (ms) | added p50 / p99 (ms) |");
     println!("| --- | --- | --- | --- | --- |");
-    let cases: Vec<(String, bytes::Bytes)> = std::iter::once(("30 token ids".to_string(), ids_body(30)))
-        .chain(sizes.iter().map(|&w| (format!("~{w} words"), body(w))))
-        .collect();
+    let cases: Vec<(String, bytes::Bytes)> =
+        std::iter::once(("30 token ids".to_string(), ids_body(30)))
+            .chain(sizes.iter().map(|&w| (format!("~{w} words"), body(w))))
+            .collect();
     for (label, b) in cases {
         // Warm up connections and the tokenizer.
         ttfts(&stub, b.clone(), 200, 8).await;
@@ -187,9 +198,12 @@ async fn main() {
             let ms = |x: f64| x * 1e3;
             println!(
                 "| {label} | {c} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} |",
-                ms(pct(&d, 0.5)), ms(pct(&d, 0.99)),
-                ms(pct(&g, 0.5)), ms(pct(&g, 0.99)),
-                ms(pct(&g, 0.5) - pct(&d, 0.5)), ms(pct(&g, 0.99) - pct(&d, 0.99)),
+                ms(pct(&d, 0.5)),
+                ms(pct(&d, 0.99)),
+                ms(pct(&g, 0.5)),
+                ms(pct(&g, 0.99)),
+                ms(pct(&g, 0.5) - pct(&d, 0.5)),
+                ms(pct(&g, 0.99) - pct(&d, 0.99)),
             );
         }
     }

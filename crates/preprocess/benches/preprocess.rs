@@ -1,7 +1,7 @@
 //! Cost of turning a chat request into token ids with the shipped tokenizer: template
 //! rendering and tokenizing, for a short and a long prompt.
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{BenchmarkId, Criterion};
 use kvroute_preprocess::Preprocessor;
 
 fn messages(words: usize) -> Vec<serde_json::Value> {
@@ -12,7 +12,8 @@ fn messages(words: usize) -> Vec<serde_json::Value> {
     ]
 }
 
-fn bench(c: &mut Criterion) {
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
     let pre = Preprocessor::builtin();
     let mut g = c.benchmark_group("preprocess");
     for words in [30, 2000] {
@@ -26,7 +27,5 @@ fn bench(c: &mut Criterion) {
         });
     }
     g.finish();
+    c.final_summary();
 }
-
-criterion_group!(benches, bench);
-criterion_main!(benches);

@@ -239,7 +239,12 @@ async fn a_worker_that_comes_back_is_brought_back() {
     let gw = gateway(&[&a, &b], config(&[&a, &b], "round_robin")).await;
     let url = gw.url();
     b.shutdown().await;
-    assert!(eventually(10, async || debug_workers(&url).await["workers"][1]["worker"]["health"] == "down").await);
+    assert!(
+        eventually(10, async || debug_workers(&url).await["workers"][1]
+            ["worker"]["health"]
+            == "down")
+        .await
+    );
     // The same address answers again.
     let listener = tokio::net::TcpListener::bind(b_addr).await.unwrap();
     let cfg = kvroute_worker::WorkerConfig {
@@ -248,14 +253,28 @@ async fn a_worker_that_comes_back_is_brought_back() {
         worker_name: "b".into(),
         ..Default::default()
     };
-    let b2 = kvroute_worker::spawn(cfg, kvroute_preprocess::Preprocessor::builtin(), listener, None)
+    let b2 = kvroute_worker::spawn(
+        cfg,
+        kvroute_preprocess::Preprocessor::builtin(),
+        listener,
+        None,
+    )
+    .await
+    .unwrap();
+    assert!(
+        eventually(10, async || debug_workers(&url).await["workers"][1]
+            ["worker"]["health"]
+            == "up")
         .await
-        .unwrap();
-    assert!(eventually(10, async || debug_workers(&url).await["workers"][1]["worker"]["health"] == "up").await);
+    );
     let mut served = std::collections::BTreeSet::new();
     for i in 0..4 {
-        let (status, worker, _) =
-            post(&url, "/v1/chat/completions", &chat(&[("user", &format!("q{i}"))], false, 2)).await;
+        let (status, worker, _) = post(
+            &url,
+            "/v1/chat/completions",
+            &chat(&[("user", &format!("q{i}"))], false, 2),
+        )
+        .await;
         assert_eq!(status, 200);
         served.insert(worker.unwrap());
     }
@@ -280,8 +299,14 @@ async fn without_a_tokenizer_the_gateway_routes_in_approximate_mode() {
     let turn2 = [turn1[0], turn1[1], ("assistant", "ok"), ("user", "second")];
     let (s2, w2, j2) = post(&url, "/v1/chat/completions", &chat(&turn2, false, 4)).await;
     assert_eq!(s2, 200, "{j2}");
-    assert_eq!(w1, w2, "the follow-up goes where the router sent its prefix");
-    assert!(j2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(100), "{j2}");
+    assert_eq!(
+        w1, w2,
+        "the follow-up goes where the router sent its prefix"
+    );
+    assert!(
+        j2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(100),
+        "{j2}"
+    );
     gw.shutdown().await;
     a.shutdown().await;
     b.shutdown().await;
