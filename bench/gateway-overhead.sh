@@ -4,4 +4,7 @@
 # Usage: bash bench/gateway-overhead.sh [REQUESTS] [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo run --release --locked -q -p kvroute-gateway --example overhead -- "${1:-2000}" "${2:-5}"
+for mode in own-runtime same-thread; do
+  cargo run --release --locked -q -p kvroute-gateway --example overhead -- "${1:-2000}" "${2:-5}" 30,2000 "$mode"
+  echo
+done

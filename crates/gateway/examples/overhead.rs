@@ -1,9 +1,10 @@
 //! Gateway overhead: time to first token through the gateway versus straight to the worker,
 //! and the highest request rate the gateway sustains, against a zero-delay worker (a stub
-//! that answers every request at once). Client, gateway and stub share this machine's cores,
-//! so the figures are upper bounds on the overhead a separate client would see.
+//! that answers every request at once). The gateway runs on its own two-thread runtime, as
+//! `kvroute serve` does; the client and the stub share one thread. All share this machine's
+//! cores, so at high concurrency the figures are upper bounds.
 //!
-//! `cargo run --release -p kvroute-gateway --example overhead -- [REQUESTS] [SECONDS] [WORDS,...]`
+//! `cargo run --release -p kvroute-gateway --example overhead -- [REQUESTS] [SECONDS] [WORDS,...] [own-runtime|same-thread]`
 //! (`bench/gateway-overhead.sh` runs it). Prints a Markdown table.
 
 use axum::response::IntoResponse;
@@ -152,7 +153,7 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() {
     let mut args = std::env::args().skip(1);
     let requests: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2000);
@@ -175,12 +176,46 @@ async fn main() {
     config.router.block_size = 16;
     config.router.policy.kind = kvroute_core::PolicyKind::Kv;
     config.router.admission.mode = kvroute_core::AdmissionMode::None;
-    let pre = kvroute_gateway::load_preprocessor(&config).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gw = kvroute_gateway::spawn(config, pre, listener, BTreeMap::new())
-        .await
-        .unwrap();
-    let via = gw.url();
+    // `own-runtime` (default): the gateway runs as `kvroute serve` does, on its own
+    // two-thread runtime, while the client and the stub share this thread. `same-thread`:
+    // everything on this thread, which leaves out the cost of waking other threads and
+    // measures the gateway's own work.
+    let same_thread = args.next().as_deref() == Some("same-thread");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serve = async move {
+        let pre = kvroute_gateway::load_preprocessor(&config).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gw = kvroute_gateway::spawn(config, pre, listener, BTreeMap::new())
+            .await
+            .unwrap();
+        let _ = tx.send(gw.url());
+        let _ = stop_rx.await;
+        gw.shutdown().await;
+    };
+    let gateway_thread = if same_thread {
+        tokio::spawn(serve);
+        None
+    } else {
+        Some(std::thread::spawn(move || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(serve)
+        }))
+    };
+    let via = rx.await.unwrap();
+    println!(
+        "gateway on {}",
+        if same_thread {
+            "the client's thread"
+        } else {
+            "its own two-thread runtime"
+        }
+    );
+    println!();
 
     println!("| prompt | concurrency | direct TTFT p50 / p99 (ms) | via gateway p50 / p99 (ms) | added p50 / p99 (ms) |");
     println!("| --- | --- | --- | --- | --- |");
@@ -212,5 +247,8 @@ async fn main() {
     let via_rate = rate(&via, b, 64, secs).await;
     println!();
     println!("closed loop, concurrency 64, {secs} s: direct {direct:.0} req/s, via gateway {via_rate:.0} req/s");
-    gw.shutdown().await;
+    let _ = stop_tx.send(());
+    if let Some(t) = gateway_thread {
+        let _ = t.join();
+    }
 }

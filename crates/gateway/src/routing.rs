@@ -13,8 +13,26 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Prompts longer than this (bytes) are tokenized on the blocking pool.
+/// Prompts longer than this (bytes) are tokenized on the blocking pool; shorter ones inline,
+/// where a hand-off to another thread would cost more than the tokenizing.
 const INLINE_TOKENIZE_BYTES: usize = 32 << 10;
+
+/// About how many bytes of text a prompt has (what tokenizing it costs).
+fn prompt_bytes(input: &PromptInput) -> usize {
+    fn text_bytes(v: &serde_json::Value) -> usize {
+        match v {
+            serde_json::Value::String(s) => s.len(),
+            serde_json::Value::Array(a) => a.iter().map(text_bytes).sum(),
+            serde_json::Value::Object(o) => o.values().map(text_bytes).sum(),
+            _ => 0,
+        }
+    }
+    match input {
+        PromptInput::Text(t) => t.len(),
+        PromptInput::Tokens(_) => 0,
+        PromptInput::Messages(m) => m.iter().map(text_bytes).sum(),
+    }
+}
 
 /// A request's prompt, cut into blocks.
 pub struct Prepared {
@@ -35,10 +53,7 @@ pub async fn prepare(
         input => {
             let pre = gw.preprocessor.clone();
             let input = input.clone();
-            let big = match &input {
-                PromptInput::Text(t) => t.len() > INLINE_TOKENIZE_BYTES,
-                _ => true,
-            };
+            let big = prompt_bytes(&input) > INLINE_TOKENIZE_BYTES;
             let work = move || -> Result<Vec<u32>, GatewayError> {
                 let text = match input {
                     PromptInput::Messages(m) => pre.render_chat(&m, true)?,
