@@ -1,8 +1,9 @@
 //! Gateway overhead: time to first token through the gateway versus straight to the worker,
 //! and the highest request rate the gateway sustains, against a zero-delay worker (a stub
 //! that answers every request at once). The gateway runs on its own two-thread runtime, as
-//! `kvroute serve` does; the client and the stub share one thread. All share this machine's
-//! cores, so at high concurrency the figures are upper bounds.
+//! `kvroute serve` does, the stub and the client on a thread each (or, with `same-thread`,
+//! all on one thread). All share this machine's cores, so at high concurrency the figures
+//! are upper bounds.
 //!
 //! `cargo run --release -p kvroute-gateway --example overhead -- [REQUESTS] [SECONDS] [WORDS,...] [own-runtime|same-thread]`
 //! (`bench/gateway-overhead.sh` runs it). Prints a Markdown table.
@@ -30,14 +31,31 @@ async fn stub_chat() -> impl IntoResponse {
     ([("content-type", "text/event-stream")], body)
 }
 
-async fn start_stub() -> String {
+/// Starts the stub: on this thread's runtime (`same_thread`), else on a thread of its own, as
+/// a worker process would be.
+async fn start_stub(same_thread: bool) -> String {
     let app = axum::Router::new()
         .route("/v1/chat/completions", post(stub_chat))
         .route("/v1/completions", post(stub_chat))
         .route("/health", get(|| async { "ok" }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    let serve = async move {
+        let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+        let _ = axum::serve(listener, app).await;
+    };
+    if same_thread {
+        tokio::spawn(serve);
+    } else {
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(serve)
+        });
+    }
     format!("http://{addr}")
 }
 
@@ -162,7 +180,8 @@ async fn main() {
         .next()
         .map(|a| a.split(',').filter_map(|w| w.parse().ok()).collect())
         .unwrap_or_else(|| vec![30, 2000]);
-    let stub = start_stub().await;
+    let same_thread = std::env::args().nth(4).as_deref() == Some("same-thread");
+    let stub = start_stub(same_thread).await;
     let mut config = GatewayConfig {
         port: 0,
         models: vec![MODEL.into()],
@@ -177,10 +196,9 @@ async fn main() {
     config.router.policy.kind = kvroute_core::PolicyKind::Kv;
     config.router.admission.mode = kvroute_core::AdmissionMode::None;
     // `own-runtime` (default): the gateway runs as `kvroute serve` does, on its own
-    // two-thread runtime, while the client and the stub share this thread. `same-thread`:
-    // everything on this thread, which leaves out the cost of waking other threads and
-    // measures the gateway's own work.
-    let same_thread = args.next().as_deref() == Some("same-thread");
+    // two-thread runtime, the stub on a thread of its own, the client on this one.
+    // `same-thread`: everything on this thread, which leaves out the cost of waking other
+    // threads and measures the gateway's own work.
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let serve = async move {

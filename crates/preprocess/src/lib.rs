@@ -20,6 +20,7 @@ mod approx;
 mod config;
 mod error;
 mod jinja;
+mod pieces;
 mod template;
 
 use std::fmt;
@@ -82,6 +83,8 @@ enum Source {
 /// A loaded tokenizer and its chat template.
 struct TokenizerState {
     tokenizer: Tokenizer,
+    /// Piecewise tokenizing with a cache of pieces (see `pieces`).
+    pieces: pieces::PieceCoder,
     /// The compiled template, or why there is none.
     chat: Result<ChatTemplate, String>,
     eos_token: Option<String>,
@@ -106,6 +109,7 @@ impl TokenizerState {
             Err(missing) => Err(missing),
         };
         Ok(Self {
+            pieces: pieces::PieceCoder::new(&tokenizer),
             tokenizer,
             chat,
             eos_token,
@@ -190,6 +194,13 @@ impl Preprocessor {
     /// The cap on the text given to [`encode`](Self::encode), in bytes.
     pub fn max_input_bytes(&self) -> usize {
         self.max_input_bytes
+    }
+
+    /// Whether prompts are tokenized piece by piece between special tokens, with a cache of
+    /// pieces (see the `pieces` module; false in approximate mode and for tokenizers where
+    /// that would change the ids).
+    pub fn is_piecewise(&self) -> bool {
+        matches!(&*self.inner, Inner::Tokenizer(s) if s.pieces.is_piecewise())
     }
 
     /// True in approximate mode.
@@ -286,10 +297,9 @@ impl Preprocessor {
         match &*self.inner {
             Inner::Approximate => Ok(approx::encode(text)),
             Inner::Tokenizer(state) => state
-                .tokenizer
-                .encode_fast(text, false)
-                .map(|encoding| encoding.get_ids().to_vec())
-                .map_err(|e| PreprocessError::Encode(e.to_string())),
+                .pieces
+                .encode(&state.tokenizer, text)
+                .map_err(PreprocessError::Encode),
         }
     }
 

@@ -484,3 +484,60 @@ fn template_runtime_errors_are_template_errors() {
     let err = p.render_chat(&conversation(), true).unwrap_err();
     assert!(matches!(err, PreprocessError::Template(_)), "{err:?}");
 }
+
+mod piecewise {
+    use crate::Preprocessor;
+    use proptest::prelude::*;
+
+    /// The shipped tokenizer's own encoding, without piecewise tokenizing.
+    fn plain(text: &str) -> Vec<u32> {
+        static PLAIN: std::sync::LazyLock<tokenizers::Tokenizer> = std::sync::LazyLock::new(|| {
+            tokenizers::Tokenizer::from_bytes(include_bytes!("../assets/tokenizer/tokenizer.json"))
+                .unwrap()
+        });
+        PLAIN.encode_fast(text, false).unwrap().get_ids().to_vec()
+    }
+
+    #[test]
+    fn the_builtin_tokenizer_is_tokenized_piecewise() {
+        assert!(Preprocessor::builtin().is_piecewise());
+        assert!(!Preprocessor::approximate().is_piecewise());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn piecewise_ids_equal_the_tokenizers_own(
+            parts in proptest::collection::vec(
+                prop_oneof![
+                    Just("<|im_start|>".to_string()),
+                    Just("<|im_end|>".to_string()),
+                    Just("<|endoftext|>".to_string()),
+                    Just("<|im_start".to_string()),
+                    "[ a-zé\n.,!<|>]{0,24}",
+                ],
+                0..12,
+            ),
+            twice in any::<bool>(),
+        ) {
+            let text: String = parts.concat();
+            let pre = Preprocessor::builtin();
+            let want = plain(&text);
+            prop_assert_eq!(pre.encode(&text).unwrap(), want.clone());
+            if twice {
+                // From the cache this time.
+                prop_assert_eq!(pre.encode(&text).unwrap(), want);
+            }
+        }
+    }
+
+    #[test]
+    fn a_follow_up_turn_reuses_the_history() {
+        let pre = Preprocessor::builtin();
+        let history = "The history of a long conversation. ".repeat(50);
+        let turn1 = format!("<|im_start|>user\n{history}<|im_end|>\n<|im_start|>assistant\n");
+        let turn2 = format!("{turn1}ok<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n");
+        assert_eq!(pre.encode(&turn1).unwrap(), plain(&turn1));
+        assert_eq!(pre.encode(&turn2).unwrap(), plain(&turn2));
+    }
+}
