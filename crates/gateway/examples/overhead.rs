@@ -69,8 +69,23 @@ fn ids_body(n: usize) -> bytes::Bytes {
     .into()
 }
 
-fn body(prompt_words: usize) -> bytes::Bytes {
-    let content = "route me to the warm cache please ".repeat(prompt_words / 7 + 1);
+/// Request bodies by request number.
+type Bodies = Arc<dyn Fn(u64) -> bytes::Bytes + Send + Sync>;
+
+/// The same body for every request.
+fn fixed(b: bytes::Bytes) -> Bodies {
+    Arc::new(move |_| b.clone())
+}
+
+/// A chat of about `prompt_words` words; `unique`: the message starts with the request number,
+/// so no two requests share a piece the tokenizer cache could hold.
+fn chat_bodies(prompt_words: usize, unique: bool) -> Bodies {
+    Arc::new(move |i| body(prompt_words, unique.then_some(i)))
+}
+
+fn body(prompt_words: usize, number: Option<u64>) -> bytes::Bytes {
+    let mut content = number.map(|n| format!("request {n}: ")).unwrap_or_default();
+    content.push_str(&"route me to the warm cache please ".repeat(prompt_words / 7 + 1));
     serde_json::to_vec(&serde_json::json!({
         "model": MODEL,
         "messages": [{"role": "user", "content": content}],
@@ -112,7 +127,7 @@ async fn one(client: &reqwest::Client, url: &str, body: bytes::Bytes) -> f64 {
 }
 
 /// TTFTs of `n` requests at `concurrency`.
-async fn ttfts(url: &str, body: bytes::Bytes, n: usize, concurrency: usize) -> Vec<f64> {
+async fn ttfts(url: &str, body: Bodies, n: usize, concurrency: usize) -> Vec<f64> {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .build()
@@ -124,8 +139,12 @@ async fn ttfts(url: &str, body: bytes::Bytes, n: usize, concurrency: usize) -> V
                 (client.clone(), url.to_string(), body.clone(), next.clone());
             tokio::spawn(async move {
                 let mut out = Vec::new();
-                while (next.fetch_add(1, Ordering::Relaxed) as usize) < n {
-                    out.push(one(&client, &url, body.clone()).await);
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i as usize >= n {
+                        break;
+                    }
+                    out.push(one(&client, &url, body(i)).await);
                 }
                 out
             })
@@ -140,7 +159,7 @@ async fn ttfts(url: &str, body: bytes::Bytes, n: usize, concurrency: usize) -> V
 }
 
 /// Requests completed per second in a closed loop at `concurrency` for `secs`.
-async fn rate(url: &str, body: bytes::Bytes, concurrency: usize, secs: f64) -> f64 {
+async fn rate(url: &str, body: Bodies, concurrency: usize, secs: f64) -> f64 {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .build()
@@ -154,7 +173,7 @@ async fn rate(url: &str, body: bytes::Bytes, concurrency: usize, secs: f64) -> f
                 (client.clone(), url.to_string(), body.clone(), done.clone());
             tokio::spawn(async move {
                 while Instant::now() < deadline {
-                    one(&client, &url, body.clone()).await;
+                    one(&client, &url, body(0)).await;
                     done.fetch_add(1, Ordering::Relaxed);
                 }
             })
@@ -237,10 +256,11 @@ async fn main() {
 
     println!("| prompt | concurrency | direct TTFT p50 / p99 (ms) | via gateway p50 / p99 (ms) | added p50 / p99 (ms) |");
     println!("| --- | --- | --- | --- | --- |");
-    let cases: Vec<(String, bytes::Bytes)> =
-        std::iter::once(("30 token ids".to_string(), ids_body(30)))
-            .chain(sizes.iter().map(|&w| (format!("~{w} words"), body(w))))
-            .collect();
+    let mut cases: Vec<(String, Bodies)> = vec![("30 token ids".to_string(), fixed(ids_body(30)))];
+    for &w in &sizes {
+        cases.push((format!("~{w} words, repeated"), chat_bodies(w, false)));
+        cases.push((format!("~{w} words, unique"), chat_bodies(w, true)));
+    }
     for (label, b) in cases {
         // Warm up connections and the tokenizer.
         ttfts(&stub, b.clone(), 200, 8).await;
@@ -260,7 +280,7 @@ async fn main() {
             );
         }
     }
-    let b = body(30);
+    let b = fixed(body(30, None));
     let direct = rate(&stub, b.clone(), 64, secs).await;
     let via_rate = rate(&via, b, 64, secs).await;
     println!();
