@@ -265,14 +265,18 @@ impl Watch {
             let SseEvent::Data(d) = ev else {
                 continue;
             };
-            let Ok(peek) = serde_json::from_str::<Peek>(&d) else {
-                continue;
-            };
-            if peek.usage.is_some() {
-                self.usage = peek.usage;
-            }
-            if peek.choices.is_empty() {
-                continue;
+            // After the first token only the usage chunk needs reading; other chunks are
+            // token chunks (for the inter-token gaps) and skip the JSON parse.
+            if self.last_token.is_none() || d.contains("\"usage\"") {
+                let Ok(peek) = serde_json::from_str::<Peek>(&d) else {
+                    continue;
+                };
+                if peek.usage.is_some() {
+                    self.usage = peek.usage;
+                }
+                if peek.choices.is_empty() {
+                    continue;
+                }
             }
             let now = Instant::now();
             match self.last_token {
