@@ -1,9 +1,8 @@
-//! `GET /metrics`: the engine's metrics in the Prometheus / OpenMetrics text format, read
-//! from the snapshot the driver keeps up to date (a prometheus-client collector, so a scrape
-//! never waits for the engine).
+//! `GET /metrics`: the engine's metrics in the Prometheus text format, read from the snapshot
+//! the driver keeps up to date (a scrape never waits for the engine): at each scrape the
+//! gauges are set and the counters brought up to the snapshot's totals.
 //!
-//! kvroute names (counters get the `_total` suffix OpenMetrics requires):
-//! `kvroute_engine_running_requests`, `kvroute_engine_waiting_requests`,
+//! kvroute names: `kvroute_engine_running_requests`, `kvroute_engine_waiting_requests`,
 //! `kvroute_engine_kv_usage_ratio`, `kvroute_engine_kv_blocks` (capacity),
 //! `kvroute_engine_cached_blocks`, `kvroute_engine_busy_ratio` (virtual seconds spent in
 //! steps over virtual seconds elapsed since start), and the counters
@@ -21,108 +20,175 @@
 
 use crate::clock::Clock;
 use kvroute_engine::EngineMetrics;
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeMetric,
-};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::registry::Registry;
+use prometheus::{Counter, Encoder, Gauge, Opts, Registry, TextEncoder};
 use std::sync::{Arc, Mutex};
 
 /// The content type of the answer.
-pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// A figure of the snapshot (with the busy ratio computed at scrape time).
+type Read = fn(&EngineMetrics, f64) -> f64;
 
 /// The registry of a worker.
 pub(crate) struct Metrics {
     registry: Registry,
+    snapshot: Arc<Mutex<EngineMetrics>>,
+    clock: Clock,
+    gauges: Vec<(Gauge, Read)>,
+    counters: Mutex<Vec<(Counter, Read)>>,
 }
+
+fn n(v: usize) -> f64 {
+    v as f64
+}
+
+const GAUGES: [(&str, &str, Read); 6] = [
+    (
+        "kvroute_engine_running_requests",
+        "Sequences running.",
+        |m, _| n(m.running),
+    ),
+    (
+        "kvroute_engine_waiting_requests",
+        "Requests waiting.",
+        |m, _| n(m.waiting),
+    ),
+    (
+        "kvroute_engine_kv_usage_ratio",
+        "Fraction of KV blocks in use.",
+        |m, _| m.kv_usage,
+    ),
+    ("kvroute_engine_kv_blocks", "KV blocks in all.", |m, _| {
+        n(m.kv_blocks)
+    }),
+    (
+        "kvroute_engine_cached_blocks",
+        "Distinct blocks cached.",
+        |m, _| n(m.cached_blocks),
+    ),
+    (
+        "kvroute_engine_busy_ratio",
+        "Virtual seconds in steps over virtual seconds elapsed.",
+        |_, busy| busy,
+    ),
+];
+
+const COUNTERS: [(&str, &str, Read); 7] = [
+    (
+        "kvroute_engine_queue_time_seconds_total",
+        "Seconds admitted requests waited before their first step.",
+        |m, _| m.queue_secs_total,
+    ),
+    (
+        "kvroute_engine_admitted_requests_total",
+        "Requests admitted.",
+        |m, _| m.admitted_total as f64,
+    ),
+    (
+        "kvroute_engine_prefix_cache_hit_tokens_total",
+        "Prompt tokens found in the prefix cache.",
+        |m, _| m.prefix_hit_tokens_total as f64,
+    ),
+    (
+        "kvroute_engine_prompt_tokens_total",
+        "Prompt tokens of admitted requests.",
+        |m, _| m.prompt_tokens_total as f64,
+    ),
+    (
+        "kvroute_engine_generation_tokens_total",
+        "Tokens generated.",
+        |m, _| m.generated_tokens_total as f64,
+    ),
+    ("kvroute_engine_steps_total", "Engine steps.", |m, _| {
+        m.steps_total as f64
+    }),
+    (
+        "kvroute_engine_preemptions_total",
+        "Preemptions.",
+        |m, _| m.preemptions_total as f64,
+    ),
+];
+
+const VLLM_GAUGES: [(&str, &str, Read); 3] = [
+    ("vllm:num_requests_running", "Requests running.", |m, _| {
+        n(m.running)
+    }),
+    ("vllm:num_requests_waiting", "Requests waiting.", |m, _| {
+        n(m.waiting)
+    }),
+    (
+        "vllm:kv_cache_usage_perc",
+        "KV cache usage (1 = full).",
+        |m, _| m.kv_usage,
+    ),
+];
+
+const VLLM_COUNTERS: [(&str, &str, Read); 4] = [
+    ("vllm:prompt_tokens_total", "Prompt tokens.", |m, _| {
+        m.prompt_tokens_total as f64
+    }),
+    (
+        "vllm:generation_tokens_total",
+        "Generation tokens.",
+        |m, _| m.generated_tokens_total as f64,
+    ),
+    (
+        "vllm:prefix_cache_queries_total",
+        "Prefix cache queries, in tokens.",
+        |m, _| m.prompt_tokens_total as f64,
+    ),
+    (
+        "vllm:prefix_cache_hits_total",
+        "Prefix cache hits, in tokens.",
+        |m, _| m.prefix_hit_tokens_total as f64,
+    ),
+];
 
 impl Metrics {
     /// Metrics read from `snapshot`; `model` labels the vLLM names.
     pub(crate) fn new(snapshot: Arc<Mutex<EngineMetrics>>, clock: Clock, model: String) -> Self {
-        let mut registry = Registry::default();
-        registry.register_collector(Box::new(EngineCollector {
+        let registry = Registry::new();
+        let opts = |name: &str, help: &str, labelled: bool| {
+            let o = Opts::new(name, help);
+            if labelled {
+                o.const_label("model_name", model.clone())
+            } else {
+                o
+            }
+        };
+        let mut gauges = Vec::new();
+        let mut counters = Vec::new();
+        for (list, labelled) in [(&GAUGES[..], false), (&VLLM_GAUGES[..], true)] {
+            for &(name, help, read) in list {
+                // Names and labels are fixed and valid: registration cannot fail but for a
+                // duplicate, which the lists do not have.
+                if let Ok(g) = Gauge::with_opts(opts(name, help, labelled)) {
+                    if registry.register(Box::new(g.clone())).is_ok() {
+                        gauges.push((g, read));
+                    }
+                }
+            }
+        }
+        for (list, labelled) in [(&COUNTERS[..], false), (&VLLM_COUNTERS[..], true)] {
+            for &(name, help, read) in list {
+                if let Ok(c) = Counter::with_opts(opts(name, help, labelled)) {
+                    if registry.register(Box::new(c.clone())).is_ok() {
+                        counters.push((c, read));
+                    }
+                }
+            }
+        }
+        Self {
+            registry,
             snapshot,
             clock,
-            model,
-        }));
-        Self { registry }
+            gauges,
+            counters: Mutex::new(counters),
+        }
     }
 
     /// The text exposition.
-    pub(crate) fn render(&self) -> Result<String, std::fmt::Error> {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
-        Ok(out)
-    }
-}
-
-#[derive(Debug)]
-struct EngineCollector {
-    snapshot: Arc<Mutex<EngineMetrics>>,
-    clock: Clock,
-    model: String,
-}
-
-fn gauge<N: EncodeGaugeValue + std::fmt::Debug>(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    v: N,
-) -> std::fmt::Result {
-    let g = ConstGauge::new(v);
-    g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
-}
-
-fn counter<N: EncodeCounterValue + std::fmt::Debug>(
-    enc: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    v: N,
-) -> std::fmt::Result {
-    let c = ConstCounter::new(v);
-    c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)
-}
-
-/// A sample of a vLLM-named metric.
-enum Sample {
-    Gauge(f64),
-    Count(i64),
-    Counter(u64),
-}
-
-impl EngineCollector {
-    fn labelled(
-        &self,
-        enc: &mut DescriptorEncoder,
-        name: &str,
-        help: &str,
-        v: Sample,
-    ) -> std::fmt::Result {
-        let labels = [("model_name", self.model.as_str())];
-        match v {
-            Sample::Counter(v) => {
-                let c = ConstCounter::new(v);
-                let mut m = enc.encode_descriptor(name, help, None, c.metric_type())?;
-                c.encode(m.encode_family(&labels)?)
-            }
-            Sample::Gauge(v) => {
-                let g = ConstGauge::new(v);
-                let mut m = enc.encode_descriptor(name, help, None, g.metric_type())?;
-                g.encode(m.encode_family(&labels)?)
-            }
-            Sample::Count(v) => {
-                let g = ConstGauge::new(v);
-                let mut m = enc.encode_descriptor(name, help, None, g.metric_type())?;
-                g.encode(m.encode_family(&labels)?)
-            }
-        }
-    }
-}
-
-impl Collector for EngineCollector {
-    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+    pub(crate) fn render(&self) -> Result<String, prometheus::Error> {
         let m = self
             .snapshot
             .lock()
@@ -134,122 +200,24 @@ impl Collector for EngineCollector {
         } else {
             0.0
         };
-        let e = &mut enc;
-        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        gauge(
-            e,
-            "kvroute_engine_running_requests",
-            "Sequences running.",
-            count(m.running),
-        )?;
-        gauge(
-            e,
-            "kvroute_engine_waiting_requests",
-            "Requests waiting.",
-            count(m.waiting),
-        )?;
-        gauge(
-            e,
-            "kvroute_engine_kv_usage_ratio",
-            "Fraction of KV blocks in use.",
-            m.kv_usage,
-        )?;
-        gauge(
-            e,
-            "kvroute_engine_kv_blocks",
-            "KV blocks in all.",
-            count(m.kv_blocks),
-        )?;
-        gauge(
-            e,
-            "kvroute_engine_cached_blocks",
-            "Distinct blocks cached.",
-            count(m.cached_blocks),
-        )?;
-        gauge(
-            e,
-            "kvroute_engine_busy_ratio",
-            "Virtual seconds in steps over virtual seconds elapsed.",
-            busy,
-        )?;
-        counter(
-            e,
-            "kvroute_engine_queue_time_seconds",
-            "Seconds admitted requests waited before their first step.",
-            m.queue_secs_total,
-        )?;
-        let counters = [
-            (
-                "kvroute_engine_admitted_requests",
-                "Requests admitted.",
-                m.admitted_total,
-            ),
-            (
-                "kvroute_engine_prefix_cache_hit_tokens",
-                "Prompt tokens found in the prefix cache.",
-                m.prefix_hit_tokens_total,
-            ),
-            (
-                "kvroute_engine_prompt_tokens",
-                "Prompt tokens of admitted requests.",
-                m.prompt_tokens_total,
-            ),
-            (
-                "kvroute_engine_generation_tokens",
-                "Tokens generated.",
-                m.generated_tokens_total,
-            ),
-            ("kvroute_engine_steps", "Engine steps.", m.steps_total),
-            (
-                "kvroute_engine_preemptions",
-                "Preemptions.",
-                m.preemptions_total,
-            ),
-        ];
-        for (name, help, v) in counters {
-            counter(e, name, help, v)?;
+        for (g, read) in &self.gauges {
+            g.set(read(&m, busy));
         }
-        let vllm = [
-            (
-                "vllm:num_requests_running",
-                "Requests running.",
-                Sample::Count(count(m.running)),
-            ),
-            (
-                "vllm:num_requests_waiting",
-                "Requests waiting.",
-                Sample::Count(count(m.waiting)),
-            ),
-            (
-                "vllm:kv_cache_usage_perc",
-                "KV cache usage (1 = full).",
-                Sample::Gauge(m.kv_usage),
-            ),
-            (
-                "vllm:prompt_tokens",
-                "Prompt tokens.",
-                Sample::Counter(m.prompt_tokens_total),
-            ),
-            (
-                "vllm:generation_tokens",
-                "Generation tokens.",
-                Sample::Counter(m.generated_tokens_total),
-            ),
-            (
-                "vllm:prefix_cache_queries",
-                "Prefix cache queries, in tokens.",
-                Sample::Counter(m.prompt_tokens_total),
-            ),
-            (
-                "vllm:prefix_cache_hits",
-                "Prefix cache hits, in tokens.",
-                Sample::Counter(m.prefix_hit_tokens_total),
-            ),
-        ];
-        for (name, help, v) in vllm {
-            self.labelled(e, name, help, v)?;
+        // One scrape at a time brings the counters up to the totals.
+        let counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        for (c, read) in counters.iter() {
+            let (want, have) = (read(&m, busy), c.get());
+            if want < have {
+                c.reset();
+                c.inc_by(want);
+            } else if want > have {
+                c.inc_by(want - have);
+            }
         }
-        Ok(())
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf)?;
+        drop(counters);
+        String::from_utf8(buf).map_err(|e| prometheus::Error::Msg(e.to_string()))
     }
 }
 
@@ -258,16 +226,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_sample_line_is_name_labels_value() {
+    fn every_sample_line_is_name_labels_value_and_counters_follow_the_snapshot() {
         let snap = Arc::new(Mutex::new(EngineMetrics {
             running: 2,
             kv_blocks: 10,
             prompt_tokens_total: 7,
             ..EngineMetrics::default()
         }));
-        let text = Metrics::new(snap, Clock::new(1.0), "m".into())
-            .render()
-            .unwrap();
+        let metrics = Metrics::new(snap.clone(), Clock::new(1.0), "m".into());
+        let text = metrics.render().unwrap();
         assert!(
             text.contains("kvroute_engine_running_requests 2\n"),
             "{text}"
@@ -285,5 +252,15 @@ mod tests {
             assert!(value.parse::<f64>().is_ok(), "{line}");
             assert!(!name.is_empty(), "{line}");
         }
+        snap.lock().unwrap().prompt_tokens_total = 12;
+        let text = metrics.render().unwrap();
+        assert!(
+            text.contains("kvroute_engine_prompt_tokens_total 12\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("vllm:prompt_tokens_total{model_name=\"m\"} 12\n"),
+            "{text}"
+        );
     }
 }
