@@ -1,8 +1,10 @@
 //! The `kvroute` binary: `serve` runs the gateway, `worker` a simulated engine replica,
-//! `demo` both in one process, `simulate` the fleet simulator; `profiles` lists the engine
-//! profiles, `hash` shows how the router hashes a prompt.
+//! `demo` both in one process, `loadgen` drives an endpoint with chat load, `simulate` runs
+//! the fleet simulator; `profiles` lists the engine profiles, `hash` shows how the router
+//! hashes a prompt.
 
 mod demo;
+mod loadgen;
 mod serve;
 mod simulate;
 mod worker;
@@ -29,6 +31,8 @@ struct Cli {
 enum Command {
     /// Everything in one process: the gateway and simulated workers, ready to curl.
     Demo(DemoArgs),
+    /// Drive an OpenAI-compatible endpoint with multi-turn chat and report what it measured.
+    Loadgen(loadgen::LoadgenArgs),
     /// Run the gateway in front of engine replicas.
     Serve(serve::ServeArgs),
     /// Run one simulated engine replica (OpenAI API, vLLM-style KV events over ZMQ).
@@ -89,6 +93,10 @@ fn main() -> Result<()> {
         Command::Demo(a) => {
             init_logs();
             demo::run(&a)?
+        }
+        Command::Loadgen(a) => {
+            init_logs();
+            loadgen::run(&a)?
         }
         Command::Worker(a) => {
             init_logs();

@@ -27,6 +27,7 @@
 //! ```
 
 pub mod blocks;
+pub mod chat;
 pub mod mooncake;
 pub mod multiturn;
 pub mod prompt;
@@ -34,6 +35,7 @@ pub mod stats;
 pub mod synthetic;
 
 pub use blocks::BlockHashCache;
+pub use chat::{ChatConfig, ChatMessage, ChatTurn, ChatWorkload};
 pub use mooncake::{LineError, TraceError, TraceOptions, TraceRequest, TraceStats};
 pub use multiturn::{ConversationId, MultiTurn, MultiTurnConfig, MultiTurnError, TurnRequest};
 pub use prompt::{text_tokens, token_block, Prompt, PromptError, VOCAB_SIZE};

@@ -1,0 +1,199 @@
+//! One chat turn over the wire: a streamed request, timed chunk by chunk (first token,
+//! inter-token gaps, end), with the usage the server reports and how it ended.
+
+use kvroute_protocol::openai::{SseEvent, SseParser, Usage};
+use kvroute_workload::{ChatTurn, Status};
+use serde::Deserialize;
+use std::time::{Duration, Instant};
+
+/// What one turn measured.
+#[derive(Clone, Debug)]
+pub struct TurnResult {
+    /// When the first content arrived.
+    pub first_token: Option<Instant>,
+    /// When the answer ended (or failed).
+    pub finished: Instant,
+    /// Gaps between content chunks, in seconds.
+    pub gaps: Vec<f64>,
+    /// The answer's text.
+    pub answer: String,
+    /// Content chunks received.
+    pub chunks: u64,
+    /// The server's usage, when it sent one.
+    pub usage: Option<Usage>,
+    /// The worker that served it (`x-kvroute-worker`), when the server says.
+    pub worker: Option<String>,
+    /// How it ended.
+    pub status: Status,
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<ChunkChoice>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    error: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct ChunkChoice {
+    #[serde(default)]
+    delta: Option<ChunkDelta>,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChunkDelta {
+    #[serde(default)]
+    content: Option<String>,
+}
+
+/// The longest answer text kept (the rest is counted, not stored).
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+
+/// Sends `turn` to `url` (`.../v1/chat/completions`) and reads the stream to its end.
+pub async fn send(
+    client: &reqwest::Client,
+    url: &str,
+    model: &str,
+    turn: &ChatTurn,
+    ignore_eos: bool,
+    timeout: Duration,
+) -> TurnResult {
+    let start = Instant::now();
+    let mut body = serde_json::json!({
+        "model": model,
+        "messages": turn.messages,
+        "max_tokens": turn.max_tokens,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    if ignore_eos {
+        body["ignore_eos"] = serde_json::Value::Bool(true);
+    }
+    let mut r = TurnResult {
+        first_token: None,
+        finished: start,
+        gaps: Vec::new(),
+        answer: String::new(),
+        chunks: 0,
+        usage: None,
+        worker: None,
+        status: Status::Completed,
+    };
+    let deadline = tokio::time::Instant::from_std(start + timeout);
+    let resp = match tokio::time::timeout_at(
+        deadline,
+        client
+            .post(url)
+            .header("x-session-id", turn.conversation.to_string())
+            .json(&body)
+            .send(),
+    )
+    .await
+    {
+        Ok(Ok(resp)) => resp,
+        Ok(Err(e)) => return failed(r, if e.is_connect() { "connect" } else { "request" }),
+        Err(_) => return failed(r, "timeout"),
+    };
+    r.worker = resp
+        .headers()
+        .get("x-kvroute-worker")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let status = resp.status();
+    if !status.is_success() {
+        let code = error_code(resp, deadline).await;
+        r.finished = Instant::now();
+        r.status = if status.as_u16() == 503 || status.as_u16() == 429 {
+            Status::Rejected(code.unwrap_or_else(|| format!("http_{}", status.as_u16())))
+        } else {
+            Status::Failed(format!("http_{}", status.as_u16()))
+        };
+        return r;
+    }
+    let mut resp = resp;
+    let mut parser = SseParser::new();
+    let mut events = Vec::new();
+    let mut last = None;
+    let mut done = false;
+    loop {
+        let chunk = match tokio::time::timeout_at(deadline, resp.chunk()).await {
+            Ok(Ok(Some(c))) => c,
+            Ok(Ok(None)) => break,
+            Ok(Err(_)) => return failed(r, "stream_broken"),
+            Err(_) => return failed(r, "timeout"),
+        };
+        if parser.feed(&chunk, &mut events).is_err() {
+            return failed(r, "bad_stream");
+        }
+        let now = Instant::now();
+        for ev in events.drain(..) {
+            let data = match ev {
+                SseEvent::Done => {
+                    done = true;
+                    continue;
+                }
+                SseEvent::Data(d) => d,
+            };
+            let Ok(c) = serde_json::from_str::<Chunk>(&data) else {
+                continue;
+            };
+            if c.error.is_some() {
+                return failed(r, "stream_error");
+            }
+            if c.usage.is_some() {
+                r.usage = c.usage;
+            }
+            let text: String = c
+                .choices
+                .iter()
+                .filter_map(|ch| {
+                    ch.delta
+                        .as_ref()
+                        .and_then(|d| d.content.clone())
+                        .or_else(|| ch.text.clone())
+                })
+                .collect();
+            if text.is_empty() {
+                continue;
+            }
+            r.chunks += 1;
+            match last {
+                None => r.first_token = Some(now),
+                Some(prev) => r.gaps.push(now.duration_since(prev).as_secs_f64()),
+            }
+            last = Some(now);
+            if r.answer.len() + text.len() <= MAX_ANSWER_BYTES {
+                r.answer.push_str(&text);
+            }
+        }
+    }
+    r.finished = Instant::now();
+    if !done {
+        r.status = Status::Failed("no_done".into());
+    }
+    r
+}
+
+fn failed(mut r: TurnResult, why: &str) -> TurnResult {
+    r.finished = Instant::now();
+    r.status = Status::Failed(why.to_string());
+    r
+}
+
+/// The `error.code` of an error answer, read with a bound.
+async fn error_code(resp: reqwest::Response, deadline: tokio::time::Instant) -> Option<String> {
+    let bytes = tokio::time::timeout_at(deadline, resp.bytes())
+        .await
+        .ok()?
+        .ok()?;
+    if bytes.len() > 1 << 20 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    v["error"]["code"].as_str().map(str::to_string)
+}

@@ -1,0 +1,167 @@
+//! The load generator against a real gateway and simulated workers on 127.0.0.1.
+
+use kvroute_gateway::{EventFeed, GatewayConfig, GatewayHandle, WorkerSpec};
+use kvroute_loadgen::{run, LoadgenConfig};
+use kvroute_preprocess::Preprocessor;
+use kvroute_worker::{WorkerConfig, WorkerHandle};
+use kvroute_workload::{ChatConfig, Status, Summary};
+use std::collections::BTreeMap;
+
+async fn fleet(
+    n: usize,
+    tweak: impl FnOnce(&mut GatewayConfig),
+) -> (Vec<WorkerHandle>, GatewayHandle) {
+    let mut workers = Vec::new();
+    for i in 0..n {
+        let cfg = WorkerConfig {
+            speedup: 50.0,
+            worker_name: format!("w{i}"),
+            ..WorkerConfig::default()
+        };
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        workers.push(
+            kvroute_worker::spawn(cfg, Preprocessor::builtin(), l, None)
+                .await
+                .unwrap(),
+        );
+    }
+    let mut config = GatewayConfig {
+        port: 0,
+        tokenizer: Some("builtin".into()),
+        workers: workers
+            .iter()
+            .map(|w| WorkerSpec {
+                url: w.url(),
+                name: Some(w.name().to_string()),
+                ..WorkerSpec::default()
+            })
+            .collect(),
+        ..GatewayConfig::default()
+    };
+    config.router.block_size = 16;
+    config.router.policy.kind = kvroute_core::PolicyKind::Kv;
+    tweak(&mut config);
+    let feeds: BTreeMap<usize, EventFeed> = workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (i, EventFeed::from_broadcast(w.subscribe(), None)))
+        .collect();
+    let pre = kvroute_gateway::load_preprocessor(&config).unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gw = kvroute_gateway::spawn(config, pre, l, feeds).await.unwrap();
+    (workers, gw)
+}
+
+fn small_chat() -> ChatConfig {
+    ChatConfig {
+        starters: 4,
+        starter_min_words: 150,
+        starter_max_words: 200,
+        min_turns: 3,
+        max_turns: 3,
+        max_tokens: 8,
+        ..ChatConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_progress_and_later_turns_hit_the_cache() {
+    let (workers, gw) = fleet(2, |_| {}).await;
+    let result = run(LoadgenConfig {
+        target: gw.url(),
+        concurrency: 3,
+        conversations: 6,
+        chat: small_chat(),
+        ..LoadgenConfig::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(result.records.len(), 18);
+    assert!(
+        result.records.iter().all(|r| r.status == Status::Completed),
+        "{:?}",
+        result.records
+    );
+    let (mut later, mut hit) = (0, 0);
+    for (rec, t) in result.records.iter().zip(&result.turns) {
+        assert_eq!(rec.output_tokens, 8);
+        assert!(rec.ttft().is_some() && rec.input_tokens > 100);
+        if t.turn > 1 {
+            later += 1;
+            // A follow-up may go elsewhere when its worker is loaded; most find their prefix.
+            hit += usize::from(rec.cached_tokens > 100);
+        }
+    }
+    assert!(
+        hit * 4 >= later * 3,
+        "{hit} of {later} later turns hit the cache"
+    );
+    let summary = Summary::from_records(&result.records, result.duration);
+    assert_eq!((summary.sent, summary.completed), (18, 18));
+    assert!(summary.hit_rate.unwrap() > 0.5, "{:?}", summary.hit_rate);
+    assert_eq!(result.workers.len(), 2);
+    gw.shutdown().await;
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shed_turns_are_counted_not_hidden() {
+    let (workers, gw) = fleet(1, |c| {
+        c.router.admission.mode = kvroute_core::AdmissionMode::Shed;
+        c.workers[0].max_batch = Some(1);
+    })
+    .await;
+    let mut chat = small_chat();
+    chat.max_tokens = 200;
+    let result = run(LoadgenConfig {
+        target: gw.url(),
+        concurrency: 4,
+        conversations: 8,
+        chat,
+        ..LoadgenConfig::default()
+    })
+    .await
+    .unwrap();
+    let summary = Summary::from_records(&result.records, result.duration);
+    assert!(summary.rejected > 0, "{summary:?}");
+    assert_eq!(summary.sent, result.records.len() as u64);
+    assert_eq!(
+        summary.sent,
+        summary.completed + summary.failed + summary.rejected
+    );
+    assert!(
+        summary.rejected_by_reason.contains_key("all_workers_busy"),
+        "{:?}",
+        summary.rejected_by_reason
+    );
+    // TTFT over all sent requests counts the rejections as infinite.
+    if summary.rejected * 100 >= summary.sent {
+        assert_eq!(summary.ttft_all_ms.p99, Some(f64::INFINITY));
+    }
+    gw.shutdown().await;
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn bad_settings_are_refused() {
+    for c in [
+        LoadgenConfig {
+            target: "localhost:1".into(),
+            ..LoadgenConfig::default()
+        },
+        LoadgenConfig {
+            concurrency: 0,
+            ..LoadgenConfig::default()
+        },
+        LoadgenConfig {
+            conversations: 0,
+            ..LoadgenConfig::default()
+        },
+    ] {
+        assert!(run(c).await.is_err());
+    }
+}
