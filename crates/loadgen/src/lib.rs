@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 
 /// Settings of a run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -130,8 +131,53 @@ struct Shared {
     out: Mutex<Collected>,
 }
 
+/// The most closed-loop slots a run may grow to.
+pub const MAX_CONCURRENCY: usize = 100_000;
+
+/// Steers a running load: its concurrency (changed without cutting conversations short)
+/// and stopping.
+#[derive(Clone)]
+pub struct Control {
+    tx: Arc<watch::Sender<Ctl>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Ctl {
+    concurrency: usize,
+    stop: bool,
+}
+
+impl Control {
+    /// Sets the conversations in flight. Slots above the new level finish their current
+    /// conversation, then wait; new slots start at once.
+    pub fn set_concurrency(&self, n: usize) {
+        let n = n.clamp(1, MAX_CONCURRENCY);
+        self.tx.send_modify(|c| c.concurrency = n);
+    }
+
+    /// The concurrency asked for.
+    pub fn concurrency(&self) -> usize {
+        self.tx.borrow().concurrency
+    }
+
+    /// Starts no more turns; turns in flight finish.
+    pub fn stop(&self) {
+        self.tx.send_modify(|c| c.stop = true);
+    }
+}
+
 /// Runs the load until every conversation has ended (or the duration is up).
 pub async fn run(config: LoadgenConfig) -> Result<RunResult, LoadgenError> {
+    let (_control, run) = start(config)?;
+    run.await
+        .map_err(|e| LoadgenError::Config(format!("the run's task failed: {e}")))
+}
+
+/// Starts the load; returns its control and the run, which ends when every conversation has
+/// ended, the duration is up, or [`Control::stop`] was called.
+pub fn start(
+    config: LoadgenConfig,
+) -> Result<(Control, tokio::task::JoinHandle<RunResult>), LoadgenError> {
     config.validate()?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(config.concurrency.min(1024))
@@ -143,82 +189,157 @@ pub async fn run(config: LoadgenConfig) -> Result<RunResult, LoadgenError> {
         started: Mutex::new(0),
         out: Mutex::new((Vec::new(), Vec::new(), BTreeMap::new())),
     });
+    let (tx, rx) = watch::channel(Ctl {
+        concurrency: config.concurrency,
+        stop: false,
+    });
+    let control = Control { tx: Arc::new(tx) };
     let config = Arc::new(config);
-    let t0 = Instant::now();
-    let url = format!(
-        "{}/v1/chat/completions",
-        config.target.trim_end_matches('/')
-    );
-    let tasks: Vec<_> = (0..config.concurrency)
-        .map(|_| {
-            let (shared, config, client, url) =
-                (shared.clone(), config.clone(), client.clone(), url.clone());
-            tokio::spawn(async move { drive(&shared, &config, &client, &url, t0).await })
-        })
-        .collect();
-    for t in tasks {
-        let _ = t.await;
-    }
-    let duration = t0.elapsed();
-    let (records, turns, names) =
-        std::mem::take(&mut *shared.out.lock().unwrap_or_else(|e| e.into_inner()));
-    let mut workers = vec![String::new(); names.len()];
-    for (name, i) in names {
-        workers[i as usize] = name;
-    }
-    Ok(RunResult {
-        records,
-        turns,
-        workers,
-        duration,
-    })
+    let supervisor = control.clone();
+    let run = tokio::spawn(async move {
+        let t0 = Instant::now();
+        let url = format!(
+            "{}/v1/chat/completions",
+            config.target.trim_end_matches('/')
+        );
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let mut ctl_rx = rx.clone();
+        let (mut spawned, mut finished) = (0usize, 0usize);
+        loop {
+            let ctl = *ctl_rx.borrow_and_update();
+            while spawned < ctl.concurrency {
+                let slot = Slot {
+                    index: spawned,
+                    shared: shared.clone(),
+                    config: config.clone(),
+                    client: client.clone(),
+                    url: url.clone(),
+                    t0,
+                    ctl: rx.clone(),
+                };
+                let done = done_tx.clone();
+                tokio::spawn(async move {
+                    slot.drive().await;
+                    let _ = done.send(());
+                });
+                spawned += 1;
+            }
+            if finished == spawned {
+                break;
+            }
+            tokio::select! {
+                changed = ctl_rx.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                }
+                Some(()) = done_rx.recv() => {
+                    finished += 1;
+                    // A slot ends only when no conversation is left to start (or the run
+                    // stops): wake the slots waiting above the concurrency to see it too.
+                    supervisor.tx.send_modify(|_| {});
+                }
+            }
+        }
+        let duration = t0.elapsed();
+        let (records, turns, names) =
+            std::mem::take(&mut *shared.out.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut workers = vec![String::new(); names.len()];
+        for (name, i) in names {
+            workers[i as usize] = name;
+        }
+        RunResult {
+            records,
+            turns,
+            workers,
+            duration,
+        }
+    });
+    Ok((control, run))
 }
 
-/// One closed-loop slot: conversations one after another.
-async fn drive(
-    shared: &Shared,
-    config: &LoadgenConfig,
-    client: &reqwest::Client,
-    url: &str,
+/// One closed-loop slot: conversations one after another while its index is below the
+/// concurrency.
+struct Slot {
+    index: usize,
+    shared: Arc<Shared>,
+    config: Arc<LoadgenConfig>,
+    client: reqwest::Client,
+    url: String,
     t0: Instant,
-) {
-    let timeout = Duration::from_secs_f64(config.request_timeout_secs);
-    let time_up = |now: Instant| {
-        config.duration_secs > 0.0 && now.duration_since(t0).as_secs_f64() >= config.duration_secs
-    };
-    loop {
-        let first = {
-            let mut started = shared.started.lock().unwrap_or_else(|e| e.into_inner());
-            if *started >= config.conversations || time_up(Instant::now()) {
+    ctl: watch::Receiver<Ctl>,
+}
+
+impl Slot {
+    fn time_up(&self) -> bool {
+        self.config.duration_secs > 0.0
+            && self.t0.elapsed().as_secs_f64() >= self.config.duration_secs
+    }
+
+    fn exhausted(&self) -> bool {
+        *self
+            .shared
+            .started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            >= self.config.conversations
+    }
+
+    async fn drive(mut self) {
+        let timeout = Duration::from_secs_f64(self.config.request_timeout_secs);
+        loop {
+            let ctl = *self.ctl.borrow_and_update();
+            if ctl.stop || self.time_up() || self.exhausted() {
                 return;
             }
-            *started += 1;
-            shared
-                .workload
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .start()
-        };
-        let mut next = Some(first);
-        while let Some(turn) = next.take() {
-            let sent = Instant::now();
-            let r = turn::send(
-                client,
-                url,
-                &config.model,
-                &turn,
-                config.ignore_eos,
-                timeout,
-            )
-            .await;
-            let ok = r.status == Status::Completed;
-            let answer = r.answer.clone();
-            record(shared, &turn, sent, t0, r);
-            let mut w = shared.workload.lock().unwrap_or_else(|e| e.into_inner());
-            if !ok || time_up(Instant::now()) {
-                w.end(turn.conversation);
-            } else {
-                next = w.follow_up(turn.conversation, &answer);
+            if self.index >= ctl.concurrency {
+                if self.ctl.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            let first = {
+                let mut started = self
+                    .shared
+                    .started
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if *started >= self.config.conversations {
+                    return;
+                }
+                *started += 1;
+                self.shared
+                    .workload
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .start()
+            };
+            let mut next = Some(first);
+            while let Some(turn) = next.take() {
+                let sent = Instant::now();
+                let r = turn::send(
+                    &self.client,
+                    &self.url,
+                    &self.config.model,
+                    &turn,
+                    self.config.ignore_eos,
+                    timeout,
+                )
+                .await;
+                let ok = r.status == Status::Completed;
+                let answer = r.answer.clone();
+                record(&self.shared, &turn, sent, self.t0, r);
+                let stop = self.ctl.borrow().stop;
+                let mut w = self
+                    .shared
+                    .workload
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if !ok || stop || self.time_up() {
+                    w.end(turn.conversation);
+                } else {
+                    next = w.follow_up(turn.conversation, &answer);
+                }
             }
         }
     }

@@ -165,3 +165,66 @@ async fn bad_settings_are_refused() {
         assert!(run(c).await.is_err());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_changes_take_effect_without_cutting_conversations() {
+    let (workers, gw) = fleet(2, |_| {}).await;
+    let mut chat = small_chat();
+    chat.max_tokens = 40;
+    let (control, running) = kvroute_loadgen::start(LoadgenConfig {
+        target: gw.url(),
+        concurrency: 1,
+        conversations: 12,
+        chat,
+        ..LoadgenConfig::default()
+    })
+    .unwrap();
+    // Let two turns go through at concurrency 1, then raise it.
+    let served = || async {
+        let text = reqwest::get(format!("{}/metrics", gw.url()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| l.starts_with("kvroute_requests_total{"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while served().await < 2.0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    control.set_concurrency(4);
+    assert_eq!(control.concurrency(), 4);
+    let result = running.await.unwrap();
+    // Every conversation ran all its turns.
+    assert_eq!(result.records.len(), 36);
+    assert!(result.records.iter().all(|r| r.status == Status::Completed));
+    // The most turns in flight at once, from the records: 1 for the first two, more after.
+    let overlap = |recs: &[kvroute_workload::RequestRecord]| {
+        let mut edges: Vec<(kvroute_core::Time, i32)> = recs
+            .iter()
+            .flat_map(|r| [(r.arrival, 1), (r.finished.unwrap(), -1)])
+            .collect();
+        edges.sort_by_key(|&(t, d)| (t, d));
+        let (mut now, mut most) = (0, 0);
+        for (_, d) in edges {
+            now += d;
+            most = most.max(now);
+        }
+        most
+    };
+    let mut by_arrival = result.records.clone();
+    by_arrival.sort_by_key(|r| r.arrival);
+    assert_eq!(overlap(&by_arrival[..2]), 1);
+    assert!(
+        overlap(&by_arrival) > 1,
+        "never more than one turn in flight"
+    );
+    gw.shutdown().await;
+    for w in workers {
+        w.shutdown().await;
+    }
+}
