@@ -16,9 +16,16 @@ pub struct LoadgenArgs {
     /// The `model` of the requests.
     #[arg(long, default_value = "kvroute-sim")]
     pub model: String,
-    /// The workload (only `multiturn` for now).
+    /// `multiturn` (closed loop at `--concurrency`) or `mooncake:<file>` (the trace replayed on
+    /// its own schedule, open loop, token-id prompts on `/v1/completions`).
     #[arg(long, default_value = "multiturn")]
     pub workload: String,
+    /// Trace replay speed (2 = twice as fast).
+    #[arg(long, default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Replay only the first K requests of the trace.
+    #[arg(long)]
+    pub limit: Option<usize>,
     /// Conversations in flight at once.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
@@ -47,26 +54,49 @@ pub struct LoadgenArgs {
 
 /// Runs the load and prints the summary.
 pub fn run(args: &LoadgenArgs) -> Result<()> {
-    anyhow::ensure!(
-        args.workload == "multiturn",
-        "unknown workload {:?} (expected multiturn)",
-        args.workload
-    );
-    let mut config = LoadgenConfig {
-        target: args.target.clone(),
-        model: args.model.clone(),
-        concurrency: args.concurrency,
-        conversations: args.conversations,
-        duration_secs: args.duration_secs,
-        ignore_eos: !args.no_ignore_eos,
-        seed: args.seed,
-        ..LoadgenConfig::default()
+    let result = if let Some(path) = args.workload.strip_prefix("mooncake:") {
+        let options = kvroute_workload::TraceOptions {
+            speedup: args.speedup,
+            first: args.limit,
+            ..Default::default()
+        };
+        let file = std::fs::File::open(path).with_context(|| format!("opening {path}"))?;
+        let requests =
+            kvroute_workload::mooncake::parse_reader(std::io::BufReader::new(file), &options)
+                .with_context(|| format!("reading {path}"))?;
+        let config = kvroute_loadgen::ReplayConfig {
+            target: args.target.clone(),
+            model: args.model.clone(),
+            ignore_eos: !args.no_ignore_eos,
+            ..Default::default()
+        };
+        crate::runtime()?.block_on(kvroute_loadgen::replay(config, requests))?
+    } else {
+        anyhow::ensure!(
+            args.workload == "multiturn",
+            "unknown workload {:?} (expected multiturn or mooncake:<file>)",
+            args.workload
+        );
+        let mut config = LoadgenConfig {
+            target: args.target.clone(),
+            model: args.model.clone(),
+            concurrency: args.concurrency,
+            conversations: args.conversations,
+            duration_secs: args.duration_secs,
+            ignore_eos: !args.no_ignore_eos,
+            seed: args.seed,
+            ..LoadgenConfig::default()
+        };
+        config.chat.max_tokens = args.max_tokens;
+        config.validate()?;
+        crate::runtime()?.block_on(kvroute_loadgen::run(config))?
     };
-    config.chat.max_tokens = args.max_tokens;
-    config.validate()?;
-    let result = crate::runtime()?.block_on(kvroute_loadgen::run(config))?;
     let summary = Summary::from_records(&result.records, result.duration);
-    let label = format!("c{}", args.concurrency);
+    let label = if args.workload.starts_with("mooncake:") {
+        format!("trace x{}", args.speedup)
+    } else {
+        format!("c{}", args.concurrency)
+    };
     let table = markdown_table(&[(label.as_str(), &summary)]);
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);

@@ -8,8 +8,10 @@
 //! failed or rejected turn is recorded and ends its conversation; nothing is dropped from the
 //! records.
 
+mod replay;
 mod turn;
 
+pub use replay::{replay, ReplayConfig};
 pub use turn::TurnResult;
 
 use kvroute_core::{RequestId, Time};
@@ -241,21 +243,26 @@ pub fn start(
                 }
             }
         }
-        let duration = t0.elapsed();
-        let (records, turns, names) =
-            std::mem::take(&mut *shared.out.lock().unwrap_or_else(|e| e.into_inner()));
-        let mut workers = vec![String::new(); names.len()];
-        for (name, i) in names {
-            workers[i as usize] = name;
-        }
-        RunResult {
-            records,
-            turns,
-            workers,
-            duration,
-        }
+        collect(&shared, t0)
     });
     Ok((control, run))
+}
+
+/// The run's result from what its tasks collected.
+fn collect(shared: &Shared, t0: Instant) -> RunResult {
+    let duration = t0.elapsed();
+    let (records, turns, names) =
+        std::mem::take(&mut *shared.out.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut workers = vec![String::new(); names.len()];
+    for (name, i) in names {
+        workers[i as usize] = name;
+    }
+    RunResult {
+        records,
+        turns,
+        workers,
+        duration,
+    }
 }
 
 /// One closed-loop slot: conversations one after another while its index is below the
@@ -328,7 +335,15 @@ impl Slot {
                 .await;
                 let ok = r.status == Status::Completed;
                 let answer = r.answer.clone();
-                record(&self.shared, &turn, sent, self.t0, r);
+                record(
+                    &self.shared,
+                    turn.conversation,
+                    turn.turn,
+                    Some(turn.conversation),
+                    sent,
+                    self.t0,
+                    r,
+                );
                 let stop = self.ctl.borrow().stop;
                 let mut w = self
                     .shared
@@ -345,9 +360,13 @@ impl Slot {
     }
 }
 
+/// Keeps what a request measured: its record (`session` for affinity, if any) and which
+/// conversation turn (or trace request, as turn 1) it was.
 fn record(
     shared: &Shared,
-    turn: &kvroute_workload::ChatTurn,
+    conversation: u64,
+    turn: u32,
+    session: Option<u64>,
     sent: Instant,
     t0: Instant,
     r: TurnResult,
@@ -366,7 +385,7 @@ fn record(
         usage.prompt_tokens,
     );
     rec.worker = worker;
-    rec.session = Some(turn.conversation);
+    rec.session = session;
     rec.first_token = r.first_token.map(at);
     rec.finished = Some(at(r.finished));
     rec.cached_tokens = usage.cached_tokens();
@@ -381,8 +400,8 @@ fn record(
     }
     records.push(rec);
     turns.push(TurnInfo {
-        conversation: turn.conversation,
-        turn: turn.turn,
+        conversation,
+        turn,
         worker: r.worker,
     });
 }

@@ -63,14 +63,35 @@ pub async fn send(
     ignore_eos: bool,
     timeout: Duration,
 ) -> TurnResult {
-    let start = Instant::now();
-    let mut body = serde_json::json!({
+    let body = serde_json::json!({
         "model": model,
         "messages": turn.messages,
         "max_tokens": turn.max_tokens,
-        "stream": true,
-        "stream_options": {"include_usage": true},
     });
+    send_streamed(
+        client,
+        url,
+        body,
+        Some(turn.conversation),
+        ignore_eos,
+        timeout,
+    )
+    .await
+}
+
+/// Sends a request `body` (chat or completions; `stream` and `stream_options` are set here)
+/// and reads the stream to its end; `session` goes out as `x-session-id`.
+pub async fn send_streamed(
+    client: &reqwest::Client,
+    url: &str,
+    mut body: serde_json::Value,
+    session: Option<u64>,
+    ignore_eos: bool,
+    timeout: Duration,
+) -> TurnResult {
+    let start = Instant::now();
+    body["stream"] = serde_json::Value::Bool(true);
+    body["stream_options"] = serde_json::json!({"include_usage": true});
     if ignore_eos {
         body["ignore_eos"] = serde_json::Value::Bool(true);
     }
@@ -85,14 +106,14 @@ pub async fn send(
         status: Status::Completed,
     };
     let deadline = tokio::time::Instant::from_std(start + timeout);
-    let resp = match tokio::time::timeout_at(
-        deadline,
-        client
-            .post(url)
-            .header("x-session-id", turn.conversation.to_string())
-            .json(&body)
-            .send(),
-    )
+    let resp = match tokio::time::timeout_at(deadline, {
+        let req = client.post(url).json(&body);
+        match session {
+            Some(s) => req.header("x-session-id", s.to_string()),
+            None => req,
+        }
+        .send()
+    })
     .await
     {
         Ok(Ok(resp)) => resp,

@@ -228,3 +228,51 @@ async fn concurrency_changes_take_effect_without_cutting_conversations() {
         w.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_replays_on_schedule_and_shared_blocks_hit_the_cache() {
+    let (workers, gw) = fleet(2, |_| {}).await;
+    let trace = r#"{"timestamp": 0, "input_length": 200, "output_length": 4, "hash_ids": [1, 2, 3, 4]}
+{"timestamp": 100, "input_length": 300, "output_length": 4, "hash_ids": [1, 2, 3, 4, 5]}
+{"timestamp": 200, "input_length": 120, "output_length": 4, "hash_ids": [9, 10]}
+{"timestamp": 300, "input_length": 350, "output_length": 4, "hash_ids": [1, 2, 3, 4, 5, 6]}
+"#;
+    let options = kvroute_workload::TraceOptions {
+        speedup: 2.0,
+        block_tokens: 64,
+        ..Default::default()
+    };
+    let requests = kvroute_workload::mooncake::parse_str(trace, &options).unwrap();
+    let result = kvroute_loadgen::replay(
+        kvroute_loadgen::ReplayConfig {
+            target: gw.url(),
+            ..Default::default()
+        },
+        requests,
+    )
+    .await
+    .unwrap();
+    let mut recs = result.records.clone();
+    recs.sort_by_key(|r| r.arrival);
+    assert_eq!(recs.len(), 4);
+    assert!(
+        recs.iter().all(|r| r.status == Status::Completed),
+        "{recs:?}"
+    );
+    // On schedule: 0, 50, 100, 150 ms (timestamps in ms at speed-up 2).
+    let ms: Vec<u128> = recs.iter().map(|r| r.arrival.0.as_millis()).collect();
+    assert_eq!(ms, vec![0, 50, 100, 150]);
+    assert_eq!(
+        recs.iter().map(|r| r.input_tokens).collect::<Vec<_>>(),
+        vec![200, 300, 120, 350]
+    );
+    assert_eq!(recs[0].cached_tokens, 0);
+    // Request 1 held 200 tokens: 12 full blocks of 16 (192) are shared with request 2;
+    // request 2 held 300: 18 full blocks (288) are shared with request 4.
+    assert_eq!(recs[1].cached_tokens, 192, "{:?}", recs[1]);
+    assert_eq!(recs[3].cached_tokens, 288, "{:?}", recs[3]);
+    gw.shutdown().await;
+    for w in workers {
+        w.shutdown().await;
+    }
+}
