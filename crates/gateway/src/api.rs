@@ -12,8 +12,8 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use bytes::Bytes;
 use kvroute_core::RouteRequest;
+use kvroute_protocol::openai::http::read_body;
 use kvroute_protocol::openai::{parse_request, ApiError, Endpoint, ErrorKind, ModelList};
 use std::sync::Arc;
 use std::time::Instant;
@@ -47,26 +47,6 @@ fn request_id(gw: &Gateway, headers: &HeaderMap) -> String {
         )
 }
 
-/// Reads a body up to the limit (413 past it).
-async fn read_body(gw: &Gateway, req: Request) -> Result<Bytes, ApiError> {
-    use http_body_util::BodyExt;
-    let limit = gw.config.limits.max_body_bytes;
-    match http_body_util::Limited::new(req.into_body(), limit)
-        .collect()
-        .await
-    {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::new(
-            ErrorKind::TooLarge,
-            format!("the request body is larger than {limit} bytes"),
-        )
-        .with_code("request_too_large")),
-        Err(e) => Err(ApiError::invalid(format!(
-            "could not read the request body: {e}"
-        ))),
-    }
-}
-
 async fn chat(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     openai(gw, Endpoint::Chat, req).await
 }
@@ -81,7 +61,9 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
     let id = request_id(&gw, &headers);
     let result = async {
         let unknown = |e: ApiError| (GatewayError::Api(e), String::new());
-        let body = read_body(&gw, req).await.map_err(unknown)?;
+        let body = read_body(&headers, req.into_body(), gw.config.limits.max_body_bytes)
+            .await
+            .map_err(unknown)?;
         let (_, view) =
             parse_request(endpoint, &body, gw.config.limits.max_prompt_tokens).map_err(unknown)?;
         if !gw.serves(&view.model) {
@@ -183,7 +165,11 @@ async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
 /// it has `messages`).
 async fn debug_explain(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let result = async {
-        let body = read_body(&gw, req).await.map_err(GatewayError::from)?;
+        let limit = gw.config.limits.max_body_bytes;
+        let (parts, body) = req.into_parts();
+        let body = read_body(&parts.headers, body, limit)
+            .await
+            .map_err(GatewayError::from)?;
         let endpoint = if serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
             .is_some_and(|v| v.get("messages").is_some())

@@ -1,7 +1,7 @@
 //! The gateway's errors, and the one place where they become HTTP answers (OpenAI error
 //! objects with their status, `Retry-After` on 503, the request id header).
 
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 use kvroute_core::RejectReason;
 use kvroute_preprocess::PreprocessError;
@@ -92,21 +92,11 @@ impl GatewayError {
     }
 }
 
-/// An OpenAI error answer.
+/// An OpenAI error answer, carrying the request id.
 pub fn error_response(e: &ApiError, request_id: &str) -> Response {
-    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut resp = (
-        status,
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        e.to_json(),
-    )
-        .into_response();
-    let headers = resp.headers_mut();
-    if let Some(secs) = e.retry_after_secs {
-        headers.insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs));
-    }
+    let mut resp = kvroute_protocol::openai::http::error_response(e);
     if let Ok(v) = HeaderValue::from_str(request_id) {
-        headers.insert(crate::REQUEST_ID_HEADER, v);
+        resp.headers_mut().insert(crate::REQUEST_ID_HEADER, v);
     }
     resp
 }

@@ -8,7 +8,7 @@ use kvroute_core::{
     BlockedPrompt, Namespace, RejectReason, RequestId, RouteOutcome, RouteRequest, Selection,
     WorkerId,
 };
-use kvroute_protocol::openai::{ApiError, ErrorKind, PromptInput, RequestView};
+use kvroute_protocol::openai::{ApiError, PromptInput, RequestView};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Instant;
@@ -73,15 +73,7 @@ pub async fn prepare(
     };
     let limit = gw.config.limits.max_prompt_tokens;
     if tokens.len() > limit {
-        return Err(ApiError::new(
-            ErrorKind::TooLarge,
-            format!(
-                "the prompt has {} tokens, more than the limit of {limit}",
-                tokens.len()
-            ),
-        )
-        .with_code("context_length_exceeded")
-        .into());
+        return Err(ApiError::prompt_too_long(tokens.len(), limit).into());
     }
     let block_size = gw.router().block_size();
     // Engines' events carry no cache salt or adapter name the index could key on, so every

@@ -3,6 +3,8 @@
 //! stream-chunk bodies, server-sent events, and error objects with their HTTP status.
 
 mod error;
+#[cfg(feature = "axum")]
+pub mod http;
 mod request;
 mod response;
 mod sse;

@@ -88,19 +88,14 @@ async fn generate(
     }
     let tokens = prompt_tokens(&s, view.input).await?;
     if tokens.len() > s.cfg.max_prompt_tokens {
-        return Err(ApiError::new(
-            ErrorKind::TooLarge,
-            format!(
-                "the prompt has {} tokens, more than the limit of {}",
-                tokens.len(),
-                s.cfg.max_prompt_tokens
+        return Err(
+            ApiError::prompt_too_long(tokens.len(), s.cfg.max_prompt_tokens).with_param(
+                match endpoint {
+                    Endpoint::Chat => "messages",
+                    Endpoint::Completions => "prompt",
+                },
             ),
-        )
-        .with_param(match endpoint {
-            Endpoint::Chat => "messages",
-            Endpoint::Completions => "prompt",
-        })
-        .with_code("context_length_exceeded"));
+        );
     }
     let max_tokens = view.max_tokens.unwrap_or(s.cfg.default_max_tokens);
     let (id, hex) = s.ids.next();

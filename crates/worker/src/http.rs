@@ -7,15 +7,12 @@ use crate::ids::IdGen;
 use crate::metrics::Metrics;
 use crate::text::OutputText;
 use crate::WorkerConfig;
-use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
 use kvroute_preprocess::Preprocessor;
 use kvroute_protocol::openai::{ApiError, ErrorKind, ModelList};
 use std::sync::Arc;
@@ -78,60 +75,11 @@ async fn request_id(State(s): State<AppState>, mut req: Request, next: Next) -> 
     resp
 }
 
-/// An OpenAI error answer, with `Retry-After` when the error has a retry delay.
-pub(crate) fn error_response(e: &ApiError) -> Response {
-    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut resp = (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        e.to_json(),
-    )
-        .into_response();
-    if let Some(secs) = e.retry_after_secs {
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-    }
-    resp
-}
+pub(crate) use kvroute_protocol::openai::http::{error_response, read_body};
 
 /// A JSON answer.
 pub(crate) fn json_response(status: StatusCode, body: String) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
-}
-
-/// 413 for a body over `limit` bytes.
-fn too_large(limit: usize) -> ApiError {
-    ApiError::new(
-        ErrorKind::TooLarge,
-        format!("the request body is larger than the limit of {limit} bytes"),
-    )
-    .with_code("body_too_large")
-}
-
-/// Reads a body of at most `limit` bytes (413 beyond, whatever the `Content-Length` says).
-pub(crate) async fn read_body(
-    headers: &HeaderMap,
-    body: Body,
-    limit: usize,
-) -> Result<Bytes, ApiError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large(limit));
-    }
-    let mut buf = BytesMut::with_capacity(declared.map_or(0, |n| n as usize).min(limit));
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk
-            .map_err(|e| ApiError::invalid(format!("could not read the request body: {e}")))?;
-        if buf.len() + chunk.len() > limit {
-            return Err(too_large(limit));
-        }
-        buf.extend_from_slice(&chunk);
-    }
-    Ok(buf.freeze())
 }
 
 /// Unix seconds now.

@@ -125,6 +125,24 @@ impl ApiError {
         e
     }
 
+    /// 413 for a request body over `limit` bytes.
+    pub fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            ErrorKind::TooLarge,
+            format!("the request body is larger than the limit of {limit} bytes"),
+        )
+        .with_code("request_too_large")
+    }
+
+    /// 413 for a prompt of `got` tokens over `limit`.
+    pub fn prompt_too_long(got: usize, limit: usize) -> Self {
+        Self::new(
+            ErrorKind::TooLarge,
+            format!("the prompt has {got} tokens, more than the limit of {limit}"),
+        )
+        .with_code("context_length_exceeded")
+    }
+
     /// Sets `param`.
     pub fn with_param(mut self, param: &str) -> Self {
         self.param = Some(param.to_string());
