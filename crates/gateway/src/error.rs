@@ -39,13 +39,7 @@ impl GatewayError {
     pub fn to_api(&self) -> ApiError {
         match self {
             GatewayError::Api(e) => e.clone(),
-            GatewayError::Preprocess(e) => match e {
-                PreprocessError::TooLong { .. } => {
-                    ApiError::new(ErrorKind::TooLarge, e.to_string())
-                        .with_code("context_length_exceeded")
-                }
-                _ => ApiError::invalid(e.to_string()),
-            },
+            GatewayError::Preprocess(e) => e.to_api_error(),
             GatewayError::Rejected(reason) => {
                 let (code, message) = match reason {
                     RejectReason::NoWorkers => (

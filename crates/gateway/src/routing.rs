@@ -8,31 +8,11 @@ use kvroute_core::{
     BlockedPrompt, Namespace, RejectReason, RequestId, RouteOutcome, RouteRequest, Selection,
     WorkerId,
 };
-use kvroute_protocol::openai::{ApiError, PromptInput, RequestView};
+use kvroute_preprocess::INLINE_TOKENIZE_BYTES;
+use kvroute_protocol::openai::{ApiError, RequestView};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Prompts longer than this (bytes) are tokenized on the blocking pool; shorter ones inline,
-/// where a hand-off to another thread would cost more than the tokenizing.
-const INLINE_TOKENIZE_BYTES: usize = 32 << 10;
-
-/// About how many bytes of text a prompt has (what tokenizing it costs).
-fn prompt_bytes(input: &PromptInput) -> usize {
-    fn text_bytes(v: &serde_json::Value) -> usize {
-        match v {
-            serde_json::Value::String(s) => s.len(),
-            serde_json::Value::Array(a) => a.iter().map(text_bytes).sum(),
-            serde_json::Value::Object(o) => o.values().map(text_bytes).sum(),
-            _ => 0,
-        }
-    }
-    match input {
-        PromptInput::Text(t) => t.len(),
-        PromptInput::Tokens(_) => 0,
-        PromptInput::Messages(m) => m.iter().map(text_bytes).sum(),
-    }
-}
 
 /// A request's prompt, cut into blocks.
 pub struct Prepared {
@@ -48,28 +28,13 @@ pub async fn prepare(
     view: &RequestView,
     session_header: Option<&str>,
 ) -> Result<Prepared, GatewayError> {
-    let tokens = match &view.input {
-        PromptInput::Tokens(ids) => ids.clone(),
-        input => {
-            let pre = gw.preprocessor.clone();
-            let input = input.clone();
-            let big = prompt_bytes(&input) > INLINE_TOKENIZE_BYTES;
-            let work = move || -> Result<Vec<u32>, GatewayError> {
-                let text = match input {
-                    PromptInput::Messages(m) => pre.render_chat(&m, true)?,
-                    PromptInput::Text(t) => t,
-                    PromptInput::Tokens(ids) => return Ok(ids),
-                };
-                Ok(pre.encode(&text)?)
-            };
-            if big {
-                tokio::task::spawn_blocking(work)
-                    .await
-                    .map_err(|e| GatewayError::Internal(format!("tokenizer task failed: {e}")))??
-            } else {
-                work()?
-            }
-        }
+    let tokens = if view.input.text_bytes() > INLINE_TOKENIZE_BYTES {
+        let (pre, input) = (gw.preprocessor.clone(), view.input.clone());
+        tokio::task::spawn_blocking(move || pre.prompt_tokens(&input))
+            .await
+            .map_err(|e| GatewayError::Internal(format!("tokenizer task failed: {e}")))??
+    } else {
+        gw.preprocessor.prompt_tokens(&view.input)?
     };
     let limit = gw.config.limits.max_prompt_tokens;
     if tokens.len() > limit {

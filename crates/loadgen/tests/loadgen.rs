@@ -233,9 +233,9 @@ async fn concurrency_changes_take_effect_without_cutting_conversations() {
 async fn a_trace_replays_on_schedule_and_shared_blocks_hit_the_cache() {
     let (workers, gw) = fleet(2, |_| {}).await;
     let trace = r#"{"timestamp": 0, "input_length": 200, "output_length": 4, "hash_ids": [1, 2, 3, 4]}
-{"timestamp": 100, "input_length": 300, "output_length": 4, "hash_ids": [1, 2, 3, 4, 5]}
-{"timestamp": 200, "input_length": 120, "output_length": 4, "hash_ids": [9, 10]}
-{"timestamp": 300, "input_length": 350, "output_length": 4, "hash_ids": [1, 2, 3, 4, 5, 6]}
+{"timestamp": 400, "input_length": 300, "output_length": 4, "hash_ids": [1, 2, 3, 4, 5]}
+{"timestamp": 800, "input_length": 120, "output_length": 4, "hash_ids": [9, 10]}
+{"timestamp": 1200, "input_length": 350, "output_length": 4, "hash_ids": [1, 2, 3, 4, 5, 6]}
 "#;
     let options = kvroute_workload::TraceOptions {
         speedup: 2.0,
@@ -246,6 +246,9 @@ async fn a_trace_replays_on_schedule_and_shared_blocks_hit_the_cache() {
     let result = kvroute_loadgen::replay(
         kvroute_loadgen::ReplayConfig {
             target: gw.url(),
+            // One at a time, so a request's blocks are cached (and indexed) before the next
+            // one is routed, however loaded the machine is.
+            max_in_flight: 1,
             ..Default::default()
         },
         requests,
@@ -259,9 +262,9 @@ async fn a_trace_replays_on_schedule_and_shared_blocks_hit_the_cache() {
         recs.iter().all(|r| r.status == Status::Completed),
         "{recs:?}"
     );
-    // On schedule: 0, 50, 100, 150 ms (timestamps in ms at speed-up 2).
+    // On schedule: 0, 200, 400, 600 ms (timestamps in ms at speed-up 2).
     let ms: Vec<u128> = recs.iter().map(|r| r.arrival.0.as_millis()).collect();
-    assert_eq!(ms, vec![0, 50, 100, 150]);
+    assert_eq!(ms, vec![0, 200, 400, 600]);
     assert_eq!(
         recs.iter().map(|r| r.input_tokens).collect::<Vec<_>>(),
         vec![200, 300, 120, 350]

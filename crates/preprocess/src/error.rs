@@ -1,5 +1,6 @@
 //! The error type of the crate.
 
+use kvroute_protocol::openai::{ApiError, ErrorKind};
 use std::path::PathBuf;
 
 /// Everything that can go wrong while loading a tokenizer, rendering a chat
@@ -63,5 +64,19 @@ impl PreprocessError {
             self,
             Self::Invalid(_) | Self::Template(_) | Self::TooLong { .. }
         )
+    }
+
+    /// The answer to a request that failed here: 413 for input over the limit, 400 for what
+    /// the request or the chat template got wrong (a missing template included, as vLLM
+    /// answers), 500 for the rest (a broken tokenizer).
+    pub fn to_api_error(&self) -> ApiError {
+        match self {
+            Self::TooLong { .. } => ApiError::new(ErrorKind::TooLarge, self.to_string())
+                .with_code("context_length_exceeded"),
+            Self::Invalid(_) | Self::Template(_) | Self::Config(_) => {
+                ApiError::invalid(self.to_string())
+            }
+            _ => ApiError::new(ErrorKind::Internal, self.to_string()),
+        }
     }
 }

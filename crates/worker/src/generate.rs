@@ -12,7 +12,7 @@ use axum::response::Response;
 use axum::Extension;
 use kvroute_core::{Namespace, RequestId};
 use kvroute_engine::{EngineError, EngineRequest, Finished};
-use kvroute_preprocess::PreprocessError;
+use kvroute_preprocess::INLINE_TOKENIZE_BYTES;
 use kvroute_protocol::openai::{
     parse_request, ApiError, ChatChoice, ChatCompletion, ChatMessageOut, Completion,
     CompletionChoice, Endpoint, ErrorKind, PromptInput, Usage,
@@ -135,36 +135,20 @@ async fn generate(
     collect(ctx, rx, guard).await
 }
 
-/// The prompt's token ids: the chat template rendered then encoded, the text encoded, or
-/// the ids given. Rendering and tokenizing run off the async runtime.
+/// The prompt's token ids (`kvroute_preprocess::Preprocessor::prompt_tokens`); long prompts are tokenized
+/// off the async runtime.
 async fn prompt_tokens(s: &AppState, input: PromptInput) -> Result<Vec<u32>, ApiError> {
-    let pre = s.pre.clone();
-    let job = move || match input {
-        PromptInput::Tokens(t) => Ok(t),
-        PromptInput::Text(text) => pre.encode(&text),
-        PromptInput::Messages(messages) => {
-            let text = pre.render_chat(&messages, true)?;
-            pre.encode(&text)
-        }
+    let tokens = if input.text_bytes() > INLINE_TOKENIZE_BYTES {
+        let pre = s.pre.clone();
+        tokio::task::spawn_blocking(move || pre.prompt_tokens(&input))
+            .await
+            .map_err(|e| {
+                ApiError::new(ErrorKind::Internal, format!("tokenizer task failed: {e}"))
+            })?
+    } else {
+        s.pre.prompt_tokens(&input)
     };
-    tokio::task::spawn_blocking(job)
-        .await
-        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("tokenizer task failed: {e}")))?
-        .map_err(|e| preprocess_error(&e))
-}
-
-/// The answer to a preprocessing error: 413 for input over the tokenizer's limit, 400 for
-/// what the request or the template got wrong, 500 for the rest (a broken tokenizer).
-fn preprocess_error(e: &PreprocessError) -> ApiError {
-    match e {
-        PreprocessError::TooLong { .. } => {
-            ApiError::new(ErrorKind::TooLarge, e.to_string()).with_code("context_length_exceeded")
-        }
-        PreprocessError::Invalid(_) | PreprocessError::Template(_) | PreprocessError::Config(_) => {
-            ApiError::invalid(e.to_string())
-        }
-        _ => ApiError::new(ErrorKind::Internal, e.to_string()),
-    }
+    tokens.map_err(|e| e.to_api_error())
 }
 
 /// The answer to an engine refusal: 503 (with `Retry-After`) when the queue is full, 400
