@@ -243,16 +243,16 @@ pub fn start(
                 }
             }
         }
-        collect(&shared, t0)
+        collect(&shared.out, t0)
     });
     Ok((control, run))
 }
 
 /// The run's result from what its tasks collected.
-fn collect(shared: &Shared, t0: Instant) -> RunResult {
+fn collect(out: &Mutex<Collected>, t0: Instant) -> RunResult {
     let duration = t0.elapsed();
     let (records, turns, names) =
-        std::mem::take(&mut *shared.out.lock().unwrap_or_else(|e| e.into_inner()));
+        std::mem::take(&mut *out.lock().unwrap_or_else(|e| e.into_inner()));
     let mut workers = vec![String::new(); names.len()];
     for (name, i) in names {
         workers[i as usize] = name;
@@ -336,7 +336,7 @@ impl Slot {
                 let ok = r.status == Status::Completed;
                 let answer = r.answer.clone();
                 record(
-                    &self.shared,
+                    &self.shared.out,
                     turn.conversation,
                     turn.turn,
                     Some(turn.conversation),
@@ -363,7 +363,7 @@ impl Slot {
 /// Keeps what a request measured: its record (`session` for affinity, if any) and which
 /// conversation turn (or trace request, as turn 1) it was.
 fn record(
-    shared: &Shared,
+    out: &Mutex<Collected>,
     conversation: u64,
     turn: u32,
     session: Option<u64>,
@@ -372,7 +372,7 @@ fn record(
     r: TurnResult,
 ) {
     let at = |i: Instant| Time(i.duration_since(t0));
-    let mut out = shared.out.lock().unwrap_or_else(|e| e.into_inner());
+    let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
     let (records, turns, names) = &mut *out;
     let worker = r.worker.as_ref().map(|name| {
         let n = names.len() as u64;

@@ -5,8 +5,8 @@
 //! in-flight bound reached) shows up as latency, not as a shorter trace.
 
 use crate::turn::send_streamed;
-use crate::{collect, record, LoadgenError, RunResult, Shared};
-use kvroute_workload::{ChatConfig, ChatWorkload, TraceRequest};
+use crate::{collect, record, Collected, LoadgenError, RunResult};
+use kvroute_workload::TraceRequest;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -61,23 +61,7 @@ pub async fn replay(
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(config.max_in_flight.min(1024))
         .build()?;
-    let shared = Arc::new(Shared {
-        // Unused by a replay; the records share the closed loop's bookkeeping.
-        workload: Mutex::new(
-            ChatWorkload::new(
-                ChatConfig {
-                    starters: 1,
-                    starter_min_words: 1,
-                    starter_max_words: 1,
-                    ..ChatConfig::default()
-                },
-                0,
-            )
-            .map_err(LoadgenError::Config)?,
-        ),
-        started: Mutex::new(0),
-        out: Mutex::new((Vec::new(), Vec::new(), BTreeMap::new())),
-    });
+    let out: Arc<Mutex<Collected>> = Arc::default();
     let url = format!("{}/v1/completions", config.target.trim_end_matches('/'));
     let timeout = Duration::from_secs_f64(config.request_timeout_secs);
     let slots = Arc::new(tokio::sync::Semaphore::new(config.max_in_flight));
@@ -86,10 +70,10 @@ pub async fn replay(
     for (i, req) in requests.into_iter().enumerate() {
         let due = t0 + req.arrival.0;
         tokio::time::sleep_until(due.into()).await;
-        let (client, url, shared, slots, model) = (
+        let (client, url, out, slots, model) = (
             client.clone(),
             url.clone(),
-            shared.clone(),
+            out.clone(),
             slots.clone(),
             config.model.clone(),
         );
@@ -104,11 +88,11 @@ pub async fn replay(
                 "max_tokens": req.max_tokens,
             });
             let r = send_streamed(&client, &url, body, None, ignore_eos, timeout).await;
-            record(&shared, i as u64, 1, None, due, t0, r);
+            record(&out, i as u64, 1, None, due, t0, r);
         }));
     }
     for t in tasks {
         let _ = t.await;
     }
-    Ok(collect(&shared, t0))
+    Ok(collect(&out, t0))
 }
