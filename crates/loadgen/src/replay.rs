@@ -8,7 +8,6 @@ use crate::turn::send_streamed;
 use crate::{collect, record, Collected, LoadgenError, RunResult};
 use kvroute_workload::TraceRequest;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
