@@ -96,18 +96,13 @@ fn body(prompt_words: usize, number: Option<u64>) -> bytes::Bytes {
     .into()
 }
 
-/// Sends one request and returns the seconds to the first body chunk (the stream is read to
+/// Sends one request to the endpoint `url` and returns the seconds to the first body chunk (the stream is read to
 /// its end).
 async fn one(client: &reqwest::Client, url: &str, body: bytes::Bytes) -> f64 {
     let start = Instant::now();
     // Token-id prompts go to the completions API.
-    let path = if body.windows(9).any(|w| w == br#""prompt":"#) {
-        "/v1/completions"
-    } else {
-        "/v1/chat/completions"
-    };
     let resp = client
-        .post(format!("{url}{path}"))
+        .post(url)
         .header("content-type", "application/json")
         .body(body)
         .send()
@@ -256,18 +251,24 @@ async fn main() {
 
     println!("| prompt | concurrency | direct TTFT p50 / p99 (ms) | via gateway p50 / p99 (ms) | added p50 / p99 (ms) |");
     println!("| --- | --- | --- | --- | --- |");
-    let mut cases: Vec<(String, Bodies)> = vec![("30 token ids".to_string(), fixed(ids_body(30)))];
+    const CHAT: &str = "/v1/chat/completions";
+    let mut cases: Vec<(String, &str, Bodies)> = vec![(
+        "30 token ids".to_string(),
+        "/v1/completions",
+        fixed(ids_body(30)),
+    )];
     for &w in &sizes {
-        cases.push((format!("~{w} words, repeated"), chat_bodies(w, false)));
-        cases.push((format!("~{w} words, unique"), chat_bodies(w, true)));
+        cases.push((format!("~{w} words, repeated"), CHAT, chat_bodies(w, false)));
+        cases.push((format!("~{w} words, unique"), CHAT, chat_bodies(w, true)));
     }
-    for (label, b) in cases {
+    for (label, path, b) in cases {
+        let (stub_url, via_url) = (format!("{stub}{path}"), format!("{via}{path}"));
         // Warm up connections and the tokenizer.
-        ttfts(&stub, b.clone(), 200, 8).await;
-        ttfts(&via, b.clone(), 200, 8).await;
+        ttfts(&stub_url, b.clone(), 200, 8).await;
+        ttfts(&via_url, b.clone(), 200, 8).await;
         for c in [1, 64] {
-            let d = ttfts(&stub, b.clone(), requests, c).await;
-            let g = ttfts(&via, b.clone(), requests, c).await;
+            let d = ttfts(&stub_url, b.clone(), requests, c).await;
+            let g = ttfts(&via_url, b.clone(), requests, c).await;
             let ms = |x: f64| x * 1e3;
             println!(
                 "| {label} | {c} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} |",
@@ -281,8 +282,8 @@ async fn main() {
         }
     }
     let b = fixed(body(30, None));
-    let direct = rate(&stub, b.clone(), 64, secs).await;
-    let via_rate = rate(&via, b, 64, secs).await;
+    let direct = rate(&format!("{stub}{CHAT}"), b.clone(), 64, secs).await;
+    let via_rate = rate(&format!("{via}{CHAT}"), b, 64, secs).await;
     println!();
     println!("closed loop, concurrency 64, {secs} s: direct {direct:.0} req/s, via gateway {via_rate:.0} req/s");
     let _ = stop_tx.send(());
