@@ -17,6 +17,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The allocator of the `kvroute` binary, so the gateway is measured as it runs there.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const MODEL: &str = "stub";
 
 /// The stub worker: four content chunks, usage, `[DONE]`, all in one write.
