@@ -64,13 +64,31 @@ impl Replay for BufferReplay {
 }
 
 /// Runs the demo until Ctrl-C.
-pub fn run(args: &DemoArgs) -> Result<()> {
+/// A gateway and its simulated workers, running in this process.
+pub(crate) struct Fleet {
+    pub(crate) gateway: kvroute_gateway::GatewayHandle,
+    pub(crate) workers: Vec<kvroute_worker::WorkerHandle>,
+}
+
+impl Fleet {
+    /// Stops the gateway, then the workers.
+    pub(crate) async fn shutdown(self) {
+        self.gateway.shutdown().await;
+        for w in self.workers {
+            w.shutdown().await;
+        }
+    }
+}
+
+/// Starts `args.workers` simulated workers on ephemeral loopback ports and the gateway on
+/// `args.host:args.port` (0: an ephemeral port), wired by in-process channels.
+pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
     anyhow::ensure!(
         (1..=64).contains(&args.workers),
         "--workers must be within 1..=64"
     );
     let pre = preprocessor(&args.tokenizer)?;
-    crate::runtime()?.block_on(async move {
+    {
         let mut workers = Vec::new();
         let mut specs = Vec::new();
         let mut feeds = BTreeMap::new();
@@ -118,9 +136,18 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             .await
             .with_context(|| format!("listening on {addr} (another demo running? try --port)"))?;
         let gateway = kvroute_gateway::spawn(config, pre, listener, feeds).await?;
+        Ok(Fleet { gateway, workers })
+    }
+}
+
+/// Runs the demo until Ctrl-C.
+pub fn run(args: &DemoArgs) -> Result<()> {
+    crate::runtime()?.block_on(async move {
+        let fleet = start_fleet(args).await?;
+        let (gateway, workers) = (&fleet.gateway, &fleet.workers);
         let url = gateway.url();
         println!("kvroute demo: gateway {url} (policy {}), {} simulated workers ({}, {}x real time)", args.policy.as_str(), workers.len(), args.profile, args.speedup);
-        for w in &workers {
+        for w in workers {
             println!("  {} at {}", w.name(), w.url());
         }
         println!("  metrics: {url}/metrics   workers: {url}/debug/workers");
@@ -128,10 +155,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         println!("Ctrl-C stops.");
         tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
         println!("stopping");
-        gateway.shutdown().await;
-        for w in workers {
-            w.shutdown().await;
-        }
+        fleet.shutdown().await;
         Ok(())
     })
 }

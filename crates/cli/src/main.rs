@@ -3,6 +3,7 @@
 //! the fleet simulator; `profiles` lists the engine profiles, `hash` shows how the router
 //! hashes a prompt.
 
+mod bench;
 mod demo;
 mod loadgen;
 mod serve;
@@ -46,6 +47,9 @@ enum Command {
     Worker(worker::WorkerArgs),
     /// Simulate a fleet in virtual time: compare policies, plan capacity.
     Simulate(simulate::SimulateArgs),
+    /// A/B benchmark sweeps (simulated or live) with a Markdown report, plots and a
+    /// baseline file.
+    Bench(bench::BenchArgs),
     /// List the built-in engine profiles.
     Profiles,
     /// Cut token ids into KV blocks and print the router's block hashes as JSON.
@@ -114,6 +118,7 @@ fn main() -> Result<()> {
             serve::run(&a)?
         }
         Command::Simulate(a) => simulate::run(&a)?,
+        Command::Bench(a) => bench::run(&a)?,
         Command::Profiles => {
             for name in kvroute_engine::profile::builtin_names() {
                 let p = kvroute_engine::Profile::builtin(&name)?;

@@ -19,85 +19,92 @@ use std::time::{Duration, Instant};
 pub struct SimulateArgs {
     /// The load: `mooncake:<file>` (trace replay), `multiturn` or `synthetic` (closed loops).
     #[arg(long, default_value = "multiturn")]
-    workload: String,
+    pub(crate) workload: String,
     /// Multi-turn: conversation starters, one text file each, from this directory (default:
     /// built-in generated starters).
     #[arg(long)]
-    starters: Option<PathBuf>,
+    pub(crate) starters: Option<PathBuf>,
     /// Engine replicas; several values make a sweep.
     #[arg(long, value_delimiter = ',', default_value = "3")]
-    workers: Vec<usize>,
+    pub(crate) workers: Vec<usize>,
     /// Routing policies to compare.
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "round_robin,kv,predictive"
     )]
-    policy: Vec<PolicyKind>,
+    pub(crate) policy: Vec<PolicyKind>,
     /// Engine profile (see `kvroute profiles`).
     #[arg(long, default_value = "mocker-poly")]
-    profile: String,
+    pub(crate) profile: String,
     /// KV block size in tokens (default: the profile's; same KV memory).
     #[arg(long)]
-    block_size: Option<usize>,
+    pub(crate) block_size: Option<usize>,
     /// Most sequences per engine step (default: the profile's).
     #[arg(long)]
-    max_batch: Option<usize>,
+    pub(crate) max_batch: Option<usize>,
     /// Most tokens per engine step (default: the profile's).
     #[arg(long)]
-    max_batched_tokens: Option<usize>,
+    pub(crate) max_batched_tokens: Option<usize>,
     /// Clients (conversations) in flight, for closed loops; several values make a sweep.
     #[arg(long, value_delimiter = ',', default_value = "16")]
-    concurrency: Vec<usize>,
+    pub(crate) concurrency: Vec<usize>,
     /// Trace replay speed-up (2 = twice as fast).
     #[arg(long, default_value_t = 1.0)]
-    speedup: f64,
+    pub(crate) speedup: f64,
     /// Trace: replay the first K requests; closed loop: send K requests (default 10 per client).
     #[arg(long)]
-    limit: Option<usize>,
+    pub(crate) limit: Option<usize>,
     /// Trace: drop requests with longer prompts.
     #[arg(long)]
-    max_input_tokens: Option<usize>,
+    pub(crate) max_input_tokens: Option<usize>,
     /// Seed of every random choice.
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// When every worker is busy: queue, shed or none.
     #[arg(long, default_value = "queue")]
-    admission: AdmissionMode,
+    pub(crate) admission: AdmissionMode,
     /// Closed loops: stop starting requests after this many simulated seconds.
     #[arg(long)]
-    duration_secs: Option<f64>,
+    pub(crate) duration_secs: Option<f64>,
     /// Closed loops: start the clients evenly over this many seconds.
     #[arg(long, default_value_t = 0.0)]
-    ramp_secs: f64,
+    pub(crate) ramp_secs: f64,
     /// Leave requests arriving in the first seconds out of the summary.
     #[arg(long, default_value_t = 0.0)]
-    warmup_secs: f64,
+    pub(crate) warmup_secs: f64,
     /// Service objective for goodput: largest TTFT, ms.
     #[arg(long)]
-    slo_ttft_ms: Option<f64>,
+    pub(crate) slo_ttft_ms: Option<f64>,
     /// Service objective for goodput: largest TPOT, ms.
     #[arg(long)]
-    slo_tpot_ms: Option<f64>,
+    pub(crate) slo_tpot_ms: Option<f64>,
     /// Delay of KV events from engine to router, ms.
     #[arg(long, default_value_t = 0.0)]
-    kv_event_delay_ms: f64,
+    pub(crate) kv_event_delay_ms: f64,
     /// One JSON object per cell on stdout instead of a table.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Write per-request records (TSV) and a Markdown report into this directory.
     #[arg(long)]
-    out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
 }
 
-enum Load {
+pub(crate) enum Load {
     Trace(Vec<TraceRequest>),
     MultiTurn,
     Synthetic,
 }
 
-/// Runs the sweep.
-pub fn run(a: &SimulateArgs) -> Result<()> {
+/// What a sweep needs once: the profile, the load, the starters.
+pub(crate) struct Prepared {
+    pub(crate) profile: Profile,
+    pub(crate) load: Load,
+    pub(crate) starters: Option<Vec<Vec<u32>>>,
+}
+
+/// Checks the options and reads the trace or starters.
+pub(crate) fn prepare(a: &SimulateArgs) -> Result<Prepared> {
     if !(a.speedup.is_finite() && a.speedup > 0.0) {
         bail!("--speedup must be > 0, got {}", a.speedup);
     }
@@ -146,6 +153,42 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         Some(dir) => Some(read_starters(dir)?),
         None => None,
     };
+    Ok(Prepared {
+        profile,
+        load,
+        starters,
+    })
+}
+
+/// The workload of one cell: `c` clients for closed loops, `seed` for every random choice.
+pub(crate) fn workload(
+    a: &SimulateArgs,
+    p: &Prepared,
+    c: Option<usize>,
+    seed: u64,
+) -> Result<Workload> {
+    Ok(match &p.load {
+        Load::Trace(t) => Workload::Trace(t.clone()),
+        Load::MultiTurn => Workload::MultiTurn {
+            gen: match &p.starters {
+                Some(s) => MultiTurn::with_starters(MultiTurnConfig::default(), s.clone(), seed)?,
+                None => MultiTurn::new(MultiTurnConfig::default(), seed)?,
+            },
+            concurrency: c.unwrap_or(1),
+            requests: closed_loop_requests(a, c.unwrap_or(1)),
+        },
+        Load::Synthetic => Workload::Synthetic {
+            gen: Synthetic::new(SyntheticConfig::default(), seed)?,
+            concurrency: c.unwrap_or(1),
+            requests: closed_loop_requests(a, c.unwrap_or(1)),
+        },
+    })
+}
+
+/// Runs the sweep.
+pub fn run(a: &SimulateArgs) -> Result<()> {
+    let prepared = prepare(a)?;
+    let load = &prepared.load;
     let concurrency: Vec<Option<usize>> = match load {
         Load::Trace(_) => vec![None],
         _ => a.concurrency.iter().map(|c| Some(*c)).collect(),
@@ -158,27 +201,8 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
     for &workers in &a.workers {
         for &c in &concurrency {
             for &policy in &a.policy {
-                let cfg = sim_config(a, &profile, workers, policy)?;
-                let workload = match &load {
-                    Load::Trace(t) => Workload::Trace(t.clone()),
-                    Load::MultiTurn => Workload::MultiTurn {
-                        gen: match &starters {
-                            Some(s) => MultiTurn::with_starters(
-                                MultiTurnConfig::default(),
-                                s.clone(),
-                                a.seed,
-                            )?,
-                            None => MultiTurn::new(MultiTurnConfig::default(), a.seed)?,
-                        },
-                        concurrency: c.unwrap_or(1),
-                        requests: closed_loop_requests(a, c.unwrap_or(1)),
-                    },
-                    Load::Synthetic => Workload::Synthetic {
-                        gen: Synthetic::new(SyntheticConfig::default(), a.seed)?,
-                        concurrency: c.unwrap_or(1),
-                        requests: closed_loop_requests(a, c.unwrap_or(1)),
-                    },
-                };
+                let cfg = sim_config(a, &prepared.profile, workers, policy, a.seed)?;
+                let workload = workload(a, &prepared, c, a.seed)?;
                 let started = Instant::now();
                 let r = simulate(&cfg, workload)?;
                 let wall = started.elapsed().as_secs_f64();
@@ -274,11 +298,13 @@ fn closed_loop_requests(a: &SimulateArgs, clients: usize) -> usize {
     }
 }
 
-fn sim_config(
+/// The simulator's configuration of one cell.
+pub(crate) fn sim_config(
     a: &SimulateArgs,
     p: &Profile,
     workers: usize,
     policy: PolicyKind,
+    seed: u64,
 ) -> Result<SimConfig> {
     let bs = a.block_size.unwrap_or(p.block_size);
     let mut engine = EngineConfig::from_profile_with_block_size(p, bs);
@@ -291,7 +317,7 @@ fn sim_config(
     let mut cfg = SimConfig::for_profile(&a.profile, workers)?;
     cfg.engine = engine;
     cfg.router.block_size = bs;
-    cfg.router.seed = a.seed;
+    cfg.router.seed = seed;
     cfg.router.policy.kind = policy;
     cfg.router.admission.mode = a.admission;
     cfg.kv_event_delay = Duration::from_secs_f64(a.kv_event_delay_ms / 1e3);

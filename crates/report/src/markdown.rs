@@ -299,7 +299,7 @@ fn over_time(s: &Sweep, w: usize) -> String {
         }
         if out.is_empty() {
             out.push_str(
-                "\n### Saturated cells over time (first run, requests by arrival decile)\n",
+                "\n### Cells breaking the TTFT objective or losing requests, over time (first run, requests by arrival decile)\n",
             );
         }
         let _ = write!(

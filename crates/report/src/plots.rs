@@ -113,6 +113,8 @@ fn draw<DB: DrawingBackend>(
         .configure_mesh()
         .x_desc(x_label)
         .y_desc(y_label)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .label_style((FONT, 14))
         .draw()
         .map_err(e)?;

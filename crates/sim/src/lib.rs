@@ -54,6 +54,10 @@ pub struct SimConfig {
     pub max_sim_time: Duration,
     /// The service objective goodput is measured against, if any.
     pub slo: Option<Slo>,
+    /// A closed-loop client whose request failed or was refused waits this long before its
+    /// next one (as a client honouring `Retry-After` would). Never zero: a fleet refusing
+    /// every request at once would otherwise loop forever at one instant of virtual time.
+    pub client_backoff: Duration,
 }
 
 impl SimConfig {
@@ -74,6 +78,7 @@ impl SimConfig {
             ramp: Duration::ZERO,
             max_sim_time: Duration::from_secs(7 * 24 * 3600),
             slo: None,
+            client_backoff: Duration::from_millis(100),
         })
     }
 
@@ -90,6 +95,9 @@ impl SimConfig {
                 "the router's block size {} differs from the engines' {}",
                 self.router.block_size, self.engine.block_size
             )));
+        }
+        if self.client_backoff.is_zero() {
+            return Err(SimError::Config("client_backoff must be > 0".into()));
         }
         self.router.validate()?;
         self.engine

@@ -421,12 +421,12 @@ impl Sim {
         let rec = &mut self.records[i];
         rec.finished = Some(t);
         rec.status = status;
-        let outcome = match answer {
-            Some(a) => Outcome::Answered(a),
-            None => Outcome::Failed,
+        let (outcome, at) = match answer {
+            Some(a) => (Outcome::Answered(a), t),
+            None => (Outcome::Failed, t.plus(self.cfg.client_backoff)),
         };
-        if let Some(next) = self.driver.next(t, self.conversation[i], outcome) {
-            self.push(t, Event::Arrival(Box::new(next)));
+        if let Some(next) = self.driver.next(at, self.conversation[i], outcome) {
+            self.push(at, Event::Arrival(Box::new(next)));
         }
     }
 

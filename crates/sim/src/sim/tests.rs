@@ -229,3 +229,36 @@ fn requests_that_cannot_fit_fail_by_kind() {
         "one key per kind, not per request"
     );
 }
+
+#[test]
+fn clients_whose_requests_all_fail_back_off_and_the_run_ends() {
+    // Prompts longer than the tiny engine can ever hold: every request fails at once. With
+    // no request limit, only the duration ends the run; without a back-off the clients
+    // would resend forever at the same instant.
+    let gen = Synthetic::new(
+        SyntheticConfig {
+            prefix_tokens: 4_000,
+            suffix_tokens: 4_000,
+            ..SyntheticConfig::default()
+        },
+        3,
+    )
+    .unwrap();
+    let mut cfg = tiny(1, PolicyKind::Kv);
+    cfg.duration = Some(Duration::from_secs(2));
+    let r = simulate(
+        &cfg,
+        Workload::Synthetic {
+            gen,
+            concurrency: 2,
+            requests: usize::MAX,
+        },
+    )
+    .unwrap();
+    assert_eq!(r.summary.completed, 0);
+    assert_eq!(r.summary.failed, r.summary.sent);
+    // Two clients, one attempt per 100 ms each, for 2 s.
+    assert_eq!(r.summary.sent, 2 * 20);
+    cfg.client_backoff = Duration::ZERO;
+    assert!(cfg.validate().is_err());
+}

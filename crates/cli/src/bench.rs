@@ -1,0 +1,333 @@
+//! `kvroute bench`: A/B sweeps of policy x load x workers, each cell run `--repeats` times
+//! after a warm-up and measured in `--snapshots` windows, on the fleet simulator (`--sim`)
+//! or live (a fresh in-process gateway and simulated workers per cell, or `--target`).
+//! Writes cells (TSV, JSON), per-request records, a Markdown report, plots and the
+//! baseline file of `--baseline-policy`.
+
+use crate::demo::{start_fleet, DemoArgs};
+use crate::simulate::{prepare, sim_config, workload, Load as SimLoad, Prepared, SimulateArgs};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use kvroute_core::PolicyKind;
+use kvroute_loadgen::LoadgenConfig;
+use kvroute_report::{write_plots, Baseline, Cell, Load, Metrics, Sweep, SweepInfo};
+use kvroute_sim::simulate;
+use kvroute_workload::{deciles, records_tsv, RequestRecord, Summary};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Options of `kvroute bench` (the sweep options are those of `kvroute simulate`).
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub(crate) sweep: SimulateArgs,
+    /// Run the cells on the fleet simulator (virtual time: seconds per cell) instead of live.
+    #[arg(long)]
+    sim: bool,
+    /// Live: drive this OpenAI-compatible endpoint instead of starting a gateway and
+    /// simulated workers per cell (its policy is whatever it runs: give one `--policy`).
+    #[arg(long)]
+    target: Option<String>,
+    /// Live: the model name of the requests.
+    #[arg(long, default_value = "kvroute-sim")]
+    model: String,
+    /// Live: speed-up of the simulated workers (2 = twice as fast as the profile).
+    #[arg(long, default_value_t = 1.0)]
+    worker_speedup: f64,
+    /// Live: output tokens asked per turn.
+    #[arg(long, default_value_t = 830)]
+    max_tokens: u32,
+    /// Runs per cell (seeds `--seed`, `--seed`+1, ...); the report shows their mean.
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
+    /// Measurement windows per run (after the warm-up); a run's figures are their mean.
+    #[arg(long, default_value_t = 1)]
+    snapshots: usize,
+    /// The policy the others are compared with (Δ columns, baseline file).
+    #[arg(long, default_value = "round_robin")]
+    baseline_policy: PolicyKind,
+}
+
+/// Most runs per cell and snapshots per run.
+const MAX_REPEATS: usize = 100;
+
+/// Runs the sweep and writes the report.
+pub fn run(a: &BenchArgs) -> Result<()> {
+    let s = &a.sweep;
+    if !(1..=MAX_REPEATS).contains(&a.repeats) || !(1..=MAX_REPEATS).contains(&a.snapshots) {
+        bail!("--repeats and --snapshots must be within 1..={MAX_REPEATS}");
+    }
+    if a.target.is_some() && a.sim {
+        bail!("--target drives a live endpoint: it cannot go with --sim");
+    }
+    if a.target.is_some() && s.policy.len() != 1 {
+        bail!("with --target the endpoint's own policy is measured: give exactly one --policy (its name in the report)");
+    }
+    let live = !a.sim;
+    if live && s.duration_secs.is_none() {
+        bail!("a live bench needs --duration-secs (how long each cell runs, warm-up included)");
+    }
+    let prepared = prepare(s)?;
+    let closed_loop = !matches!(prepared.load, SimLoad::Trace(_));
+    if live && !closed_loop {
+        bail!("a live bench runs closed-loop chat (multiturn); replay traces with `kvroute loadgen` or use --sim");
+    }
+    let out_dir = s
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("bench-report"));
+    std::fs::create_dir_all(out_dir.join("records"))
+        .with_context(|| format!("creating {}", out_dir.display()))?;
+    let loads: Vec<Option<usize>> = if closed_loop {
+        s.concurrency.iter().map(|c| Some(*c)).collect()
+    } else {
+        vec![None]
+    };
+    let total = (s.workers.len() * loads.len() * s.policy.len() * a.repeats) as u64;
+    let bar = ProgressBar::new(total).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} runs, {elapsed} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let rt = if live { Some(crate::runtime()?) } else { None };
+    let mut sweep = Sweep {
+        info: info(a, &prepared, live),
+        cells: Vec::new(),
+    };
+    for &workers in &s.workers {
+        for &c in &loads {
+            for &policy in &s.policy {
+                let mut runs = Vec::new();
+                let mut first_deciles = Vec::new();
+                for r in 0..a.repeats {
+                    let seed = s.seed.wrapping_add(r as u64);
+                    let label = cell_label(policy, workers, c, r);
+                    bar.set_message(label.clone());
+                    let (records, warm, window) = match &rt {
+                        None => run_sim(a, &prepared, workers, c, policy, seed)?,
+                        Some(rt) => {
+                            rt.block_on(run_live(a, workers, c.unwrap_or(1), policy, seed))?
+                        }
+                    };
+                    let measured: Vec<RequestRecord> = records
+                        .iter()
+                        .filter(|r| r.arrival.0 >= warm)
+                        .cloned()
+                        .collect();
+                    if r == 0 {
+                        first_deciles = deciles(&measured);
+                    }
+                    runs.push(snapshot_mean(&measured, warm, window, a.snapshots));
+                    let file = out_dir.join("records").join(format!("{label}.tsv"));
+                    std::fs::write(&file, records_tsv(&records))
+                        .with_context(|| format!("writing {}", file.display()))?;
+                    bar.inc(1);
+                }
+                let load = match c {
+                    Some(c) => Load::Concurrency(c),
+                    None => Load::Speedup(s.speedup),
+                };
+                let cell = Cell::new(policy.as_str(), workers, load, runs, first_deciles);
+                if s.json {
+                    bar.suspend(|| {
+                        println!("{}", serde_json::to_string(&cell).unwrap_or_default())
+                    });
+                }
+                sweep.cells.push(cell);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    write_outputs(a, &sweep, &out_dir)
+}
+
+fn cell_label(policy: PolicyKind, workers: usize, c: Option<usize>, run: usize) -> String {
+    match c {
+        Some(c) => format!("{}-w{workers}-c{c}-run{}", policy.as_str(), run + 1),
+        None => format!("{}-w{workers}-run{}", policy.as_str(), run + 1),
+    }
+}
+
+fn info(a: &BenchArgs, p: &Prepared, live: bool) -> SweepInfo {
+    let s = &a.sweep;
+    let setup = match (&a.target, live) {
+        (Some(t), _) => format!("live, endpoint {t}"),
+        (None, true) => format!(
+            "live: a fresh in-process gateway and simulated workers per cell, profile `{}`, workers at {}x",
+            s.profile, a.worker_speedup
+        ),
+        (None, false) => format!(
+            "fleet simulator, profile `{}`{}, admission `{:?}`, KV event delay {} ms",
+            s.profile,
+            s.block_size.map_or(String::new(), |b| format!(", block size {b}")),
+            s.admission,
+            s.kv_event_delay_ms
+        ),
+    };
+    let window = match s.duration_secs {
+        Some(d) => format!(
+            "ramp {} s, warm-up {} s, measured until {d} s in {} snapshot(s)",
+            s.ramp_secs, s.warmup_secs, a.snapshots
+        ),
+        None => format!(
+            "warm-up {} s, measured to the end of the run",
+            s.warmup_secs
+        ),
+    };
+    let workload = match &p.load {
+        SimLoad::Trace(t) => format!(
+            "{} ({} requests, speed-up {})",
+            s.workload,
+            t.len(),
+            s.speedup
+        ),
+        _ => s.workload.clone(),
+    };
+    SweepInfo {
+        title: if live {
+            "kvroute bench (live)"
+        } else {
+            "kvroute bench --sim"
+        }
+        .into(),
+        setup,
+        workload,
+        repeats: a.repeats,
+        window,
+        baseline_policy: a.baseline_policy.as_str().into(),
+        slo_ttft_p95_ms: s.slo_ttft_ms,
+        slo_tpot_p95_ms: s.slo_tpot_ms,
+    }
+}
+
+/// One simulated run: its records, the warm-up and the measured span.
+fn run_sim(
+    a: &BenchArgs,
+    p: &Prepared,
+    workers: usize,
+    c: Option<usize>,
+    policy: PolicyKind,
+    seed: u64,
+) -> Result<(Vec<RequestRecord>, Duration, Duration)> {
+    let cfg = sim_config(&a.sweep, &p.profile, workers, policy, seed)?;
+    let r = simulate(&cfg, workload(&a.sweep, p, c, seed)?)?;
+    Ok((
+        r.records,
+        cfg.warmup,
+        Duration::from_secs_f64(r.sim_seconds),
+    ))
+}
+
+/// One live run: a fresh fleet (unless `--target`), the chat load for `--duration-secs`.
+async fn run_live(
+    a: &BenchArgs,
+    workers: usize,
+    concurrency: usize,
+    policy: PolicyKind,
+    seed: u64,
+) -> Result<(Vec<RequestRecord>, Duration, Duration)> {
+    let s = &a.sweep;
+    let duration = s.duration_secs.unwrap_or(0.0);
+    let fleet = match &a.target {
+        Some(_) => None,
+        None => Some(
+            start_fleet(&DemoArgs {
+                host: "127.0.0.1".into(),
+                port: 0,
+                workers,
+                profile: s.profile.clone(),
+                speedup: a.worker_speedup,
+                policy,
+                tokenizer: "builtin".into(),
+                model: a.model.clone(),
+            })
+            .await?,
+        ),
+    };
+    let target = match (&a.target, &fleet) {
+        (Some(t), _) => t.clone(),
+        (None, Some(f)) => f.gateway.url(),
+        (None, None) => unreachable!("a fleet is started without --target"),
+    };
+    let config = LoadgenConfig {
+        target,
+        model: a.model.clone(),
+        concurrency,
+        conversations: u64::MAX,
+        duration_secs: duration,
+        seed,
+        ..LoadgenConfig::default()
+    };
+    let mut config = config;
+    config.chat.max_tokens = a.max_tokens;
+    let result = kvroute_loadgen::run(config).await;
+    if let Some(f) = fleet {
+        f.shutdown().await;
+    }
+    let result = result?;
+    let warm = Duration::from_secs_f64(s.warmup_secs);
+    let window = Duration::from_secs_f64((duration - s.warmup_secs).max(0.0));
+    Ok((result.records, warm, window))
+}
+
+/// A run's figures: the mean over `snapshots` equal windows of arrivals from `warm` on (one
+/// window: the whole measured span).
+fn snapshot_mean(
+    measured: &[RequestRecord],
+    warm: Duration,
+    span: Duration,
+    snapshots: usize,
+) -> Metrics {
+    if snapshots <= 1 || span.is_zero() {
+        return Metrics::from_summary(&Summary::from_records(measured, span));
+    }
+    let part = span / snapshots as u32;
+    let parts: Vec<Metrics> = (0..snapshots as u32)
+        .map(|i| {
+            let from = warm + part * i;
+            let to = from + part;
+            let window: Vec<RequestRecord> = measured
+                .iter()
+                .filter(|r| r.arrival.0 >= from && (r.arrival.0 < to || i + 1 == snapshots as u32))
+                .cloned()
+                .collect();
+            Metrics::from_summary(&Summary::from_records(&window, part))
+        })
+        .collect();
+    Metrics::mean(&parts)
+}
+
+fn write_outputs(a: &BenchArgs, sweep: &Sweep, dir: &Path) -> Result<()> {
+    let write = |name: &str, text: String| {
+        let file = dir.join(name);
+        std::fs::write(&file, text).with_context(|| format!("writing {}", file.display()))
+    };
+    write("cells.tsv", sweep.tsv())?;
+    write("sweep.json", sweep.json())?;
+    let plots = write_plots(sweep, dir)?;
+    let report = kvroute_report::markdown(sweep, &plots);
+    write("report.md", report.clone())?;
+    let base = a.baseline_policy.as_str();
+    let mut baselines = Vec::new();
+    for w in sweep.worker_counts() {
+        if let Ok(b) = Baseline::from_sweep(sweep, base, w, &a.sweep.workload, &sweep.info.setup) {
+            let name = format!("baseline-{base}-w{w}.json");
+            write(&name, b.to_json())?;
+            baselines.push(name);
+        }
+    }
+    if !a.sweep.json {
+        print!("{report}");
+    }
+    eprintln!(
+        "wrote {}: report.md, cells.tsv, sweep.json, {} plots (SVG + PNG), records/{}",
+        dir.display(),
+        plots.len(),
+        if baselines.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", baselines.join(", "))
+        }
+    );
+    Ok(())
+}

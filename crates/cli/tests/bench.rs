@@ -1,0 +1,174 @@
+//! `kvroute bench` as a user runs it: a simulated sweep and a short live one, with every
+//! output file checked, and its refusals of options that do not go together.
+
+use std::path::Path;
+use std::process::Command;
+
+fn kvroute(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(args)
+        .output()
+        .expect("run kvroute")
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvroute-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// The files every bench writes, checked for 2 policies x 2 concurrency levels x `runs`.
+fn check_outputs(dir: &Path, runs: usize) -> serde_json::Value {
+    let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    for needle in [
+        "| concurrency | round_robin p50 | kv p50 | Δ |",
+        "### KV cache hit rate",
+        "### Requests (all runs)",
+        "![TTFT p95 - 2 workers](ttft_p95-w2.svg)",
+    ] {
+        assert!(report.contains(needle), "{needle} missing:\n{report}");
+    }
+    let tsv = std::fs::read_to_string(dir.join("cells.tsv")).unwrap();
+    assert_eq!(tsv.lines().count(), 5, "{tsv}");
+    let sweep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
+    let cells = sweep["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 4);
+    for c in cells {
+        assert_eq!(c["runs"].as_array().unwrap().len(), runs, "{c}");
+        assert!(c["metrics"]["sent"].as_u64().unwrap() > 0, "{c}");
+    }
+    for stem in ["ttft_p95-w2", "throughput-w2", "hit_rate-w2"] {
+        assert!(dir.join(format!("{stem}.svg")).is_file(), "{stem}");
+        let png = std::fs::read(dir.join(format!("{stem}.png"))).unwrap();
+        assert_eq!(&png[..4], b"\x89PNG");
+    }
+    let records = std::fs::read_dir(dir.join("records")).unwrap().count();
+    assert_eq!(records, 4 * runs);
+    let baseline: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("baseline-round_robin-w2.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(baseline["format"], "kvroute-baseline");
+    assert_eq!(baseline["points"].as_array().unwrap().len(), 2);
+    sweep
+}
+
+#[test]
+fn simulated_sweep_writes_the_report_plots_and_baseline() {
+    let dir = temp_dir("bench-sim");
+    let out = kvroute(&[
+        "bench",
+        "--sim",
+        "--profile",
+        "mocker-poly",
+        "--workload",
+        "synthetic",
+        "--workers",
+        "2",
+        "--policy",
+        "round_robin,kv",
+        "--concurrency",
+        "2,4",
+        "--duration-secs",
+        "20",
+        "--warmup-secs",
+        "5",
+        "--snapshots",
+        "3",
+        "--repeats",
+        "2",
+        "--slo-ttft-ms",
+        "1000",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sweep = check_outputs(&dir, 2);
+    // Runs differ by seed, so a cell's two runs are not copies of each other.
+    let runs = sweep["cells"][1]["runs"].as_array().unwrap();
+    assert_ne!(runs[0], runs[1]);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains("### Highest concurrency under the SLO"),
+        "{report}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn live_sweep_runs_fresh_fleets_and_kv_reuses_the_cache() {
+    let dir = temp_dir("bench-live");
+    let out = kvroute(&[
+        "bench",
+        "--profile",
+        "tiny-fast",
+        "--worker-speedup",
+        "4",
+        "--workers",
+        "2",
+        "--policy",
+        "round_robin,kv",
+        "--concurrency",
+        "2,3",
+        "--max-tokens",
+        "16",
+        "--duration-secs",
+        "4",
+        "--warmup-secs",
+        "1",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sweep = check_outputs(&dir, 1);
+    for c in sweep["cells"].as_array().unwrap() {
+        let m = &c["metrics"];
+        assert_eq!(m["failed"], 0, "{c}");
+        assert!(m["completed"].as_u64().unwrap() >= 2, "{c}");
+        if c["policy"] == "kv" {
+            // Follow-up turns land where their history is cached.
+            assert!(m["hit_rate"].as_f64().unwrap() > 0.3, "{c}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn options_that_do_not_go_together_are_refused() {
+    for (args, says) in [
+        (
+            vec!["bench", "--sim", "--target", "http://127.0.0.1:1"],
+            "cannot go with --sim",
+        ),
+        (vec!["bench", "--concurrency", "2"], "needs --duration-secs"),
+        (
+            vec!["bench", "--sim", "--repeats", "0"],
+            "--repeats and --snapshots",
+        ),
+        (
+            vec![
+                "bench",
+                "--target",
+                "http://127.0.0.1:1",
+                "--duration-secs",
+                "1",
+            ],
+            "exactly one --policy",
+        ),
+    ] {
+        let out = kvroute(&args);
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
