@@ -150,13 +150,14 @@ pub fn markdown(s: &Sweep, plots: &[(String, String)]) -> String {
         "- Δ: against `{}`; positive is better (lower latency, higher throughput)",
         i.baseline_policy
     );
-    let slo = match (i.slo_ttft_p95_ms, i.slo_tpot_p95_ms) {
-        (None, None) => "none".to_string(),
-        (a, b) => format!(
-            "TTFT p95 ≤ {} and TPOT p95 ≤ {}",
-            a.map_or("-".into(), |v| format!("{v} ms")),
-            b.map_or("-".into(), |v| format!("{v} ms"))
-        ),
+    let limits: Vec<String> = [("TTFT", i.slo_ttft_p95_ms), ("TPOT", i.slo_tpot_p95_ms)]
+        .into_iter()
+        .filter_map(|(name, v)| v.map(|v| format!("{name} p95 ≤ {v} ms")))
+        .collect();
+    let slo = if limits.is_empty() {
+        "none".to_string()
+    } else {
+        limits.join(" and ")
     };
     let _ = writeln!(out, "- SLO: {slo} (TTFT over every sent request)");
     out.push_str(
