@@ -244,12 +244,11 @@ async fn run_live(
             .await?,
         ),
     };
-    let target = match (&a.target, &fleet) {
-        (Some(t), _) => t.clone(),
-        (None, Some(f)) => f.gateway.url(),
-        (None, None) => unreachable!("a fleet is started without --target"),
+    let target = match &fleet {
+        Some(f) => f.gateway.url(),
+        None => a.target.clone().unwrap_or_default(),
     };
-    let config = LoadgenConfig {
+    let mut config = LoadgenConfig {
         target,
         model: a.model.clone(),
         concurrency,
@@ -258,7 +257,6 @@ async fn run_live(
         seed,
         ..LoadgenConfig::default()
     };
-    let mut config = config;
     config.chat.max_tokens = a.max_tokens;
     let result = kvroute_loadgen::run(config).await;
     if let Some(f) = fleet {

@@ -88,56 +88,54 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
         "--workers must be within 1..=64"
     );
     let pre = preprocessor(&args.tokenizer)?;
-    {
-        let mut workers = Vec::new();
-        let mut specs = Vec::new();
-        let mut feeds = BTreeMap::new();
-        let mut block_size = 0;
-        for i in 0..args.workers {
-            let cfg = WorkerConfig {
-                model: args.model.clone(),
-                profile: args.profile.clone(),
-                speedup: args.speedup,
-                worker_name: format!("worker-{}", i + 1),
-                ..WorkerConfig::default()
-            };
-            let engine = cfg.engine_config()?;
-            block_size = engine.block_size;
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let w = kvroute_worker::spawn(cfg, pre.clone(), listener, None).await?;
-            feeds.insert(
-                i,
-                EventFeed::from_broadcast(
-                    w.subscribe(),
-                    Some(Box::new(BufferReplay(w.replay_source()))),
-                ),
-            );
-            specs.push(WorkerSpec {
-                url: w.url(),
-                name: Some(w.name().to_string()),
-                kv_blocks: Some(engine.num_gpu_blocks as u64),
-                max_batch: u32::try_from(engine.max_num_seqs).ok(),
-                ..WorkerSpec::default()
-            });
-            workers.push(w);
-        }
-        let mut config = GatewayConfig {
-            host: args.host.clone(),
-            port: args.port,
-            models: vec![args.model.clone()],
-            tokenizer: Some(args.tokenizer.clone()),
-            workers: specs,
-            ..GatewayConfig::default()
+    let mut workers = Vec::new();
+    let mut specs = Vec::new();
+    let mut feeds = BTreeMap::new();
+    let mut block_size = 0;
+    for i in 0..args.workers {
+        let cfg = WorkerConfig {
+            model: args.model.clone(),
+            profile: args.profile.clone(),
+            speedup: args.speedup,
+            worker_name: format!("worker-{}", i + 1),
+            ..WorkerConfig::default()
         };
-        config.router.block_size = block_size;
-        config.router.policy.kind = args.policy;
-        let addr = format!("{}:{}", config.host, config.port);
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .with_context(|| format!("listening on {addr} (another demo running? try --port)"))?;
-        let gateway = kvroute_gateway::spawn(config, pre, listener, feeds).await?;
-        Ok(Fleet { gateway, workers })
+        let engine = cfg.engine_config()?;
+        block_size = engine.block_size;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let w = kvroute_worker::spawn(cfg, pre.clone(), listener, None).await?;
+        feeds.insert(
+            i,
+            EventFeed::from_broadcast(
+                w.subscribe(),
+                Some(Box::new(BufferReplay(w.replay_source()))),
+            ),
+        );
+        specs.push(WorkerSpec {
+            url: w.url(),
+            name: Some(w.name().to_string()),
+            kv_blocks: Some(engine.num_gpu_blocks as u64),
+            max_batch: u32::try_from(engine.max_num_seqs).ok(),
+            ..WorkerSpec::default()
+        });
+        workers.push(w);
     }
+    let mut config = GatewayConfig {
+        host: args.host.clone(),
+        port: args.port,
+        models: vec![args.model.clone()],
+        tokenizer: Some(args.tokenizer.clone()),
+        workers: specs,
+        ..GatewayConfig::default()
+    };
+    config.router.block_size = block_size;
+    config.router.policy.kind = args.policy;
+    let addr = format!("{}:{}", config.host, config.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("listening on {addr} (another demo running? try --port)"))?;
+    let gateway = kvroute_gateway::spawn(config, pre, listener, feeds).await?;
+    Ok(Fleet { gateway, workers })
 }
 
 /// Runs the demo until Ctrl-C.

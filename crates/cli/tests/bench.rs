@@ -1,15 +1,10 @@
 //! `kvroute bench` as a user runs it: a simulated sweep and a short live one, with every
 //! output file checked, and its refusals of options that do not go together.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
 
-fn kvroute(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_kvroute"))
-        .args(args)
-        .output()
-        .expect("run kvroute")
-}
+use common::kvroute;
+use std::path::Path;
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("kvroute-{name}-{}", std::process::id()));

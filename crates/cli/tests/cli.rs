@@ -1,13 +1,8 @@
 //! The `kvroute` binary as a user runs it.
 
-use std::process::Command;
+mod common;
 
-fn kvroute(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_kvroute"))
-        .args(args)
-        .output()
-        .expect("run kvroute")
-}
+use common::kvroute;
 
 /// Runs `kvroute` and asserts it succeeded (showing its stderr when not).
 fn kvroute_ok(args: &[&str]) -> std::process::Output {
