@@ -90,8 +90,23 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
         return;
     };
     let name = entry.name.clone();
-    let mut next: Option<u64> = None;
+    // Joining late: what the engine published before the subscription took hold is in its
+    // replay buffer. Batches the live feed delivers again below `caught_up` are skipped.
+    let mut next: Option<u64> = match &feed.replay {
+        Some(r) => catch_up(&gw, worker, &name, r.as_ref()).await,
+        None => None,
+    };
+    if let Some(n) = next {
+        entry.events.next_seq.store(n, Ordering::Relaxed);
+    }
+    let mut caught_up = next;
     while let Some(batch) = feed.batches.recv().await {
+        if let Some(c) = caught_up {
+            if batch.seq < c {
+                continue;
+            }
+            caught_up = None;
+        }
         match classify(next, batch.seq) {
             Step::Apply => {}
             Step::Restart => {
@@ -126,6 +141,51 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
     tracing::info!(worker = %name, "KV event feed ended");
 }
 
+/// Batches from `from` on, from the replay service within the configured time; None (and a
+/// warning) when it fails or takes too long.
+async fn fetch(
+    gw: &Gateway,
+    name: &str,
+    replay: &dyn Replay,
+    from: u64,
+) -> Option<Vec<Arc<EventBatch>>> {
+    let timeout = std::time::Duration::from_secs_f64(gw.config.upstream.replay_timeout_secs);
+    match tokio::time::timeout(timeout, replay.replay_from(from)).await {
+        Ok(Ok(b)) => Some(b),
+        Ok(Err(e)) => {
+            tracing::warn!(worker = %name, from, error = %e, "replay failed");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(worker = %name, from, "replay timed out");
+            None
+        }
+    }
+}
+
+/// Applies the consecutive batches the replay service holds from the start of the stream;
+/// returns the sequence number expected next (None when it held nothing or did not answer).
+async fn catch_up(
+    gw: &Arc<Gateway>,
+    worker: WorkerId,
+    name: &str,
+    replay: &dyn Replay,
+) -> Option<u64> {
+    let got = fetch(gw, name, replay, 0).await?;
+    let mut next: Option<u64> = None;
+    for b in got.iter() {
+        if next.is_some_and(|n| b.seq != n) {
+            break;
+        }
+        apply(gw, worker, name, b);
+        next = Some(b.seq.wrapping_add(1));
+    }
+    if let Some(n) = next {
+        tracing::info!(worker = %name, next = n, "caught up on KV events from the replay service");
+    }
+    next
+}
+
 /// Asks for batches `from..upto` and applies them; true when all came back.
 async fn fill_gap(
     gw: &Arc<Gateway>,
@@ -135,17 +195,8 @@ async fn fill_gap(
     from: u64,
     upto: u64,
 ) -> bool {
-    let timeout = std::time::Duration::from_secs_f64(gw.config.upstream.replay_timeout_secs);
-    let got = match tokio::time::timeout(timeout, replay.replay_from(from)).await {
-        Ok(Ok(b)) => b,
-        Ok(Err(e)) => {
-            tracing::warn!(worker = %name, error = %e, "replay failed");
-            return false;
-        }
-        Err(_) => {
-            tracing::warn!(worker = %name, "replay timed out");
-            return false;
-        }
+    let Some(got) = fetch(gw, name, replay, from).await else {
+        return false;
     };
     let mut expect = from;
     for b in got.iter().filter(|b| b.seq >= from && b.seq < upto) {

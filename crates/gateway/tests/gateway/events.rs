@@ -101,18 +101,25 @@ async fn a_sequence_gap_is_filled_from_the_replay_service() {
         Arc::new(kvroute_protocol::vllm_events::decode_message(&refs).unwrap())
     };
     let all: Vec<Arc<EventBatch>> = (0..4).map(|s| batch(s, 100 * (s as u32 + 1))).collect();
-    let held = all.clone();
+    // The replay buffer holds what the engine has published so far.
+    let published = Arc::new(std::sync::Mutex::new(Vec::<Arc<EventBatch>>::new()));
+    let held = published.clone();
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     let feed = EventFeed {
         batches: rx,
         replay: Some(Box::new(BufferReplay(Arc::new(move |from| {
+            let held = held.lock().unwrap();
             held.iter().filter(|b| b.seq >= from).cloned().collect()
         })))),
     };
     let gw = gateway_with_feeds(config(&[&a], "kv"), BTreeMap::from([(0, feed)])).await;
     let url = gw.url();
-    // Batches 1 and 2 are lost on the way.
+    published.lock().unwrap().push(all[0].clone());
     tx.send(all[0].clone()).await.unwrap();
+    // Batch 0 is in (live or by the catch-up at start): the catch-up is behind us.
+    assert!(eventually(10, async || index_blocks(&url, 0).await == 1).await);
+    published.lock().unwrap().extend(all[1..].iter().cloned());
+    // Batches 1 and 2 are lost on the way.
     tx.send(all[3].clone()).await.unwrap();
     assert!(eventually(10, async || index_blocks(&url, 0).await == 4).await);
     let w = &debug_workers(&url).await["workers"][0]["worker"];
@@ -168,4 +175,41 @@ async fn the_zmq_replay_client_speaks_the_workers_replay_protocol() {
     let got: Vec<_> = got.iter().map(|b| b.as_ref().clone()).collect();
     assert_eq!(got, want);
     w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_published_before_the_gateway_joined_come_from_the_replay_service() {
+    let a = worker("a").await;
+    let all: Vec<Arc<EventBatch>> = (0..4)
+        .map(|s| {
+            let frames = stored_map(s, 100 * (s as u32 + 1), 1, None);
+            let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+            Arc::new(kvroute_protocol::vllm_events::decode_message(&refs).unwrap())
+        })
+        .collect();
+    let held = all[..3].to_vec();
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let feed = EventFeed {
+        batches: rx,
+        replay: Some(Box::new(BufferReplay(Arc::new(move |from| {
+            held.iter().filter(|b| b.seq >= from).cloned().collect()
+        })))),
+    };
+    // All three batches went out before the gateway subscribed: the live feed brings none.
+    let gw = gateway_with_feeds(config(&[&a], "kv"), BTreeMap::from([(0, feed)])).await;
+    let url = gw.url();
+    assert!(eventually(10, async || index_blocks(&url, 0).await == 3).await);
+    // A late duplicate of batch 2 on the live feed is not taken for a restart, and the
+    // next batch follows on without a gap.
+    tx.send(all[2].clone()).await.unwrap();
+    tx.send(all[3].clone()).await.unwrap();
+    assert!(eventually(10, async || index_blocks(&url, 0).await == 4).await);
+    let w = &debug_workers(&url).await["workers"][0]["worker"];
+    assert_eq!(
+        (w["restarts"].as_u64(), w["gaps"].as_u64()),
+        (Some(0), Some(0)),
+        "{w}"
+    );
+    gw.shutdown().await;
+    a.shutdown().await;
 }
