@@ -34,6 +34,13 @@ use tokio::task::JoinHandle;
 /// The header carrying a request's id, both ways.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
+/// The header naming the worker that served a request.
+pub const WORKER_HEADER: &str = "x-kvroute-worker";
+
+/// The header carrying the prompt tokens the router expected the chosen worker to have
+/// cached (compare with the answer's `usage.prompt_tokens_details.cached_tokens`).
+pub const PREDICTED_CACHED_HEADER: &str = "x-kvroute-predicted-cached-tokens";
+
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

@@ -6,7 +6,7 @@
 use crate::error::GatewayError;
 use crate::routing::{admit, LedgerGuard, Prepared};
 use crate::state::Gateway;
-use crate::REQUEST_ID_HEADER;
+use crate::{PREDICTED_CACHED_HEADER, REQUEST_ID_HEADER, WORKER_HEADER};
 use axum::body::Body;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
@@ -49,7 +49,7 @@ pub async fn forward(
     let attempts = if gw.config.upstream.retry { 2 } else { 1 };
     let mut last_error = None;
     for attempt in 0..attempts {
-        let (_sel, guard) = match admit(gw, prep, exclude, call.started).await {
+        let (sel, guard) = match admit(gw, prep, exclude, call.started).await {
             Ok(x) => x,
             // A retry that finds no other worker reports the first failure.
             Err(e) if attempt > 0 => return Err(last_error.unwrap_or(e)),
@@ -70,7 +70,7 @@ pub async fn forward(
                     timeout: false,
                 });
             }
-            Ok(resp) => return Ok(answer(gw, &call, guard, resp).await),
+            Ok(resp) => return Ok(answer(gw, &call, guard, resp, sel.cached_tokens as u64).await),
             Err(e) => {
                 let name = worker_name(gw, worker);
                 let kind = if matches!(e, GatewayError::Upstream { timeout: true, .. }) {
@@ -141,12 +141,14 @@ async fn send(
     }
 }
 
-/// Builds the client's answer from the worker's.
+/// Builds the client's answer from the worker's; `predicted` is the prompt tokens the router
+/// expected the worker to hold.
 async fn answer(
     gw: &Arc<Gateway>,
     call: &Call<'_>,
     guard: LedgerGuard,
     resp: reqwest::Response,
+    predicted: u64,
 ) -> Response {
     let status = resp.status();
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
@@ -181,8 +183,9 @@ async fn answer(
         headers.insert(REQUEST_ID_HEADER, v);
     }
     if let Ok(v) = HeaderValue::from_str(&worker) {
-        headers.insert("x-kvroute-worker", v);
+        headers.insert(WORKER_HEADER, v);
     }
+    headers.insert(PREDICTED_CACHED_HEADER, HeaderValue::from(predicted));
     out
 }
 

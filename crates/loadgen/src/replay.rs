@@ -4,12 +4,13 @@
 //! for the trace's output length. TTFT counts from the scheduled time, so a late send (the
 //! in-flight bound reached) shows up as latency, not as a shorter trace.
 
+use crate::observer::{Finished, Observer, ObserverConfig};
 use crate::turn::send_streamed;
-use crate::{collect, record, Collected, LoadgenError, RunResult};
+use crate::{check_url, LoadgenError, RunResult};
 use kvroute_workload::TraceRequest;
 use serde::{Deserialize, Serialize};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Settings of a replay.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -44,12 +45,7 @@ pub async fn replay(
     config: ReplayConfig,
     requests: Vec<TraceRequest>,
 ) -> Result<RunResult, LoadgenError> {
-    if !(config.target.starts_with("http://") || config.target.starts_with("https://")) {
-        return Err(LoadgenError::Config(format!(
-            "target {:?} must be an http(s) URL",
-            config.target
-        )));
-    }
+    check_url("target", &config.target)?;
     if config.max_in_flight == 0
         || !(config.request_timeout_secs.is_finite() && config.request_timeout_secs > 0.0)
     {
@@ -60,19 +56,19 @@ pub async fn replay(
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(config.max_in_flight.min(1024))
         .build()?;
-    let out: Arc<Mutex<Collected>> = Arc::default();
+    let observer = Arc::new(Observer::new(&ObserverConfig::default()));
     let url = format!("{}/v1/completions", config.target.trim_end_matches('/'));
     let timeout = Duration::from_secs_f64(config.request_timeout_secs);
     let slots = Arc::new(tokio::sync::Semaphore::new(config.max_in_flight));
-    let t0 = Instant::now();
+    let t0 = observer.epoch();
     let mut tasks = Vec::with_capacity(requests.len());
     for (i, req) in requests.into_iter().enumerate() {
         let due = t0 + req.arrival.0;
         tokio::time::sleep_until(due.into()).await;
-        let (client, url, out, slots, model) = (
+        let (client, url, observer, slots, model) = (
             client.clone(),
             url.clone(),
-            out.clone(),
+            observer.clone(),
             slots.clone(),
             config.model.clone(),
         );
@@ -86,12 +82,26 @@ pub async fn replay(
                 "prompt": req.prompt.materialize(),
                 "max_tokens": req.max_tokens,
             });
-            let r = send_streamed(&client, &url, body, None, ignore_eos, timeout).await;
-            record(&out, i as u64, 1, None, due, t0, r);
+            observer.request_started();
+            let result = send_streamed(&client, &url, body, None, ignore_eos, timeout).await;
+            observer.finished(Finished {
+                conversation: i as u64,
+                turn: 1,
+                chat: false,
+                sent: due,
+                result,
+                ends: None,
+            });
         }));
     }
     for t in tasks {
         let _ = t.await;
     }
-    Ok(collect(&out, t0))
+    let taken = observer.take();
+    Ok(RunResult {
+        records: taken.records,
+        turns: taken.turns,
+        workers: taken.workers,
+        duration: t0.elapsed(),
+    })
 }

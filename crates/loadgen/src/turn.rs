@@ -23,6 +23,9 @@ pub struct TurnResult {
     pub usage: Option<Usage>,
     /// The worker that served it (`x-kvroute-worker`), when the server says.
     pub worker: Option<String>,
+    /// The prompt tokens the router expected that worker to have cached
+    /// (`x-kvroute-predicted-cached-tokens`), when the server says.
+    pub predicted_cached_tokens: Option<u64>,
     /// How it ended.
     pub status: Status,
 }
@@ -103,6 +106,7 @@ pub async fn send_streamed(
         chunks: 0,
         usage: None,
         worker: None,
+        predicted_cached_tokens: None,
         status: Status::Completed,
     };
     let deadline = tokio::time::Instant::from_std(start + timeout);
@@ -125,6 +129,10 @@ pub async fn send_streamed(
         .get("x-kvroute-worker")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    r.predicted_cached_tokens = resp
+        .headers()
+        .get("x-kvroute-predicted-cached-tokens")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
     let status = resp.status();
     if !status.is_success() {
         let code = error_code(resp, deadline).await;

@@ -99,6 +99,9 @@ async fn conversations_progress_and_later_turns_hit_the_cache() {
     let summary = Summary::from_records(&result.records, result.duration);
     assert_eq!((summary.sent, summary.completed), (18, 18));
     assert!(summary.hit_rate.unwrap() > 0.5, "{:?}", summary.hit_rate);
+    // The gateway says what it expected cached; it is close to what the workers found.
+    let ratio = summary.prediction_ratio.unwrap();
+    assert!((0.8..=1.2).contains(&ratio), "predicted / cached {ratio}");
     assert_eq!(result.workers.len(), 2);
     gw.shutdown().await;
     for w in workers {
@@ -171,14 +174,15 @@ async fn concurrency_changes_take_effect_without_cutting_conversations() {
     let (workers, gw) = fleet(2, |_| {}).await;
     let mut chat = small_chat();
     chat.max_tokens = 40;
-    let (control, running) = kvroute_loadgen::start(LoadgenConfig {
+    let config = LoadgenConfig {
         target: gw.url(),
         concurrency: 1,
         conversations: 12,
         chat,
         ..LoadgenConfig::default()
-    })
-    .unwrap();
+    };
+    let observer = std::sync::Arc::new(kvroute_loadgen::Observer::new(&config.observer));
+    let (control, running) = kvroute_loadgen::start(config, observer).unwrap();
     // Let two turns go through at concurrency 1, then raise it.
     let served = || async {
         let text = reqwest::get(format!("{}/metrics", gw.url()))

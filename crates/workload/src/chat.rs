@@ -362,8 +362,22 @@ impl ChatWorkload {
     /// The next turn of `conversation` given the model's `answer` to the last one; `None`
     /// when it was the last turn (or the conversation is unknown).
     pub fn follow_up(&mut self, conversation: u64, answer: &str) -> Option<ChatTurn> {
+        self.follow_up_with(conversation, answer, None)
+    }
+
+    /// [`ChatWorkload::follow_up`] with the user's `question` written elsewhere (e.g. by a
+    /// model acting as the user); `None` uses the built-in generator. The generator's stream
+    /// advances either way, so the rest of the run does not depend on where questions came
+    /// from.
+    pub fn follow_up_with(
+        &mut self,
+        conversation: u64,
+        answer: &str,
+        question: Option<String>,
+    ) -> Option<ChatTurn> {
         let mut c = self.live.remove(&conversation)?;
-        let question = self.question(&mut c.rng);
+        let built_in = self.question(&mut c.rng);
+        let question = question.unwrap_or(built_in);
         c.messages.push(ChatMessage {
             role: "assistant".into(),
             content: answer.to_string(),
@@ -442,5 +456,30 @@ mod tests {
             1
         )
         .is_err());
+    }
+
+    #[test]
+    fn a_question_written_elsewhere_replaces_the_built_in_one_only() {
+        let config = ChatConfig {
+            min_turns: 3,
+            max_turns: 3,
+            ..small()
+        };
+        let mut a = ChatWorkload::new(config.clone(), 5).unwrap();
+        let mut b = ChatWorkload::new(config, 5).unwrap();
+        let (a0, b0) = (a.start(), b.start());
+        let a1 = a
+            .follow_up_with(a0.conversation, "ans", Some("Why so?".into()))
+            .unwrap();
+        let b1 = b.follow_up(b0.conversation, "ans").unwrap();
+        assert_eq!(a1.messages.last().unwrap().content, "Why so?");
+        assert_ne!(b1.messages.last().unwrap().content, "Why so?");
+        // The built-in stream advanced the same way in both.
+        let a2 = a.follow_up(a0.conversation, "ans2").unwrap();
+        let b2 = b.follow_up(b0.conversation, "ans2").unwrap();
+        assert_eq!(
+            a2.messages.last().unwrap().content,
+            b2.messages.last().unwrap().content
+        );
     }
 }

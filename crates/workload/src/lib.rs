@@ -26,6 +26,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod arrivals;
 pub mod blocks;
 pub mod chat;
 pub mod mooncake;
@@ -34,6 +35,7 @@ pub mod prompt;
 pub mod stats;
 pub mod synthetic;
 
+pub use arrivals::PoissonArrivals;
 pub use blocks::BlockHashCache;
 pub use chat::{ChatConfig, ChatMessage, ChatTurn, ChatWorkload};
 pub use mooncake::{LineError, TraceError, TraceOptions, TraceRequest, TraceStats};

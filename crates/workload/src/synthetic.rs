@@ -7,6 +7,7 @@
 //! Poisson arrivals at a fixed rate. The prefix choice and the arrival gaps use separate
 //! random streams, so request `i` is the same in both modes for a seed.
 
+use crate::arrivals::PoissonArrivals;
 use crate::prompt::{extend_tokens, mix_key, Prompt};
 use kvroute_core::{RequestId, Time};
 use rand::{Rng, SeedableRng};
@@ -242,10 +243,9 @@ impl Synthetic {
             return Err(SyntheticError::Rate(rate_per_s));
         }
         Ok(OpenLoop {
-            arrivals: ChaCha8Rng::seed_from_u64(mix_key(self.seed, ARRIVAL_TAG)),
+            arrivals: PoissonArrivals::new(rate_per_s, mix_key(self.seed, ARRIVAL_TAG))
+                .map_err(|_| SyntheticError::Rate(rate_per_s))?,
             gen: self,
-            rate: rate_per_s,
-            now_secs: 0.0,
         })
     }
 }
@@ -254,18 +254,14 @@ impl Synthetic {
 #[derive(Clone, Debug)]
 pub struct OpenLoop {
     gen: Synthetic,
-    arrivals: ChaCha8Rng,
-    rate: f64,
-    now_secs: f64,
+    arrivals: PoissonArrivals,
 }
 
 impl Iterator for OpenLoop {
     type Item = (Time, SyntheticRequest);
 
     fn next(&mut self) -> Option<Self::Item> {
-        let u: f64 = self.arrivals.gen(); // [0, 1)
-        self.now_secs += -(1.0 - u).ln() / self.rate;
-        Some((Time::from_secs_f64(self.now_secs), self.gen.next_request()))
+        Some((self.arrivals.next_time(), self.gen.next_request()))
     }
 }
 

@@ -1,0 +1,165 @@
+//! The control API of a [`Service`], for the dashboard and scripts:
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /api/status` | the latest [`LiveStats`] |
+//! | `POST /api/start` | starts the load (409 when running or still stopping) |
+//! | `POST /api/stop` | stops it, cutting turns in flight (409 when not running) |
+//! | `POST /api/concurrency` | `{"concurrency": n}`: applied after the debounce time (202) |
+//! | `GET /api/ws` | WebSocket: a [`LiveStats`] JSON text at once, then at every update |
+//! | `GET /api/conversations?limit=N` | the newest conversations (default 100, at most 1000) |
+//! | `GET /api/conversations/{id}` | one conversation with its transcript (404 if unknown) |
+//! | `GET /metrics` | Prometheus text (`loadgen_ttft_all_seconds`, ...) |
+//!
+//! Errors are `{"error": {"message", "code"}}` with the status mapped in one place.
+
+use crate::service::{LiveStats, Service, ServiceError};
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use std::sync::Arc;
+
+/// The most conversations one list answer holds.
+const MAX_LIST: usize = 1000;
+
+impl IntoResponse for ServiceError {
+    fn into_response(self) -> Response {
+        let (status, code) = match &self {
+            ServiceError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            ServiceError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ServiceError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ServiceError::Load(_) => (StatusCode::INTERNAL_SERVER_ERROR, "load_failed"),
+        };
+        let body = serde_json::json!({"error": {"message": self.to_string(), "code": code}});
+        (status, Json(body)).into_response()
+    }
+}
+
+/// The routes above, on `service`.
+pub fn router(service: Service) -> Router {
+    Router::new()
+        .route("/api/status", get(status))
+        .route("/api/start", post(start))
+        .route("/api/stop", post(stop))
+        .route("/api/concurrency", post(concurrency))
+        .route("/api/ws", get(ws))
+        .route("/api/conversations", get(conversations))
+        .route("/api/conversations/{id}", get(conversation))
+        .route("/metrics", get(metrics))
+        .with_state(service)
+}
+
+/// The statistics (or the error) as the answer, with `status` on success.
+fn answer(status: StatusCode, r: Result<Arc<LiveStats>, ServiceError>) -> Response {
+    match r {
+        Ok(stats) => (status, Json(&*stats)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn status(State(s): State<Service>) -> Response {
+    answer(StatusCode::OK, Ok(s.stats()))
+}
+
+async fn start(State(s): State<Service>) -> Response {
+    answer(StatusCode::OK, s.start())
+}
+
+async fn stop(State(s): State<Service>) -> Response {
+    answer(StatusCode::OK, s.stop())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetConcurrency {
+    concurrency: usize,
+}
+
+async fn concurrency(State(s): State<Service>, body: axum::body::Bytes) -> Response {
+    let parsed: Result<SetConcurrency, _> = serde_json::from_slice(&body);
+    let result = match parsed {
+        Ok(b) => s.set_concurrency(b.concurrency),
+        Err(e) => Err(ServiceError::BadRequest(format!(
+            "expected {{\"concurrency\": n}}: {e}"
+        ))),
+    };
+    answer(StatusCode::ACCEPTED, result)
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    limit: Option<usize>,
+}
+
+async fn conversations(
+    State(s): State<Service>,
+    Query(q): Query<ListQuery>,
+) -> Json<serde_json::Value> {
+    let limit = q.limit.unwrap_or(100).min(MAX_LIST);
+    Json(serde_json::json!({"conversations": s.observer().conversations(limit)}))
+}
+
+async fn conversation(State(s): State<Service>, Path(id): Path<String>) -> Response {
+    let Ok(n) = id.parse::<u64>() else {
+        return ServiceError::BadRequest(format!("{id:?} is not a conversation number"))
+            .into_response();
+    };
+    match s.observer().conversation(n) {
+        Some(c) => Json(c).into_response(),
+        None => ServiceError::NotFound(format!("no conversation {n} (it may have been dropped)"))
+            .into_response(),
+    }
+}
+
+async fn metrics(State(s): State<Service>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics(),
+    )
+        .into_response()
+}
+
+async fn ws(State(s): State<Service>, upgrade: WebSocketUpgrade) -> Response {
+    upgrade
+        .max_message_size(64 << 10)
+        .on_upgrade(move |socket| stream(s, socket))
+}
+
+/// Sends the statistics at once, then at every update, until the client goes; only the
+/// latest update waits for a slow client (nothing piles up).
+async fn stream(s: Service, mut socket: WebSocket) {
+    let mut updates = s.subscribe();
+    loop {
+        let text = {
+            let stats = updates.borrow_and_update().clone();
+            match serde_json::to_string(&*stats) {
+                Ok(t) => t,
+                Err(_) => return,
+            }
+        };
+        if socket.send(Message::Text(text.into())).await.is_err() {
+            return;
+        }
+        tokio::select! {
+            changed = updates.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            incoming = socket.recv() => match incoming {
+                // The client says nothing we act on; pings are answered by the library.
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                Some(Ok(_)) => {
+                    // Wait for the next update rather than resending the same figures.
+                    if updates.changed().await.is_err() {
+                        return;
+                    }
+                }
+            },
+        }
+    }
+}
