@@ -1,10 +1,11 @@
-//! `kvroute loadgen`: multi-turn chat load against any OpenAI-compatible endpoint, with the
-//! same summary table and records as the simulator.
+//! `kvroute loadgen`: multi-turn chat, synthetic shared-prefix or Mooncake trace load against
+//! any OpenAI-compatible endpoint, with the same summary table and records as the simulator;
+//! with `--api-port`, a long-lived load steered through the control API (the dashboard's).
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kvroute_loadgen::LoadgenConfig;
-use kvroute_workload::{markdown_table, records_tsv, Summary};
+use kvroute_loadgen::{LoadKind, LoadgenConfig, ServiceConfig, UserModelConfig};
+use kvroute_workload::{markdown_table, records_tsv, Summary, SyntheticConfig};
 use std::path::PathBuf;
 
 /// Options of `kvroute loadgen`.
@@ -16,8 +17,9 @@ pub struct LoadgenArgs {
     /// The `model` of the requests.
     #[arg(long, default_value = "kvroute-sim")]
     pub model: String,
-    /// `multiturn` (closed loop at `--concurrency`) or `mooncake:<file>` (the trace replayed on
-    /// its own schedule, open loop, token-id prompts on `/v1/completions`).
+    /// `multiturn` (chat conversations), `synthetic` (shared-prefix token-id requests on
+    /// `/v1/completions`) or `mooncake:<file>` (the trace replayed on its own schedule, open
+    /// loop, token-id prompts on `/v1/completions`).
     #[arg(long, default_value = "multiturn")]
     pub workload: String,
     /// Trace replay speed (2 = twice as fast).
@@ -26,24 +28,65 @@ pub struct LoadgenArgs {
     /// Replay only the first K requests of the trace.
     #[arg(long)]
     pub limit: Option<usize>,
-    /// Conversations in flight at once.
+    /// Closed loop: conversations (or synthetic requests) in flight at once.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
-    /// Conversations to run in all.
-    #[arg(long, default_value_t = 40)]
-    pub conversations: u64,
+    /// Open loop instead: new conversations (or synthetic requests) per second, Poisson
+    /// arrivals.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Open loop: most conversations (or requests) in flight; later arrivals wait, counted
+    /// in their TTFT.
+    #[arg(long, default_value_t = 4096)]
+    pub max_in_flight: usize,
+    /// Conversations (or synthetic requests) to run in all (with `--api-port`: no limit
+    /// unless given).
+    #[arg(long)]
+    pub conversations: Option<u64>,
     /// Stop starting turns after this many seconds (0: no limit).
     #[arg(long, default_value_t = 0.0)]
     pub duration_secs: f64,
-    /// Output tokens per turn.
+    /// Output tokens per turn (multi-turn) or request (synthetic).
     #[arg(long, default_value_t = 830)]
     pub max_tokens: u32,
+    /// Synthetic: distinct shared prefixes.
+    #[arg(long, default_value_t = 16)]
+    pub prefixes: usize,
+    /// Synthetic: tokens per prefix.
+    #[arg(long, default_value_t = 2048)]
+    pub prefix_tokens: usize,
+    /// Synthetic: unique tokens after the prefix.
+    #[arg(long, default_value_t = 256)]
+    pub suffix_tokens: usize,
+    /// Synthetic: Zipf exponent of prefix popularity (0 = uniform).
+    #[arg(long, default_value_t = 1.0)]
+    pub zipf_s: f64,
+    /// An OpenAI-compatible endpoint whose model writes the follow-up questions (base URL);
+    /// without it the built-in generator does.
+    #[arg(long, requires = "user_model")]
+    pub user_model_url: Option<String>,
+    /// The user model's name.
+    #[arg(long, requires = "user_model_url")]
+    pub user_model: Option<String>,
+    /// The user model's bearer key.
+    #[arg(long, requires = "user_model_url")]
+    pub user_model_key: Option<String>,
     /// Do not send `ignore_eos` (for servers that refuse unknown fields).
     #[arg(long)]
     pub no_ignore_eos: bool,
-    /// Seed of the conversations.
+    /// Seed of the conversations and arrivals.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Serve the control API (start, stop, concurrency, WebSocket stats, conversations,
+    /// `/metrics`) on this port and run until Ctrl-C.
+    #[arg(long)]
+    pub api_port: Option<u16>,
+    /// Address of the control API.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub api_host: String,
+    /// With `--api-port`: wait for `POST /api/start` instead of starting at once.
+    #[arg(long, requires = "api_port")]
+    pub idle: bool,
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -52,8 +95,61 @@ pub struct LoadgenArgs {
     pub out: Option<PathBuf>,
 }
 
+impl LoadgenArgs {
+    /// The load these options describe (multi-turn or synthetic).
+    pub fn config(&self) -> Result<LoadgenConfig> {
+        let workload = match self.workload.as_str() {
+            "multiturn" => LoadKind::Multiturn,
+            "synthetic" => LoadKind::Synthetic,
+            w => anyhow::bail!(
+                "unknown workload {w:?} (expected multiturn, synthetic or mooncake:<file>)"
+            ),
+        };
+        let mut config = LoadgenConfig {
+            target: self.target.clone(),
+            model: self.model.clone(),
+            workload,
+            concurrency: self.concurrency,
+            rate: self.rate,
+            max_in_flight: self.max_in_flight,
+            duration_secs: self.duration_secs,
+            ignore_eos: !self.no_ignore_eos,
+            seed: self.seed,
+            synthetic: SyntheticConfig {
+                prefixes: self.prefixes,
+                prefix_tokens: self.prefix_tokens,
+                suffix_tokens: self.suffix_tokens,
+                zipf_s: self.zipf_s,
+                max_tokens: self.max_tokens,
+            },
+            user_model: self.user_model_url.as_ref().map(|url| UserModelConfig {
+                url: url.clone(),
+                model: self.user_model.clone().unwrap_or_default(),
+                key: self.user_model_key.clone(),
+                ..UserModelConfig::default()
+            }),
+            ..LoadgenConfig::default()
+        };
+        config.conversations = self.conversations.unwrap_or(if self.api_port.is_some() {
+            u64::MAX
+        } else {
+            40
+        });
+        config.chat.max_tokens = self.max_tokens;
+        config.validate()?;
+        Ok(config)
+    }
+}
+
 /// Runs the load and prints the summary.
 pub fn run(args: &LoadgenArgs) -> Result<()> {
+    if let Some(port) = args.api_port {
+        anyhow::ensure!(
+            !args.workload.starts_with("mooncake:"),
+            "--api-port drives multiturn or synthetic loads, not trace replay"
+        );
+        return serve(args, port);
+    }
     let result = if let Some(path) = args.workload.strip_prefix("mooncake:") {
         let options = kvroute_workload::TraceOptions {
             speedup: args.speedup,
@@ -68,34 +164,19 @@ pub fn run(args: &LoadgenArgs) -> Result<()> {
             target: args.target.clone(),
             model: args.model.clone(),
             ignore_eos: !args.no_ignore_eos,
+            max_in_flight: args.max_in_flight,
             ..Default::default()
         };
         crate::runtime()?.block_on(kvroute_loadgen::replay(config, requests))?
     } else {
-        anyhow::ensure!(
-            args.workload == "multiturn",
-            "unknown workload {:?} (expected multiturn or mooncake:<file>)",
-            args.workload
-        );
-        let mut config = LoadgenConfig {
-            target: args.target.clone(),
-            model: args.model.clone(),
-            concurrency: args.concurrency,
-            conversations: args.conversations,
-            duration_secs: args.duration_secs,
-            ignore_eos: !args.no_ignore_eos,
-            seed: args.seed,
-            ..LoadgenConfig::default()
-        };
-        config.chat.max_tokens = args.max_tokens;
-        config.validate()?;
+        let config = args.config()?;
         crate::runtime()?.block_on(kvroute_loadgen::run(config))?
     };
     let summary = Summary::from_records(&result.records, result.duration);
-    let label = if args.workload.starts_with("mooncake:") {
-        format!("trace x{}", args.speedup)
-    } else {
-        format!("c{}", args.concurrency)
+    let label = match (&args.rate, args.workload.starts_with("mooncake:")) {
+        (_, true) => format!("trace x{}", args.speedup),
+        (Some(rate), false) => format!("{rate}/s"),
+        (None, false) => format!("c{}", args.concurrency),
     };
     let table = markdown_table(&[(label.as_str(), &summary)]);
     if args.json {
@@ -112,4 +193,41 @@ pub fn run(args: &LoadgenArgs) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// Serves the control API until Ctrl-C.
+fn serve(args: &LoadgenArgs, port: u16) -> Result<()> {
+    let load = args.config()?;
+    crate::runtime()?.block_on(async move {
+        let service = kvroute_loadgen::Service::new(ServiceConfig {
+            load,
+            ..ServiceConfig::default()
+        })?;
+        let addr = format!("{}:{port}", args.api_host);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("listening on {addr}"))?;
+        let local = listener.local_addr()?;
+        if !args.idle {
+            service.start()?;
+        }
+        println!("kvroute loadgen: control API at http://{local}/api/status (target {})", args.target);
+        println!("  POST /api/start, /api/stop, /api/concurrency {{\"concurrency\": N}}; GET /api/ws, /api/conversations, /metrics");
+        println!("Ctrl-C stops.");
+        let app = kvroute_loadgen::api::router(service.clone());
+        tokio::select! {
+            r = axum_serve(listener, app) => r?,
+            r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+        }
+        let _ = service.stop();
+        let stats = service.publish();
+        println!("{}", serde_json::to_string(&stats.totals)?);
+        Ok(())
+    })
+}
+
+async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router) -> Result<()> {
+    axum::serve(listener, app)
+        .await
+        .context("serving the control API")
 }

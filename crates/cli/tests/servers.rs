@@ -185,3 +185,52 @@ async fn the_demo_answers_and_stops_on_ctrl_c() {
     assert_eq!(answer["usage"]["completion_tokens"], 8);
     assert!(demo.interrupt(), "the demo did not stop cleanly");
 }
+
+#[tokio::test]
+async fn loadgen_serves_its_control_api_until_ctrl_c() {
+    let demo = Server::start(&["demo", "--port", "0", "--speedup", "50"]);
+    let url = demo.value_after("gateway ");
+    let loadgen = Server::start(&[
+        "loadgen",
+        "--target",
+        &url,
+        "--api-port",
+        "0",
+        "--idle",
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "16",
+    ]);
+    let status = loadgen.value_after("control API at ");
+    let api = status.trim_end_matches("/api/status").to_string();
+    let client = reqwest::Client::new();
+    let get = async |path: &str| -> serde_json::Value {
+        client
+            .get(format!("{api}{path}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    };
+    assert_eq!(get("/api/status").await["running"], false);
+    let r = client
+        .post(format!("{api}/api/start"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut completed = 0;
+    while completed < 2 && std::time::Instant::now() < deadline {
+        completed = get("/api/status").await["totals"]["completed"]
+            .as_u64()
+            .unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(completed >= 2, "no turns completed");
+    assert!(loadgen.interrupt(), "loadgen did not stop cleanly");
+    assert!(demo.interrupt(), "the demo did not stop cleanly");
+}

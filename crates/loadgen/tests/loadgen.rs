@@ -1,68 +1,10 @@
 //! The load generator against a real gateway and simulated workers on 127.0.0.1.
 
-use kvroute_gateway::{EventFeed, GatewayConfig, GatewayHandle, WorkerSpec};
+mod support;
+
 use kvroute_loadgen::{run, LoadgenConfig};
-use kvroute_preprocess::Preprocessor;
-use kvroute_worker::{WorkerConfig, WorkerHandle};
-use kvroute_workload::{ChatConfig, Status, Summary};
-use std::collections::BTreeMap;
-
-async fn fleet(
-    n: usize,
-    tweak: impl FnOnce(&mut GatewayConfig),
-) -> (Vec<WorkerHandle>, GatewayHandle) {
-    let mut workers = Vec::new();
-    for i in 0..n {
-        let cfg = WorkerConfig {
-            speedup: 50.0,
-            worker_name: format!("w{i}"),
-            ..WorkerConfig::default()
-        };
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        workers.push(
-            kvroute_worker::spawn(cfg, Preprocessor::builtin(), l, None)
-                .await
-                .unwrap(),
-        );
-    }
-    let mut config = GatewayConfig {
-        port: 0,
-        tokenizer: Some("builtin".into()),
-        workers: workers
-            .iter()
-            .map(|w| WorkerSpec {
-                url: w.url(),
-                name: Some(w.name().to_string()),
-                ..WorkerSpec::default()
-            })
-            .collect(),
-        ..GatewayConfig::default()
-    };
-    config.router.block_size = 16;
-    config.router.policy.kind = kvroute_core::PolicyKind::Kv;
-    tweak(&mut config);
-    let feeds: BTreeMap<usize, EventFeed> = workers
-        .iter()
-        .enumerate()
-        .map(|(i, w)| (i, EventFeed::from_broadcast(w.subscribe(), None)))
-        .collect();
-    let pre = kvroute_gateway::load_preprocessor(&config).unwrap();
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gw = kvroute_gateway::spawn(config, pre, l, feeds).await.unwrap();
-    (workers, gw)
-}
-
-fn small_chat() -> ChatConfig {
-    ChatConfig {
-        starters: 4,
-        starter_min_words: 150,
-        starter_max_words: 200,
-        min_turns: 3,
-        max_turns: 3,
-        max_tokens: 8,
-        ..ChatConfig::default()
-    }
-}
+use kvroute_workload::{Status, Summary};
+use support::{fleet, small_chat};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversations_progress_and_later_turns_hit_the_cache() {
@@ -278,6 +220,227 @@ async fn a_trace_replays_on_schedule_and_shared_blocks_hit_the_cache() {
     // request 2 held 300: 18 full blocks (288) are shared with request 4.
     assert_eq!(recs[1].cached_tokens, 192, "{:?}", recs[1]);
     assert_eq!(recs[3].cached_tokens, 288, "{:?}", recs[3]);
+    gw.shutdown().await;
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+/// A server that answers request n (from 0) by n % 4: 503 `overloaded`, a stream cut by a
+/// broken connection, a stream ending without `[DONE]`, a whole stream. Returns its URL and
+/// the count of requests it saw.
+async fn flaky_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use axum::body::Body;
+    use axum::http::StatusCode;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let seen = std::sync::Arc::new(AtomicU64::new(0));
+    let counter = seen.clone();
+    let chunk = |text: &str| {
+        format!(
+            "data: {}\n\n",
+            serde_json::json!({"choices": [{"index": 0, "delta": {"content": text}}]})
+        )
+    };
+    let (a, b) = (chunk("Hello"), chunk(" there"));
+    let usage = format!(
+        "data: {}\n\ndata: [DONE]\n\n",
+        serde_json::json!({"choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 2, "total_tokens": 52}})
+    );
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || {
+            let n = counter.fetch_add(1, Ordering::SeqCst);
+            let (a, b, usage) = (a.clone(), b.clone(), usage.clone());
+            async move {
+                let sse = |body: Body| {
+                    axum::response::Response::builder()
+                        .header("content-type", "text/event-stream")
+                        .body(body)
+                        .unwrap()
+                };
+                match n % 4 {
+                    0 => axum::response::Response::builder()
+                        .status(StatusCode::SERVICE_UNAVAILABLE)
+                        .header("content-type", "application/json")
+                        .body(Body::from(
+                            r#"{"error":{"message":"busy","type":"x","code":"overloaded"}}"#,
+                        ))
+                        .unwrap(),
+                    // The first chunk goes out (the server flushes when the body is not
+                    // ready), then the connection breaks.
+                    1 => sse(Body::from_stream(futures_util::stream::unfold(
+                        0,
+                        move |step| {
+                            let a = a.clone();
+                            async move {
+                                match step {
+                                    0 => Some((Ok(bytes::Bytes::from(a)), 1)),
+                                    1 => {
+                                        tokio::task::yield_now().await;
+                                        Some((Err(std::io::Error::other("worker died")), 2))
+                                    }
+                                    _ => None,
+                                }
+                            }
+                        },
+                    ))),
+                    2 => sse(Body::from(format!("{a}{b}"))),
+                    _ => sse(Body::from(format!("{a}{b}{usage}"))),
+                }
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    (url, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_and_broken_streams_are_counted_over_all_sent() {
+    let (url, seen) = flaky_server().await;
+    let result = run(LoadgenConfig {
+        target: url,
+        concurrency: 2,
+        conversations: 10,
+        chat: small_chat(),
+        ..LoadgenConfig::default()
+    })
+    .await
+    .unwrap();
+    let summary = Summary::from_records(&result.records, result.duration);
+    // Every request the server saw is a record, and every record is accounted for.
+    let seen = seen.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(summary.sent, seen);
+    assert_eq!(
+        summary.sent,
+        summary.completed + summary.failed + summary.rejected
+    );
+    // Requests 3, 7, 11, ... completed.
+    assert_eq!(summary.completed, seen / 4);
+    assert!(summary.rejected_by_reason["overloaded"] >= 2, "{summary:?}");
+    assert!(
+        summary.failed_by_reason["stream_broken"] >= 2,
+        "{summary:?}"
+    );
+    assert!(summary.failed_by_reason["no_done"] >= 2, "{summary:?}");
+    // Three of four requests failed: the all-sent TTFT median is infinite, the completed
+    // requests' is not.
+    assert_eq!(summary.ttft_all_ms.p50, Some(f64::INFINITY));
+    assert!(summary.ttft_ms.p50.unwrap().is_finite());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_loop_sends_at_poisson_times_and_shared_prefixes_hit() {
+    let (workers, gw) = fleet(2, |_| {}).await;
+    let result = run(LoadgenConfig {
+        target: gw.url(),
+        workload: kvroute_loadgen::LoadKind::Synthetic,
+        rate: Some(40.0),
+        conversations: 16,
+        synthetic: kvroute_workload::SyntheticConfig {
+            prefixes: 2,
+            prefix_tokens: 256,
+            suffix_tokens: 16,
+            zipf_s: 1.0,
+            max_tokens: 4,
+        },
+        ..LoadgenConfig::default()
+    })
+    .await
+    .unwrap();
+    let summary = Summary::from_records(&result.records, result.duration);
+    assert_eq!((summary.sent, summary.completed), (16, 16), "{summary:?}");
+    let mut arrivals: Vec<f64> = result
+        .records
+        .iter()
+        .map(|r| r.arrival.0.as_secs_f64())
+        .collect();
+    arrivals.sort_by(f64::total_cmp);
+    // 16 arrivals at 40/s span about 0.4 s, whatever the server's speed.
+    let span = arrivals[15] - arrivals[0];
+    assert!((0.1..2.0).contains(&span), "{arrivals:?}");
+    assert!(summary.hit_rate.unwrap() > 0.3, "{summary:?}");
+
+    // Conversations arrive the same way and run all their turns.
+    let result = run(LoadgenConfig {
+        target: gw.url(),
+        rate: Some(20.0),
+        conversations: 4,
+        chat: small_chat(),
+        ..LoadgenConfig::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(result.records.len(), 12);
+    assert!(result.records.iter().all(|r| r.status == Status::Completed));
+    gw.shutdown().await;
+    for w in workers {
+        w.shutdown().await;
+    }
+}
+
+/// A user model that always asks the same question, counting the calls.
+async fn user_model() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = calls.clone();
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(
+            move |headers: axum::http::HeaderMap, body: axum::Json<serde_json::Value>| {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    assert_eq!(headers["authorization"], "Bearer sk-test");
+                    assert_eq!(body["model"], "asker");
+                    // It is shown the conversation so far.
+                    let shown = body["messages"][1]["content"].as_str().unwrap();
+                    assert!(shown.contains("assistant:"), "{shown}");
+                    axum::Json(serde_json::json!({
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "  What about the cache?\n"}}]
+                    }))
+                }
+            },
+        ),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    (url, calls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_model_writes_the_follow_ups_and_a_failing_one_is_replaced() {
+    let (workers, gw) = fleet(1, |_| {}).await;
+    let (asker, calls) = user_model().await;
+    for (url, asked) in [(asker, true), ("http://127.0.0.1:9".to_string(), false)] {
+        let config = LoadgenConfig {
+            target: gw.url(),
+            concurrency: 2,
+            conversations: 2,
+            chat: small_chat(),
+            user_model: Some(kvroute_loadgen::UserModelConfig {
+                url,
+                model: "asker".into(),
+                key: Some("sk-test".into()),
+                timeout_secs: 5.0,
+                ..Default::default()
+            }),
+            ..LoadgenConfig::default()
+        };
+        let observer = std::sync::Arc::new(kvroute_loadgen::Observer::new(&config.observer));
+        let (_c, running) = kvroute_loadgen::start(config, observer.clone()).unwrap();
+        let result = running.await.unwrap();
+        assert_eq!(result.records.len(), 6);
+        assert!(result.records.iter().all(|r| r.status == Status::Completed));
+        for id in 0..2 {
+            let d = observer.conversation(id).unwrap();
+            for t in &d.turns[1..] {
+                assert_eq!(t.user == "What about the cache?", asked, "{}", t.user);
+            }
+        }
+    }
+    // Two follow-ups in each of two conversations.
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 4);
     gw.shutdown().await;
     for w in workers {
         w.shutdown().await;

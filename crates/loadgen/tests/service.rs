@@ -1,0 +1,246 @@
+//! The control API of a long-lived load, over HTTP and WebSocket on 127.0.0.1, driving a real
+//! gateway and simulated workers.
+
+mod support;
+
+use futures_util::StreamExt;
+use kvroute_loadgen::{LoadgenConfig, Service, ServiceConfig};
+use serde_json::{json, Value};
+use std::time::Duration;
+use support::{fleet, small_chat};
+
+async fn serve(service: Service) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move {
+        axum::serve(l, kvroute_loadgen::api::router(service))
+            .await
+            .unwrap();
+    });
+    url
+}
+
+async fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
+    let c = reqwest::Client::new();
+    let req = match method {
+        "GET" => c.get(url),
+        _ => c.post(url),
+    };
+    let req = match body {
+        Some(b) => req.json(&b),
+        None => req,
+    };
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Polls `f` every 20 ms until it holds, for at most `secs` seconds.
+async fn eventually(secs: u64, mut f: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while tokio::time::Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
+    let (workers, gw) = fleet(2, |_| {}).await;
+    let mut chat = small_chat();
+    chat.max_tokens = 24;
+    let service = Service::new(ServiceConfig {
+        load: LoadgenConfig {
+            target: gw.url(),
+            concurrency: 2,
+            conversations: u64::MAX,
+            chat,
+            ..LoadgenConfig::default()
+        },
+        tick_ms: 100,
+        ..ServiceConfig::default()
+    })
+    .unwrap();
+    let api = serve(service.clone()).await;
+
+    // Stopped at first: stop is refused, the stream says so.
+    let (s, st) = call("GET", &format!("{api}/api/status"), None).await;
+    assert_eq!((s, st["running"].as_bool()), (200, Some(false)), "{st}");
+    let (s, e) = call("POST", &format!("{api}/api/stop"), None).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (409, Some("conflict")));
+    let ws_url = format!("{}/api/ws", api.replace("http://", "ws://"));
+    let (mut ws, _) = tokio_tungstenite::connect_async(&ws_url).await.unwrap();
+    let mut next_stats = async move || -> Value {
+        loop {
+            let msg = tokio::time::timeout(Duration::from_secs(10), ws.next())
+                .await
+                .expect("a stats message within 10 s")
+                .unwrap()
+                .unwrap();
+            if let tokio_tungstenite::tungstenite::Message::Text(t) = msg {
+                return serde_json::from_str(&t).unwrap();
+            }
+        }
+    };
+    assert_eq!(next_stats().await["running"], false);
+
+    // Start: running, a second start is refused.
+    let (s, st) = call("POST", &format!("{api}/api/start"), None).await;
+    assert_eq!((s, st["running"].as_bool()), (200, Some(true)), "{st}");
+    let (s, _) = call("POST", &format!("{api}/api/start"), None).await;
+    assert_eq!(s, 409);
+
+    // The stream fills: completed turns in the window, with latency figures.
+    let mut seen = Value::Null;
+    for _ in 0..200 {
+        seen = next_stats().await;
+        if seen["window"]["summary"]["completed"].as_u64() >= Some(4) {
+            break;
+        }
+    }
+    assert_eq!(seen["running"], true, "{seen}");
+    assert!(
+        seen["window"]["summary"]["completed"].as_u64() >= Some(4),
+        "{seen}"
+    );
+    assert!(seen["window"]["summary"]["ttft_ms"]["p95"].as_f64() > Some(0.0));
+    assert!(seen["totals"]["sent"].as_u64() >= Some(4));
+
+    // Concurrency: bad values refused; a good one pending, then applied after the debounce.
+    for bad in [json!({"concurrency": 0}), json!({"level": 3}), json!("x")] {
+        let (s, e) = call("POST", &format!("{api}/api/concurrency"), Some(bad)).await;
+        assert_eq!((s, e["error"]["code"].as_str()), (400, Some("bad_request")));
+    }
+    let (s, st) = call(
+        "POST",
+        &format!("{api}/api/concurrency"),
+        Some(json!({"concurrency": 3})),
+    )
+    .await;
+    assert_eq!(
+        (s, st["pending_concurrency"].as_u64()),
+        (202, Some(3)),
+        "{st}"
+    );
+    let (s, st) = call(
+        "POST",
+        &format!("{api}/api/concurrency"),
+        Some(json!({"concurrency": 5})),
+    )
+    .await;
+    assert_eq!((s, st["pending_concurrency"].as_u64()), (202, Some(5)));
+    // Only the last of quick changes is applied.
+    assert!(
+        eventually(10, async || {
+            let (_, st) = call("GET", &format!("{api}/api/status"), None).await;
+            st["concurrency"] == 5 && st["pending_concurrency"].is_null()
+        })
+        .await
+    );
+    assert!(
+        eventually(20, async || service.stats().active_conversations >= 4).await,
+        "the new slots did not start conversations"
+    );
+
+    // Conversations: list, detail with per-turn figures and transcript, unknown ids.
+    assert!(
+        eventually(20, async || {
+            let (_, l) = call("GET", &format!("{api}/api/conversations"), None).await;
+            l["conversations"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|c| c["status"] == "completed"))
+        })
+        .await
+    );
+    let (_, l) = call("GET", &format!("{api}/api/conversations?limit=2"), None).await;
+    assert_eq!(l["conversations"].as_array().unwrap().len(), 2);
+    let (_, l) = call("GET", &format!("{api}/api/conversations"), None).await;
+    let done = l["conversations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["status"] == "completed")
+        .unwrap()
+        .clone();
+    assert_eq!(done["turns"], 3);
+    assert!(done["topic"].as_str().unwrap().starts_with("Document"));
+    let (s, d) = call(
+        "GET",
+        &format!("{api}/api/conversations/{}", done["id"]),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let turns = d["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 3);
+    assert!(turns[0]["user"].as_str().unwrap().starts_with("Document"));
+    assert!(!turns[0]["assistant"].as_str().unwrap().is_empty());
+    assert!(turns[0]["ttft_ms"].as_f64() > Some(0.0));
+    assert!(turns[2]["input_tokens"].as_u64() > turns[0]["input_tokens"].as_u64());
+    assert!(turns[2]["worker"].is_string());
+    assert!(turns[2]["predicted_cached_tokens"].is_u64());
+    let (s, _) = call("GET", &format!("{api}/api/conversations/999999"), None).await;
+    assert_eq!(s, 404);
+    let (s, _) = call("GET", &format!("{api}/api/conversations/abc"), None).await;
+    assert_eq!(s, 400);
+
+    // Prometheus: the summaries with their quantiles.
+    let text = reqwest::get(format!("{api}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "# TYPE loadgen_ttft_all_seconds summary",
+        "loadgen_ttft_all_seconds{quantile=\"0.5\"}",
+        "loadgen_ttft_all_seconds{quantile=\"0.95\"}",
+        "loadgen_tpot_all_seconds{quantile=\"0.95\"}",
+        "loadgen_itl_all_seconds_count",
+        "loadgen_e2e_all_seconds_sum",
+        "loadgen_requests_total{status=\"completed\"}",
+        "loadgen_concurrency 5",
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+    let p95: f64 = text
+        .lines()
+        .find(|l| l.starts_with("loadgen_ttft_all_seconds{quantile=\"0.95\"}"))
+        .and_then(|l| l.rsplit_once(' ')?.1.parse().ok())
+        .unwrap();
+    assert!(p95 > 0.0 && p95 < 10.0, "{p95}");
+
+    // Stop: turns in flight are cut, nothing stays active; a second stop is refused.
+    let (s, st) = call("POST", &format!("{api}/api/stop"), None).await;
+    assert_eq!((s, st["running"].as_bool()), (200, Some(false)), "{st}");
+    assert!(
+        eventually(10, async || {
+            let st = service.stats();
+            !st.stopping && st.totals.in_flight == 0 && st.active_conversations == 0
+        })
+        .await,
+        "{:?}",
+        service.stats()
+    );
+    let (s, _) = call("POST", &format!("{api}/api/stop"), None).await;
+    assert_eq!(s, 409);
+    // Nothing was counted as failed: cut turns are cancelled, not errors.
+    let t = service.stats().totals;
+    assert_eq!((t.failed, t.rejected), (0, 0), "{t:?}");
+    assert_eq!(t.sent, t.completed);
+
+    // A new start runs again from an empty window, at the applied concurrency.
+    let (s, st) = call("POST", &format!("{api}/api/start"), None).await;
+    assert_eq!(
+        (s, st["runs"].as_u64(), st["concurrency"].as_u64()),
+        (200, Some(2), Some(5))
+    );
+    service.stop().unwrap();
+    gw.shutdown().await;
+    for w in workers {
+        w.shutdown().await;
+    }
+}
