@@ -28,6 +28,9 @@ pub struct LoadgenArgs {
     /// Replay only the first K requests of the trace.
     #[arg(long)]
     pub limit: Option<usize>,
+    /// Tokens per trace hash id (512 in the Mooncake release and AIPerf's default).
+    #[arg(long, default_value_t = kvroute_workload::mooncake::MOONCAKE_BLOCK_TOKENS)]
+    pub trace_block_tokens: usize,
     /// Closed loop: conversations (or synthetic requests) in flight at once.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
@@ -154,6 +157,7 @@ pub fn run(args: &LoadgenArgs) -> Result<()> {
         let options = kvroute_workload::TraceOptions {
             speedup: args.speedup,
             first: args.limit,
+            block_tokens: args.trace_block_tokens,
             ..Default::default()
         };
         let file = std::fs::File::open(path).with_context(|| format!("opening {path}"))?;

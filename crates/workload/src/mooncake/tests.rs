@@ -366,3 +366,50 @@ fn real_conversation_trace_matches_readme() {
     assert_eq!(few.len(), 100);
     assert!(few.iter().all(|r| r.prompt.len() <= 8_192));
 }
+
+/// The prefix-sharing structure AIPerf's `mooncake_trace` mode asks for (512 tokens per hash
+/// id, the last block holding the rest, equal ids giving equal blocks): prompts are exactly
+/// `input_length` long and two prompts share exactly the tokens of their common leading ids.
+#[test]
+fn prompts_share_exactly_the_blocks_their_hash_ids_share() {
+    let trace = r#"{"timestamp": 0, "input_length": 1536, "output_length": 1, "hash_ids": [1, 2, 3]}
+{"timestamp": 1, "input_length": 1400, "output_length": 1, "hash_ids": [1, 2, 4]}
+{"timestamp": 2, "input_length": 700, "output_length": 1, "hash_ids": [1, 5]}
+{"timestamp": 3, "input_length": 512, "output_length": 1, "hash_ids": [6]}
+{"timestamp": 4, "input_length": 2048, "output_length": 1, "hash_ids": [1, 2, 3, 7]}
+{"timestamp": 5, "input_length": 300, "output_length": 1, "hash_ids": [1]}
+"#;
+    let reqs = parse_str(trace, &opts()).unwrap();
+    let prompts: Vec<Vec<u32>> = reqs.iter().map(|r| r.prompt.materialize()).collect();
+    let ids: Vec<Vec<u64>> = trace
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["hash_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect()
+        })
+        .collect();
+    let lengths: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    assert_eq!(lengths, vec![1536, 1400, 700, 512, 2048, 300]);
+    let common = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    for i in 0..prompts.len() {
+        for j in 0..prompts.len() {
+            let shared_ids = ids[i]
+                .iter()
+                .zip(&ids[j])
+                .take_while(|(x, y)| x == y)
+                .count();
+            let expected = (shared_ids * MOONCAKE_BLOCK_TOKENS)
+                .min(prompts[i].len())
+                .min(prompts[j].len());
+            assert_eq!(
+                common(&prompts[i], &prompts[j]),
+                expected,
+                "requests {i} and {j} share {shared_ids} ids"
+            );
+        }
+    }
+}
