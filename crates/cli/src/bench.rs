@@ -5,12 +5,14 @@
 //! baseline file of `--baseline-policy`.
 
 use crate::demo::{start_fleet, DemoArgs};
-use crate::simulate::{prepare, sim_config, workload, Load as SimLoad, Prepared, SimulateArgs};
+use crate::simulate::{
+    level_label, levels, prepare, sim_config, workload, Load as SimLoad, Prepared, SimulateArgs,
+};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvroute_core::PolicyKind;
-use kvroute_loadgen::LoadgenConfig;
+use kvroute_loadgen::{LoadKind, LoadgenConfig};
 use kvroute_report::{write_plots, Baseline, Cell, Load, Metrics, Sweep, SweepInfo};
 use kvroute_sim::simulate;
 use kvroute_workload::{deciles, records_tsv, RequestRecord, Summary};
@@ -69,9 +71,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         bail!("a live bench needs --duration-secs (how long each cell runs, warm-up included)");
     }
     let prepared = prepare(s)?;
-    let closed_loop = !matches!(prepared.load, SimLoad::Trace(_));
-    if live && !closed_loop {
-        bail!("a live bench runs closed-loop chat (multiturn); replay traces with `kvroute loadgen` or use --sim");
+    if live && matches!(prepared.load, SimLoad::Trace(_)) {
+        bail!("a live bench runs chat or synthetic loads; replay traces with `kvroute loadgen` or use --sim");
     }
     let out_dir = s
         .out
@@ -79,11 +80,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         .unwrap_or_else(|| PathBuf::from("bench-report"));
     std::fs::create_dir_all(out_dir.join("records"))
         .with_context(|| format!("creating {}", out_dir.display()))?;
-    let loads: Vec<Option<usize>> = if closed_loop {
-        s.concurrency.iter().map(|c| Some(*c)).collect()
-    } else {
-        vec![None]
-    };
+    let loads = levels(s, &prepared);
     let total = (s.workers.len() * loads.len() * s.policy.len() * a.repeats) as u64;
     let bar = ProgressBar::new(total).with_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} runs, {elapsed} {msg}")
@@ -95,19 +92,17 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         cells: Vec::new(),
     };
     for &workers in &s.workers {
-        for &c in &loads {
+        for &load in &loads {
             for &policy in &s.policy {
                 let mut runs = Vec::new();
                 let mut first_deciles = Vec::new();
                 for r in 0..a.repeats {
                     let seed = s.seed.wrapping_add(r as u64);
-                    let label = cell_label(policy, workers, c, r);
+                    let label = cell_label(policy, workers, load, r);
                     bar.set_message(label.clone());
                     let (records, warm, window) = match &rt {
-                        None => run_sim(a, &prepared, workers, c, policy, seed)?,
-                        Some(rt) => {
-                            rt.block_on(run_live(a, workers, c.unwrap_or(1), policy, seed))?
-                        }
+                        None => run_sim(a, &prepared, workers, load, policy, seed)?,
+                        Some(rt) => rt.block_on(run_live(a, workers, load, policy, seed))?,
                     };
                     let measured: Vec<RequestRecord> = records
                         .iter()
@@ -123,10 +118,6 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                         .with_context(|| format!("writing {}", file.display()))?;
                     bar.inc(1);
                 }
-                let load = match c {
-                    Some(c) => Load::Concurrency(c),
-                    None => Load::Speedup(s.speedup),
-                };
                 let cell = Cell::new(policy.as_str(), workers, load, runs, first_deciles);
                 if s.json {
                     bar.suspend(|| {
@@ -141,11 +132,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     write_outputs(a, &sweep, &out_dir)
 }
 
-fn cell_label(policy: PolicyKind, workers: usize, c: Option<usize>, run: usize) -> String {
-    match c {
-        Some(c) => format!("{}-w{workers}-c{c}-run{}", policy.as_str(), run + 1),
-        None => format!("{}-w{workers}-run{}", policy.as_str(), run + 1),
-    }
+fn cell_label(policy: PolicyKind, workers: usize, load: Load, run: usize) -> String {
+    let level = match level_label(load) {
+        l if l.is_empty() => l,
+        l => format!("-{l}"),
+    };
+    format!("{}-w{workers}{level}-run{}", policy.as_str(), run + 1)
 }
 
 fn info(a: &BenchArgs, p: &Prepared, live: bool) -> SweepInfo {
@@ -205,12 +197,12 @@ fn run_sim(
     a: &BenchArgs,
     p: &Prepared,
     workers: usize,
-    c: Option<usize>,
+    load: Load,
     policy: PolicyKind,
     seed: u64,
 ) -> Result<(Vec<RequestRecord>, Duration, Duration)> {
     let cfg = sim_config(&a.sweep, &p.profile, workers, policy, seed)?;
-    let r = simulate(&cfg, workload(&a.sweep, p, c, seed)?)?;
+    let r = simulate(&cfg, workload(&a.sweep, p, load, seed)?)?;
     Ok((
         r.records,
         cfg.warmup,
@@ -218,11 +210,12 @@ fn run_sim(
     ))
 }
 
-/// One live run: a fresh fleet (unless `--target`), the chat load for `--duration-secs`.
+/// One live run: a fresh fleet (unless `--target`), the chat (or synthetic) load for
+/// `--duration-secs`, closed loop or open at the cell's rate.
 async fn run_live(
     a: &BenchArgs,
     workers: usize,
-    concurrency: usize,
+    load: Load,
     policy: PolicyKind,
     seed: u64,
 ) -> Result<(Vec<RequestRecord>, Duration, Duration)> {
@@ -251,13 +244,23 @@ async fn run_live(
     let mut config = LoadgenConfig {
         target,
         model: a.model.clone(),
-        concurrency,
+        workload: if s.workload == "synthetic" {
+            LoadKind::Synthetic
+        } else {
+            LoadKind::Multiturn
+        },
         conversations: u64::MAX,
         duration_secs: duration,
         seed,
         ..LoadgenConfig::default()
     };
+    match load {
+        Load::Rate(r) => config.rate = Some(r),
+        Load::Concurrency(c) => config.concurrency = c,
+        Load::Speedup(_) => {}
+    }
     config.chat.max_tokens = a.max_tokens;
+    config.synthetic.max_tokens = a.max_tokens;
     let result = kvroute_loadgen::run(config).await;
     if let Some(f) = fleet {
         f.shutdown().await;

@@ -5,6 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use kvroute_core::{AdmissionMode, PolicyKind};
 use kvroute_engine::{EngineConfig, Profile};
+use kvroute_report::Load as Level;
 use kvroute_sim::{simulate, SimConfig, SimResult, Workload};
 use kvroute_workload::{
     deciles, deciles_markdown, markdown_table, mooncake, records_tsv, text_tokens, MultiTurn,
@@ -49,6 +50,10 @@ pub struct SimulateArgs {
     /// Clients (conversations) in flight, for closed loops; several values make a sweep.
     #[arg(long, value_delimiter = ',', default_value = "16")]
     pub(crate) concurrency: Vec<usize>,
+    /// Open loop instead of `--concurrency`: synthetic requests (or, live, new conversations)
+    /// per second, Poisson arrivals, one cell per rate; needs `--duration-secs` or `--limit`.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) rate: Vec<f64>,
     /// Trace replay speed-up (2 = twice as fast).
     #[arg(long, default_value_t = 1.0)]
     pub(crate) speedup: f64,
@@ -127,6 +132,19 @@ pub(crate) fn prepare(a: &SimulateArgs) -> Result<Prepared> {
     if a.workers.contains(&0) || a.concurrency.contains(&0) {
         bail!("--workers and --concurrency values must be >= 1");
     }
+    if let Some(r) = a
+        .rate
+        .iter()
+        .find(|r| !(r.is_finite() && **r > 0.0 && **r <= 1e6))
+    {
+        bail!("--rate values must be within (0, 1000000], got {r}");
+    }
+    if a.workload.starts_with("mooncake:") && !a.rate.is_empty() {
+        bail!("a trace keeps its own schedule: use --speedup, not --rate");
+    }
+    if !a.rate.is_empty() && a.duration_secs.is_none() && a.limit.is_none() {
+        bail!("an open loop (--rate) needs --duration-secs or --limit to end");
+    }
     let profile = Profile::builtin(&a.profile)?;
     let load = match a.workload.split_once(':') {
         Some(("mooncake", path)) => {
@@ -160,27 +178,70 @@ pub(crate) fn prepare(a: &SimulateArgs) -> Result<Prepared> {
     })
 }
 
-/// The workload of one cell: `c` clients for closed loops, `seed` for every random choice.
+/// The loads of a sweep: each `--rate`, else each `--concurrency`, or the trace's schedule.
+pub(crate) fn levels(a: &SimulateArgs, p: &Prepared) -> Vec<Level> {
+    match p.load {
+        Load::Trace(_) => vec![Level::Speedup(a.speedup)],
+        _ if !a.rate.is_empty() => a.rate.iter().map(|r| Level::Rate(*r)).collect(),
+        _ => a
+            .concurrency
+            .iter()
+            .map(|c| Level::Concurrency(*c))
+            .collect(),
+    }
+}
+
+/// A cell's name part for its load: `c16`, `r2.5`, or nothing for a trace.
+pub(crate) fn level_label(level: Level) -> String {
+    match level {
+        Level::Concurrency(c) => format!("c{c}"),
+        Level::Rate(r) => format!("r{r}"),
+        Level::Speedup(_) => String::new(),
+    }
+}
+
+/// The workload of one cell at `level`, `seed` for every random choice.
 pub(crate) fn workload(
     a: &SimulateArgs,
     p: &Prepared,
-    c: Option<usize>,
+    level: Level,
     seed: u64,
 ) -> Result<Workload> {
-    Ok(match &p.load {
-        Load::Trace(t) => Workload::Trace(t.clone()),
-        Load::MultiTurn => Workload::MultiTurn {
+    let clients = match level {
+        Level::Concurrency(c) => c,
+        _ => 1,
+    };
+    Ok(match (&p.load, level) {
+        (Load::Trace(t), _) => Workload::Trace(t.clone()),
+        (Load::MultiTurn, Level::Rate(_)) => bail!(
+            "the simulator runs multi-turn chat as a closed loop (--concurrency); an open loop of conversations runs live (kvroute bench without --sim, kvroute loadgen --rate)"
+        ),
+        (Load::MultiTurn, _) => Workload::MultiTurn {
             gen: match &p.starters {
                 Some(s) => MultiTurn::with_starters(MultiTurnConfig::default(), s.clone(), seed)?,
                 None => MultiTurn::new(MultiTurnConfig::default(), seed)?,
             },
-            concurrency: c.unwrap_or(1),
-            requests: closed_loop_requests(a, c.unwrap_or(1)),
+            concurrency: clients,
+            requests: closed_loop_requests(a, clients),
         },
-        Load::Synthetic => Workload::Synthetic {
+        (Load::Synthetic, Level::Rate(rate)) => {
+            let end = a.duration_secs.map_or(Duration::MAX, Duration::from_secs_f64);
+            let requests = Synthetic::new(SyntheticConfig::default(), seed)?
+                .open_loop(rate)?
+                .take_while(|(t, _)| t.0 < end)
+                .take(a.limit.unwrap_or(usize::MAX))
+                .map(|(arrival, r)| TraceRequest {
+                    arrival,
+                    prompt: r.prompt,
+                    max_tokens: r.max_tokens,
+                })
+                .collect();
+            Workload::Trace(requests)
+        }
+        (Load::Synthetic, _) => Workload::Synthetic {
             gen: Synthetic::new(SyntheticConfig::default(), seed)?,
-            concurrency: c.unwrap_or(1),
-            requests: closed_loop_requests(a, c.unwrap_or(1)),
+            concurrency: clients,
+            requests: closed_loop_requests(a, clients),
         },
     })
 }
@@ -188,30 +249,25 @@ pub(crate) fn workload(
 /// Runs the sweep.
 pub fn run(a: &SimulateArgs) -> Result<()> {
     let prepared = prepare(a)?;
-    let load = &prepared.load;
-    let concurrency: Vec<Option<usize>> = match load {
-        Load::Trace(_) => vec![None],
-        _ => a.concurrency.iter().map(|c| Some(*c)).collect(),
-    };
+    let levels = levels(a, &prepared);
     if let Some(dir) = &a.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let mut rows: Vec<(String, Summary)> = Vec::new();
     let mut over_time = String::new();
     for &workers in &a.workers {
-        for &c in &concurrency {
+        for &level in &levels {
             for &policy in &a.policy {
                 let cfg = sim_config(a, &prepared.profile, workers, policy, a.seed)?;
-                let workload = workload(a, &prepared, c, a.seed)?;
+                let workload = workload(a, &prepared, level, a.seed)?;
                 let started = Instant::now();
                 let r = simulate(&cfg, workload)?;
                 let wall = started.elapsed().as_secs_f64();
-                let label = match c {
-                    Some(c) => format!("{} w{workers} c{c}", policy.as_str()),
-                    None => format!("{} w{workers}", policy.as_str()),
-                };
+                let label = format!("{} w{workers} {}", policy.as_str(), level_label(level))
+                    .trim_end()
+                    .to_string();
                 if a.json {
-                    println!("{}", cell_json(policy, workers, c, &r, wall));
+                    println!("{}", cell_json(policy, workers, level, &r, wall));
                 } else {
                     eprintln!(
                         "{label}: {} requests in {:.0} simulated s, {wall:.2} s wall",
@@ -337,7 +393,7 @@ pub(crate) fn sim_config(
 fn cell_json(
     policy: PolicyKind,
     workers: usize,
-    concurrency: Option<usize>,
+    level: Level,
     r: &SimResult,
     wall: f64,
 ) -> serde_json::Value {
@@ -345,7 +401,8 @@ fn cell_json(
     json!({
         "policy": policy.as_str(),
         "workers": workers,
-        "concurrency": concurrency,
+        "concurrency": match level { Level::Concurrency(c) => Some(c), _ => None },
+        "rate": match level { Level::Rate(r) => Some(r), _ => None },
         "sent": s.sent,
         "completed": s.completed,
         "failed": s.failed,

@@ -138,6 +138,83 @@ fn live_sweep_runs_fresh_fleets_and_kv_reuses_the_cache() {
 }
 
 #[test]
+fn rate_sweeps_run_open_loops_in_the_simulator_and_live() {
+    let dir = temp_dir("bench-rate");
+    let sim = kvroute(&[
+        "bench",
+        "--sim",
+        "--workload",
+        "synthetic",
+        "--profile",
+        "mocker-poly",
+        "--workers",
+        "2",
+        "--policy",
+        "kv",
+        "--rate",
+        "2,8",
+        "--duration-secs",
+        "30",
+        "--json",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        sim.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sim.stderr)
+    );
+    let sweep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
+    let cells = sweep["cells"].as_array().unwrap();
+    let sent: Vec<u64> = cells
+        .iter()
+        .map(|c| c["metrics"]["sent"].as_u64().unwrap())
+        .collect();
+    assert_eq!(cells.len(), 2);
+    assert_eq!(cells[1]["load"]["rate"], 8.0, "{}", cells[1]);
+    // About rate x 30 s requests each: 60 and 240.
+    assert!(
+        (35..90).contains(&sent[0]) && (180..300).contains(&sent[1]),
+        "{sent:?}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+
+    let dir = temp_dir("bench-rate-live");
+    let live = kvroute(&[
+        "bench",
+        "--profile",
+        "tiny-fast",
+        "--worker-speedup",
+        "4",
+        "--workers",
+        "2",
+        "--policy",
+        "kv",
+        "--rate",
+        "4",
+        "--max-tokens",
+        "16",
+        "--duration-secs",
+        "3",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        live.status.success(),
+        "{}",
+        String::from_utf8_lossy(&live.stderr)
+    );
+    let sweep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
+    let cell = &sweep["cells"][0];
+    assert_eq!(cell["load"]["rate"], 4.0, "{cell}");
+    assert!(cell["metrics"]["completed"].as_u64() >= Some(3), "{cell}");
+    assert_eq!(cell["metrics"]["failed"], 0, "{cell}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn options_that_do_not_go_together_are_refused() {
     for (args, says) in [
         (
@@ -145,6 +222,25 @@ fn options_that_do_not_go_together_are_refused() {
             "cannot go with --sim",
         ),
         (vec!["bench", "--concurrency", "2"], "needs --duration-secs"),
+        (
+            vec!["bench", "--sim", "--rate", "2", "--duration-secs", "5"],
+            "runs multi-turn chat as a closed loop",
+        ),
+        (
+            vec!["bench", "--sim", "--workload", "synthetic", "--rate", "2"],
+            "needs --duration-secs or --limit",
+        ),
+        (
+            vec![
+                "bench",
+                "--sim",
+                "--workload",
+                "mooncake:x.jsonl",
+                "--rate",
+                "2",
+            ],
+            "use --speedup, not --rate",
+        ),
         (
             vec!["bench", "--sim", "--repeats", "0"],
             "--repeats and --snapshots",
