@@ -9,6 +9,8 @@
 //! | `GET /api/ws` | WebSocket: a [`LiveStats`] JSON text at once, then at every update |
 //! | `GET /api/conversations?limit=N` | the newest conversations (default 100, at most 1000) |
 //! | `GET /api/conversations/{id}` | one conversation with its transcript (404 if unknown) |
+//! | `GET /api/config` | the dashboard's settings: SLO objectives, slider range, baseline |
+//! | `GET /api/fleet` | the routing policy and the workers behind the target |
 //! | `GET /metrics` | Prometheus text (`loadgen_ttft_all_seconds`, ...) |
 //!
 //! Errors are `{"error": {"message", "code"}}` with the status mapped in one place.
@@ -49,6 +51,8 @@ pub fn router(service: Service) -> Router {
         .route("/api/ws", get(ws))
         .route("/api/conversations", get(conversations))
         .route("/api/conversations/{id}", get(conversation))
+        .route("/api/config", get(config))
+        .route("/api/fleet", get(fleet))
         .route("/metrics", get(metrics))
         .with_state(service)
 }
@@ -113,6 +117,21 @@ async fn conversation(State(s): State<Service>, Path(id): Path<String>) -> Respo
         None => ServiceError::NotFound(format!("no conversation {n} (it may have been dropped)"))
             .into_response(),
     }
+}
+
+async fn config(State(s): State<Service>) -> Response {
+    let st = s.stats();
+    Json(serde_json::json!({
+        "dashboard": s.dashboard(),
+        "target": st.target,
+        "workload": st.workload,
+        "rate": st.rate,
+    }))
+    .into_response()
+}
+
+async fn fleet(State(s): State<Service>) -> Response {
+    Json(s.fleet().await).into_response()
 }
 
 async fn metrics(State(s): State<Service>) -> Response {

@@ -15,6 +15,7 @@
 pub mod api;
 mod closed_loop;
 pub mod conversations;
+pub mod fleet;
 mod job;
 pub mod observer;
 mod open_loop;
@@ -26,6 +27,7 @@ mod user_model;
 pub mod window;
 
 pub use closed_loop::{Control, MAX_CONCURRENCY};
+pub use fleet::{DashboardConfig, Fleet, WorkerCard};
 pub use observer::{Observer, ObserverConfig, Totals};
 pub use replay::{replay, ReplayConfig};
 pub use service::{LiveStats, Service, ServiceConfig, ServiceError};

@@ -3,6 +3,7 @@
 //! published every tick to any number of watchers (the WebSocket stream, `/metrics`).
 
 use crate::closed_loop::{Control, MAX_CONCURRENCY};
+use crate::fleet::{DashboardConfig, Fleet, FleetReader};
 use crate::observer::{Observer, Totals};
 use crate::window::WindowStats;
 use crate::{LoadKind, LoadgenConfig, LoadgenError, RunResult};
@@ -24,6 +25,8 @@ pub struct ServiceConfig {
     pub debounce_ms: u64,
     /// How often statistics are published, in milliseconds.
     pub tick_ms: u64,
+    /// What the dashboard shows beside the load.
+    pub dashboard: DashboardConfig,
 }
 
 impl Default for ServiceConfig {
@@ -35,6 +38,7 @@ impl Default for ServiceConfig {
             },
             debounce_ms: 300,
             tick_ms: 1000,
+            dashboard: DashboardConfig::default(),
         }
     }
 }
@@ -109,6 +113,7 @@ impl RunState {
 
 struct Inner {
     config: ServiceConfig,
+    fleet: FleetReader,
     observer: Arc<Observer>,
     state: Mutex<RunState>,
     stats: watch::Sender<Arc<LiveStats>>,
@@ -133,6 +138,10 @@ impl Service {
     pub fn new(mut config: ServiceConfig) -> Result<Self, ServiceError> {
         config.load.observer.keep_records = false;
         config.load.validate()?;
+        config
+            .dashboard
+            .validate()
+            .map_err(ServiceError::BadRequest)?;
         if config.tick_ms == 0 || config.tick_ms > 60_000 || config.debounce_ms > 60_000 {
             return Err(ServiceError::BadRequest(
                 "tick_ms must be within 1..=60000 and debounce_ms at most 60000".into(),
@@ -160,6 +169,7 @@ impl Service {
         });
         let (stats, _) = watch::channel(first);
         let inner = Arc::new(Inner {
+            fleet: FleetReader::new(&config.load.target),
             config,
             observer,
             state: Mutex::new(state),
@@ -251,6 +261,16 @@ impl Service {
             service.publish();
         });
         Ok(self.publish())
+    }
+
+    /// The dashboard's settings.
+    pub fn dashboard(&self) -> &DashboardConfig {
+        &self.inner.config.dashboard
+    }
+
+    /// The fleet behind the target (cached for a second).
+    pub async fn fleet(&self) -> Fleet {
+        self.inner.fleet.read().await
     }
 
     /// The latest statistics.

@@ -187,6 +187,21 @@ async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
     let (s, _) = call("GET", &format!("{api}/api/conversations/abc"), None).await;
     assert_eq!(s, 400);
 
+    // The dashboard's settings and the fleet behind the gateway.
+    let (s, c) = call("GET", &format!("{api}/api/config"), None).await;
+    assert_eq!((s, &c["dashboard"]["slider_min"]), (200, &json!(60)), "{c}");
+    assert_eq!(c["dashboard"]["slo_ttft_p95_ms"], 600.0);
+    let (s, f) = call("GET", &format!("{api}/api/fleet"), None).await;
+    assert_eq!((s, &f["available"]), (200, &json!(true)), "{f}");
+    assert_eq!(f["policy"], "kv");
+    let cards = f["workers"].as_array().unwrap();
+    assert_eq!(cards.len(), 2);
+    for w in cards {
+        assert_eq!(w["up"], true, "{w}");
+        assert!(w["kv_usage"].is_f64() && w["busy"].is_f64(), "{w}");
+        assert!(w["inflight"].is_u64(), "{w}");
+    }
+
     // Prometheus: the summaries with their quantiles.
     let text = reqwest::get(format!("{api}/metrics"))
         .await
@@ -243,4 +258,30 @@ async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
     for w in workers {
         w.shutdown().await;
     }
+}
+
+#[tokio::test]
+async fn a_target_without_a_fleet_view_says_so() {
+    let service = Service::new(ServiceConfig {
+        load: LoadgenConfig {
+            target: "http://127.0.0.1:9".into(),
+            conversations: u64::MAX,
+            ..LoadgenConfig::default()
+        },
+        ..ServiceConfig::default()
+    })
+    .unwrap();
+    let api = serve(service).await;
+    let (s, f) = call("GET", &format!("{api}/api/fleet"), None).await;
+    assert_eq!((s, &f["available"]), (200, &json!(false)), "{f}");
+    assert!(f["error"].as_str().is_some_and(|e| !e.is_empty()), "{f}");
+    // Bad dashboard settings are refused when the service is made.
+    let bad = ServiceConfig {
+        dashboard: kvroute_loadgen::DashboardConfig {
+            slider_step: 0,
+            ..Default::default()
+        },
+        ..ServiceConfig::default()
+    };
+    assert!(Service::new(bad).is_err());
 }

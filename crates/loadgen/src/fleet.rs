@@ -1,0 +1,292 @@
+//! What the dashboard shows beside the load: its settings (`GET /api/config`: SLO thresholds,
+//! the concurrency slider's range, the baseline file) and the fleet behind the target
+//! (`GET /api/fleet`: the routing policy and every worker's in-flight requests from a kvroute
+//! gateway's `/debug/workers`, with KV usage, busy ratio, queue time and running / waiting
+//! requests scraped from each worker's `/metrics`, kvroute or vLLM names). Fleet answers are
+//! cached for a second, every upstream call is bounded in time and size, and a target that
+//! is not a kvroute gateway gives `available: false` with the reason.
+
+use serde::{Deserialize, Serialize};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The dashboard's settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DashboardConfig {
+    /// TTFT p95 objective, in milliseconds.
+    pub slo_ttft_p95_ms: f64,
+    /// TPOT p95 objective, in milliseconds.
+    pub slo_tpot_p95_ms: f64,
+    /// Lowest concurrency of the slider.
+    pub slider_min: usize,
+    /// Highest concurrency of the slider.
+    pub slider_max: usize,
+    /// Step of the slider.
+    pub slider_step: usize,
+    /// The baseline file's content (`kvroute bench` writes it), if any.
+    pub baseline: Option<serde_json::Value>,
+}
+
+impl Default for DashboardConfig {
+    fn default() -> Self {
+        Self {
+            slo_ttft_p95_ms: 600.0,
+            slo_tpot_p95_ms: 60.0,
+            slider_min: 60,
+            slider_max: 180,
+            slider_step: 20,
+            baseline: None,
+        }
+    }
+}
+
+impl DashboardConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("slo_ttft_p95_ms", self.slo_ttft_p95_ms),
+            ("slo_tpot_p95_ms", self.slo_tpot_p95_ms),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(format!("{name} must be > 0, got {v}"));
+            }
+        }
+        if self.slider_min == 0
+            || self.slider_step == 0
+            || self.slider_min > self.slider_max
+            || self.slider_max > crate::MAX_CONCURRENCY
+        {
+            return Err(format!(
+                "the slider needs 1 <= min <= max <= {} and step >= 1, got {}..{} step {}",
+                crate::MAX_CONCURRENCY,
+                self.slider_min,
+                self.slider_max,
+                self.slider_step
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One worker as the dashboard shows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct WorkerCard {
+    /// Its name.
+    pub name: String,
+    /// Its base URL.
+    pub url: String,
+    /// Whether the gateway sends it traffic.
+    pub up: bool,
+    /// Requests the gateway has in flight on it.
+    pub inflight: Option<u64>,
+    /// Prefix blocks the gateway's index holds for it.
+    pub index_blocks: Option<u64>,
+    /// Fraction of its KV cache in use.
+    pub kv_usage: Option<f64>,
+    /// Fraction of time it spent computing (simulated workers).
+    pub busy: Option<f64>,
+    /// Mean seconds a request waited before its first step.
+    pub queue_time_secs: Option<f64>,
+    /// Requests running.
+    pub running: Option<f64>,
+    /// Requests waiting.
+    pub waiting: Option<f64>,
+}
+
+/// The fleet behind the target.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Fleet {
+    /// Whether the target told its workers (a kvroute gateway does).
+    pub available: bool,
+    /// Why not, when not.
+    pub error: Option<String>,
+    /// The gateway's routing policy.
+    pub policy: Option<String>,
+    /// Its workers.
+    pub workers: Vec<WorkerCard>,
+}
+
+/// Largest upstream answer read, in bytes.
+const MAX_ANSWER_BYTES: usize = 4 << 20;
+/// Most workers shown.
+const MAX_WORKERS: usize = 256;
+
+/// Reads the fleet behind a target, at most once a second.
+pub struct FleetReader {
+    target: String,
+    client: reqwest::Client,
+    cache: tokio::sync::Mutex<Option<(Instant, Fleet)>>,
+    last_error: Mutex<Option<String>>,
+}
+
+impl FleetReader {
+    /// A reader of `target`'s fleet.
+    pub fn new(target: &str) -> Self {
+        Self {
+            target: target.trim_end_matches('/').to_string(),
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(2))
+                .build()
+                .unwrap_or_default(),
+            cache: tokio::sync::Mutex::new(None),
+            last_error: Mutex::new(None),
+        }
+    }
+
+    /// The fleet now (from the cache when younger than a second).
+    pub async fn read(&self) -> Fleet {
+        let mut cache = self.cache.lock().await;
+        if let Some((at, fleet)) = cache.as_ref() {
+            if at.elapsed() < Duration::from_secs(1) {
+                return fleet.clone();
+            }
+        }
+        let fleet = match self.fetch().await {
+            Ok(f) => f,
+            Err(e) => {
+                let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+                if last.as_deref() != Some(e.as_str()) {
+                    tracing::debug!(target = %self.target, error = %e, "fleet not available");
+                    *last = Some(e.clone());
+                }
+                Fleet {
+                    available: false,
+                    error: Some(e),
+                    ..Fleet::default()
+                }
+            }
+        };
+        *cache = Some((Instant::now(), fleet.clone()));
+        fleet
+    }
+
+    async fn get(&self, url: &str) -> Result<String, String> {
+        let resp = self
+            .client
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !resp.status().is_success() {
+            return Err(format!("{url} answered {}", resp.status()));
+        }
+        let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
+        if bytes.len() > MAX_ANSWER_BYTES {
+            return Err(format!("{url} answered more than {MAX_ANSWER_BYTES} bytes"));
+        }
+        String::from_utf8(bytes.to_vec()).map_err(|_| format!("{url} answered non-UTF-8"))
+    }
+
+    async fn fetch(&self) -> Result<Fleet, String> {
+        let text = self.get(&format!("{}/debug/workers", self.target)).await?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("/debug/workers: {e}"))?;
+        let list = v["workers"]
+            .as_array()
+            .ok_or("the target's /debug/workers lists no workers (not a kvroute gateway?)")?;
+        let mut workers: Vec<WorkerCard> = list
+            .iter()
+            .take(MAX_WORKERS)
+            .map(|w| WorkerCard {
+                name: w["worker"]["name"].as_str().unwrap_or_default().to_string(),
+                url: w["worker"]["url"].as_str().unwrap_or_default().to_string(),
+                up: w["worker"]["health"] == "up",
+                inflight: w["load"]["inflight"].as_u64(),
+                index_blocks: w["index_blocks"].as_u64(),
+                ..WorkerCard::default()
+            })
+            .collect();
+        let scrapes = workers.iter().map(|w| {
+            let url = format!("{}/metrics", w.url.trim_end_matches('/'));
+            async move { self.get(&url).await.ok() }
+        });
+        let texts = futures_util::future::join_all(scrapes).await;
+        for (w, text) in workers.iter_mut().zip(texts) {
+            if let Some(text) = text {
+                apply_metrics(w, &text);
+            }
+        }
+        Ok(Fleet {
+            available: true,
+            error: None,
+            policy: v["policy"].as_str().map(str::to_string),
+            workers,
+        })
+    }
+}
+
+/// The first sample of `name` (any labels) in Prometheus text.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        let rest = match rest.chars().next()? {
+            ' ' => rest,
+            '{' => &rest[rest.find('}')? + 1..],
+            _ => return None,
+        };
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// Fills a card from a worker's metrics (kvroute names first, vLLM's otherwise).
+fn apply_metrics(w: &mut WorkerCard, text: &str) {
+    let first = |names: &[&str]| names.iter().find_map(|n| sample(text, n));
+    w.kv_usage = first(&["kvroute_engine_kv_usage_ratio", "vllm:kv_cache_usage_perc"]);
+    w.busy = first(&["kvroute_engine_busy_ratio"]);
+    w.running = first(&[
+        "kvroute_engine_running_requests",
+        "vllm:num_requests_running",
+    ]);
+    w.waiting = first(&[
+        "kvroute_engine_waiting_requests",
+        "vllm:num_requests_waiting",
+    ]);
+    let queue = first(&["kvroute_engine_queue_time_seconds_total"]);
+    let admitted = first(&["kvroute_engine_admitted_requests_total"]);
+    w.queue_time_secs = match (queue, admitted) {
+        (Some(q), Some(n)) if n > 0.0 => Some(q / n),
+        _ => None,
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_metrics_are_read_by_kvroute_or_vllm_names() {
+        let text = "# HELP x\nkvroute_engine_kv_usage_ratio 0.25\nkvroute_engine_busy_ratio 0.5\n\
+            kvroute_engine_queue_time_seconds_total 3\nkvroute_engine_admitted_requests_total 6\n\
+            vllm:num_requests_running{model_name=\"m\"} 4\nkvroute_engine_running_requests_x 9\n";
+        let mut w = WorkerCard::default();
+        apply_metrics(&mut w, text);
+        assert_eq!(w.kv_usage, Some(0.25));
+        assert_eq!(w.busy, Some(0.5));
+        assert_eq!(w.queue_time_secs, Some(0.5));
+        // A longer name with the same start is another metric.
+        assert_eq!(w.running, Some(4.0));
+        assert_eq!(w.waiting, None);
+    }
+
+    #[test]
+    fn the_slider_and_objectives_are_checked() {
+        assert!(DashboardConfig::default().validate().is_ok());
+        for bad in [
+            DashboardConfig {
+                slider_min: 0,
+                ..DashboardConfig::default()
+            },
+            DashboardConfig {
+                slider_min: 200,
+                ..DashboardConfig::default()
+            },
+            DashboardConfig {
+                slo_ttft_p95_ms: -1.0,
+                ..DashboardConfig::default()
+            },
+        ] {
+            assert!(bad.validate().is_err());
+        }
+    }
+}
