@@ -41,6 +41,25 @@ pub struct DemoArgs {
     pub model: String,
 }
 
+/// Options of `kvroute demo`: the fleet, and the dashboard in front of a load generator.
+#[derive(Args, Debug)]
+pub struct DemoCommand {
+    #[command(flatten)]
+    pub fleet: DemoArgs,
+    /// Port of the dashboard (web UI and load generator API); 0 picks a free one.
+    #[arg(long, default_value_t = 8080)]
+    pub ui_port: u16,
+    /// Start no dashboard and no load generator.
+    #[arg(long)]
+    pub no_ui: bool,
+    #[command(flatten)]
+    pub dashboard: crate::ui::DashboardArgs,
+}
+
+/// The round-robin baseline of the demo's default fleet (3 `tiny-fast` workers), written by
+/// `kvroute bench --sim` (see `deploy/baselines/README.md`).
+const DEMO_BASELINE: &str = include_str!("../../../deploy/baselines/demo-round_robin-w3.json");
+
 /// The tokenizer `builtin` or in a directory.
 pub fn preprocessor(spec: &str) -> Result<Preprocessor> {
     Ok(match spec {
@@ -139,7 +158,13 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
 }
 
 /// Runs the demo until Ctrl-C.
-pub fn run(args: &DemoArgs) -> Result<()> {
+pub fn run(cmd: &DemoCommand) -> Result<()> {
+    let args = &cmd.fleet;
+    // The shipped baseline was measured on the default fleet only.
+    let default_fleet = args.workers == 3 && args.profile == "tiny-fast" && args.speedup == 1.0;
+    let dashboard = cmd
+        .dashboard
+        .config(default_fleet.then_some(DEMO_BASELINE))?;
     crate::runtime()?.block_on(async move {
         let fleet = start_fleet(args).await?;
         let (gateway, workers) = (&fleet.gateway, &fleet.workers);
@@ -149,6 +174,30 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             println!("  {} at {}", w.name(), w.url());
         }
         println!("  metrics: {url}/metrics   workers: {url}/debug/workers");
+        if !cmd.no_ui {
+            let load = kvroute_loadgen::LoadgenConfig {
+                target: url.clone(),
+                model: args.model.clone(),
+                concurrency: dashboard.slider_min,
+                conversations: u64::MAX,
+                ..kvroute_loadgen::LoadgenConfig::default()
+            };
+            let service = kvroute_loadgen::Service::new(kvroute_loadgen::ServiceConfig {
+                load,
+                dashboard,
+                ..kvroute_loadgen::ServiceConfig::default()
+            })?;
+            let listener = crate::ui::bind(&cmd.dashboard.ui_host, cmd.ui_port).await?;
+            let ui = format!("http://{}/", listener.local_addr()?);
+            let app = crate::ui::router(service);
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::error!(error = %e, "the dashboard stopped");
+                }
+            });
+            let note = if crate::ui::built() { "" } else { " (UI not built: see the page)" };
+            println!("  dashboard {ui}{note}: press Start to run the multi-turn chat load");
+        }
         println!("try:\n  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":32}}'", args.model);
         println!("Ctrl-C stops.");
         tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;

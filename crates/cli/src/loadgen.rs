@@ -1,6 +1,6 @@
 //! `kvroute loadgen`: multi-turn chat, synthetic shared-prefix or Mooncake trace load against
 //! any OpenAI-compatible endpoint, with the same summary table and records as the simulator;
-//! with `--api-port`, a long-lived load steered through the control API (the dashboard's).
+//! with `--ui-port`, a long-lived load steered from the dashboard or its control API.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -42,7 +42,7 @@ pub struct LoadgenArgs {
     /// in their TTFT.
     #[arg(long, default_value_t = 4096)]
     pub max_in_flight: usize,
-    /// Conversations (or synthetic requests) to run in all (with `--api-port`: no limit
+    /// Conversations (or synthetic requests) to run in all (with `--ui-port`: no limit
     /// unless given).
     #[arg(long)]
     pub conversations: Option<u64>,
@@ -80,16 +80,15 @@ pub struct LoadgenArgs {
     /// Seed of the conversations and arrivals.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Serve the control API (start, stop, concurrency, WebSocket stats, conversations,
-    /// `/metrics`) on this port and run until Ctrl-C.
+    /// Serve the dashboard (web UI) and the control API (start, stop, concurrency,
+    /// WebSocket stats, conversations, `/metrics`) on this port and run until Ctrl-C.
     #[arg(long)]
-    pub api_port: Option<u16>,
-    /// Address of the control API.
-    #[arg(long, default_value = "127.0.0.1")]
-    pub api_host: String,
-    /// With `--api-port`: wait for `POST /api/start` instead of starting at once.
-    #[arg(long, requires = "api_port")]
+    pub ui_port: Option<u16>,
+    /// With `--ui-port`: wait for Start (`POST /api/start`) instead of starting at once.
+    #[arg(long, requires = "ui_port")]
     pub idle: bool,
+    #[command(flatten)]
+    pub dashboard: crate::ui::DashboardArgs,
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -133,11 +132,9 @@ impl LoadgenArgs {
             }),
             ..LoadgenConfig::default()
         };
-        config.conversations = self.conversations.unwrap_or(if self.api_port.is_some() {
-            u64::MAX
-        } else {
-            40
-        });
+        config.conversations =
+            self.conversations
+                .unwrap_or(if self.ui_port.is_some() { u64::MAX } else { 40 });
         config.chat.max_tokens = self.max_tokens;
         config.validate()?;
         Ok(config)
@@ -146,10 +143,10 @@ impl LoadgenArgs {
 
 /// Runs the load and prints the summary.
 pub fn run(args: &LoadgenArgs) -> Result<()> {
-    if let Some(port) = args.api_port {
+    if let Some(port) = args.ui_port {
         anyhow::ensure!(
             !args.workload.starts_with("mooncake:"),
-            "--api-port drives multiturn or synthetic loads, not trace replay"
+            "--ui-port drives multiturn or synthetic loads, not trace replay"
         );
         return serve(args, port);
     }
@@ -199,26 +196,25 @@ pub fn run(args: &LoadgenArgs) -> Result<()> {
     Ok(())
 }
 
-/// Serves the control API until Ctrl-C.
+/// Serves the dashboard and the control API until Ctrl-C.
 fn serve(args: &LoadgenArgs, port: u16) -> Result<()> {
     let load = args.config()?;
+    let dashboard = args.dashboard.config(None)?;
     crate::runtime()?.block_on(async move {
         let service = kvroute_loadgen::Service::new(ServiceConfig {
             load,
+            dashboard,
             ..ServiceConfig::default()
         })?;
-        let addr = format!("{}:{port}", args.api_host);
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .with_context(|| format!("listening on {addr}"))?;
+        let listener = crate::ui::bind(&args.dashboard.ui_host, port).await?;
         let local = listener.local_addr()?;
         if !args.idle {
             service.start()?;
         }
-        println!("kvroute loadgen: control API at http://{local}/api/status (target {})", args.target);
+        println!("kvroute loadgen: dashboard http://{local}/ and control API http://{local}/api/status (target {})", args.target);
         println!("  POST /api/start, /api/stop, /api/concurrency {{\"concurrency\": N}}; GET /api/ws, /api/conversations, /metrics");
         println!("Ctrl-C stops.");
-        let app = kvroute_loadgen::api::router(service.clone());
+        let app = crate::ui::router(service.clone());
         tokio::select! {
             r = axum_serve(listener, app) => r?,
             r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,

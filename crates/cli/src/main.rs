@@ -8,11 +8,12 @@ mod demo;
 mod loadgen;
 mod serve;
 mod simulate;
+mod ui;
 mod worker;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use demo::DemoArgs;
+use demo::DemoCommand;
 use kvroute_core::{BlockSize, BlockedPrompt, Namespace};
 
 /// mimalloc instead of the system allocator: the tokenizer allocates a few small buffers per
@@ -38,7 +39,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Everything in one process: the gateway and simulated workers, ready to curl.
-    Demo(DemoArgs),
+    Demo(DemoCommand),
     /// Drive an OpenAI-compatible endpoint with multi-turn chat and report what it measured.
     Loadgen(loadgen::LoadgenArgs),
     /// Run the gateway in front of engine replicas.

@@ -175,7 +175,7 @@ async fn gateway_and_workers_as_processes_share_kv_events_over_zmq() {
 
 #[tokio::test]
 async fn the_demo_answers_and_stops_on_ctrl_c() {
-    let demo = Server::start(&["demo", "--port", "0", "--speedup", "20"]);
+    let demo = Server::start(&["demo", "--port", "0", "--ui-port", "0", "--speedup", "20"]);
     let url = demo.value_after("gateway ");
     let (_, answer) = chat(
         &url,
@@ -183,18 +183,48 @@ async fn the_demo_answers_and_stops_on_ctrl_c() {
     )
     .await;
     assert_eq!(answer["usage"]["completion_tokens"], 8);
+    // The dashboard: pages of the app (or the page saying how to build it), its API.
+    let ui = demo.value_after("dashboard ");
+    let ui = ui.trim_end_matches('/');
+    for page in ["/", "/conversations", "/conversations/3"] {
+        let r = reqwest::get(format!("{ui}{page}")).await.unwrap();
+        assert_eq!(r.status(), 200, "{page}");
+        assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+        assert!(r.text().await.unwrap().contains("<html"));
+    }
+    for missing in ["/api/nothing", "/assets/nothing.js"] {
+        let r = reqwest::get(format!("{ui}{missing}")).await.unwrap();
+        assert_eq!(r.status(), 404, "{missing}");
+    }
+    let status: serde_json::Value = reqwest::get(format!("{ui}/api/status"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["running"], false, "the demo's load waits for Start");
+    assert_eq!(status["concurrency"], 60);
+    assert_eq!(status["target"], url.as_str());
+    // This fleet is not the default one: no shipped baseline is shown for it.
+    let config: serde_json::Value = reqwest::get(format!("{ui}/api/config"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(config["dashboard"]["baseline"].is_null(), "{config}");
     assert!(demo.interrupt(), "the demo did not stop cleanly");
 }
 
 #[tokio::test]
 async fn loadgen_serves_its_control_api_until_ctrl_c() {
-    let demo = Server::start(&["demo", "--port", "0", "--speedup", "50"]);
+    let demo = Server::start(&["demo", "--port", "0", "--ui-port", "0", "--speedup", "50"]);
     let url = demo.value_after("gateway ");
     let loadgen = Server::start(&[
         "loadgen",
         "--target",
         &url,
-        "--api-port",
+        "--ui-port",
         "0",
         "--idle",
         "--concurrency",
@@ -202,7 +232,7 @@ async fn loadgen_serves_its_control_api_until_ctrl_c() {
         "--max-tokens",
         "16",
     ]);
-    let status = loadgen.value_after("control API at ");
+    let status = loadgen.value_after("control API ");
     let api = status.trim_end_matches("/api/status").to_string();
     let client = reqwest::Client::new();
     let get = async |path: &str| -> serde_json::Value {

@@ -1,0 +1,148 @@
+//! The dashboard's web UI (built from `ui/` by Vite into `ui/dist`), embedded in the binary
+//! and served beside the load generator's control API: files by path, any other path gets
+//! `index.html` (the single-page app routes itself), and a binary built without the UI
+//! answers a page saying how to build it instead of a 404.
+
+use axum::body::Body;
+use axum::http::{header, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use rust_embed::RustEmbed;
+
+#[derive(RustEmbed)]
+#[folder = "../../ui/dist"]
+#[allow_missing = true]
+struct Assets;
+
+/// The page served when the binary was built without the UI.
+const NOT_BUILT: &str = "<!doctype html><html><head><meta charset=\"utf-8\"><title>kvroute dashboard</title></head>\
+<body style=\"font-family: sans-serif; max-width: 40em; margin: 4em auto\">\
+<h1>The dashboard was not built into this binary</h1>\
+<p>Build the UI, then the binary again:</p>\
+<pre>cd ui &amp;&amp; npm ci &amp;&amp; npm run build &amp;&amp; cd .. &amp;&amp; cargo build --release -p kvroute</pre>\
+<p>The load generator's API works without it: <a href=\"/api/status\">/api/status</a>, \
+<a href=\"/api/conversations\">/api/conversations</a>, <a href=\"/metrics\">/metrics</a>.</p>\
+</body></html>";
+
+/// Whether the UI is in this binary.
+pub fn built() -> bool {
+    Assets::get("index.html").is_some()
+}
+
+fn file(path: &str) -> Option<Response> {
+    let f = Assets::get(path)?;
+    let cache = if path.starts_with("assets/") {
+        // Vite names these by content hash.
+        "public, max-age=31536000, immutable"
+    } else {
+        "no-cache"
+    };
+    Some(
+        (
+            [
+                (header::CONTENT_TYPE, f.metadata.mimetype().to_string()),
+                (header::CACHE_CONTROL, cache.to_string()),
+            ],
+            Body::from(f.data.into_owned()),
+        )
+            .into_response(),
+    )
+}
+
+/// Serves the UI for any path the API does not take.
+pub async fn serve(uri: Uri) -> Response {
+    let path = uri.path().trim_start_matches('/');
+    if path.starts_with("api/") {
+        return (StatusCode::NOT_FOUND, "no such API route").into_response();
+    }
+    if let Some(r) = (!path.is_empty()).then(|| file(path)).flatten() {
+        return r;
+    }
+    // A missing asset is a 404; any other path is a page of the app.
+    if path.starts_with("assets/") {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    file("index.html").unwrap_or_else(|| {
+        (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+            NOT_BUILT,
+        )
+            .into_response()
+    })
+}
+
+/// The control API of `service` with the UI behind it.
+pub fn router(service: kvroute_loadgen::Service) -> axum::Router {
+    kvroute_loadgen::api::router(service).fallback(serve)
+}
+
+/// The dashboard's options (shared by `kvroute demo` and `kvroute loadgen`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct DashboardArgs {
+    /// Address of the dashboard (web UI and load generator API).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub ui_host: String,
+    /// The baseline file shown beside live figures (`kvroute bench` writes
+    /// `baseline-<policy>-w<N>.json`).
+    #[arg(long)]
+    pub baseline: Option<std::path::PathBuf>,
+    /// TTFT p95 objective of the dashboard, ms.
+    #[arg(long, default_value_t = 600.0)]
+    pub slo_ttft_p95_ms: f64,
+    /// TPOT p95 objective of the dashboard, ms.
+    #[arg(long, default_value_t = 60.0)]
+    pub slo_tpot_p95_ms: f64,
+    /// Lowest concurrency of the dashboard's slider.
+    #[arg(long, default_value_t = 60)]
+    pub slider_min: usize,
+    /// Highest concurrency of the slider.
+    #[arg(long, default_value_t = 180)]
+    pub slider_max: usize,
+    /// Step of the slider.
+    #[arg(long, default_value_t = 20)]
+    pub slider_step: usize,
+}
+
+impl DashboardArgs {
+    /// The dashboard's settings; `default_baseline` (a baseline file's text) is used when no
+    /// `--baseline` is given.
+    pub fn config(
+        &self,
+        default_baseline: Option<&str>,
+    ) -> anyhow::Result<kvroute_loadgen::DashboardConfig> {
+        use anyhow::Context;
+        let text = match &self.baseline {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading baseline {}", path.display()))?,
+            ),
+            None => default_baseline.map(str::to_string),
+        };
+        let baseline = match text {
+            Some(t) => {
+                let b = kvroute_report::Baseline::parse(&t).context("the baseline file")?;
+                Some(serde_json::to_value(b)?)
+            }
+            None => None,
+        };
+        let c = kvroute_loadgen::DashboardConfig {
+            slo_ttft_p95_ms: self.slo_ttft_p95_ms,
+            slo_tpot_p95_ms: self.slo_tpot_p95_ms,
+            slider_min: self.slider_min,
+            slider_max: self.slider_max,
+            slider_step: self.slider_step,
+            baseline,
+        };
+        c.validate().map_err(anyhow::Error::msg)?;
+        Ok(c)
+    }
+}
+
+/// Binds the dashboard's port (0 picks a free one).
+pub async fn bind(host: &str, port: u16) -> anyhow::Result<tokio::net::TcpListener> {
+    use anyhow::Context;
+    let addr = format!("{host}:{port}");
+    tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("listening on {addr} for the dashboard (taken? try --ui-port)"))
+}
