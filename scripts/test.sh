@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# The whole test suite: unit, property and integration tests of every crate, and a
-# one-iteration smoke run of every benchmark so they cannot rot.
+# The whole test suite: the web UI's type check, build and unit tests (the binary embeds
+# ui/dist), unit, property and integration tests of every crate, a one-iteration smoke run of
+# every benchmark so they cannot rot, and the dashboard end to end in headless Chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+(cd ui && npm ci --no-audit --no-fund && npm run build && npm test)
 cargo test --workspace --locked
 cargo bench --workspace --locked -- --test
+if [ ! -x "${CHROMIUM:-/usr/bin/chromium}" ]; then
+  echo "the dashboard's end-to-end test needs Chromium: apt-get install chromium chromium-driver" >&2
+  exit 1
+fi
+(cd ui && KVROUTE_BIN="${KVROUTE_BIN:-../target/debug/kvroute}" npm run e2e)

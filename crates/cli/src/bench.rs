@@ -251,6 +251,7 @@ async fn run_live(
         },
         conversations: u64::MAX,
         duration_secs: duration,
+        ramp_secs: s.ramp_secs,
         seed,
         ..LoadgenConfig::default()
     };

@@ -180,6 +180,8 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
                 model: args.model.clone(),
                 concurrency: dashboard.slider_min,
                 conversations: u64::MAX,
+                // A cold fleet would otherwise see every first turn at once.
+                ramp_secs: 10.0,
                 ..kvroute_loadgen::LoadgenConfig::default()
             };
             let service = kvroute_loadgen::Service::new(kvroute_loadgen::ServiceConfig {

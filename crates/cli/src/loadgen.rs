@@ -49,6 +49,9 @@ pub struct LoadgenArgs {
     /// Stop starting turns after this many seconds (0: no limit).
     #[arg(long, default_value_t = 0.0)]
     pub duration_secs: f64,
+    /// Closed loop: start the conversations evenly over this many seconds.
+    #[arg(long, default_value_t = 0.0)]
+    pub ramp_secs: f64,
     /// Output tokens per turn (multi-turn) or request (synthetic).
     #[arg(long, default_value_t = 830)]
     pub max_tokens: u32,
@@ -115,6 +118,7 @@ impl LoadgenArgs {
             rate: self.rate,
             max_in_flight: self.max_in_flight,
             duration_secs: self.duration_secs,
+            ramp_secs: self.ramp_secs,
             ignore_eos: !self.no_ignore_eos,
             seed: self.seed,
             synthetic: SyntheticConfig {

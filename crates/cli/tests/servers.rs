@@ -189,7 +189,10 @@ async fn the_demo_answers_and_stops_on_ctrl_c() {
     for page in ["/", "/conversations", "/conversations/3"] {
         let r = reqwest::get(format!("{ui}{page}")).await.unwrap();
         assert_eq!(r.status(), 200, "{page}");
-        assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+        assert!(r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html"));
         assert!(r.text().await.unwrap().contains("<html"));
     }
     for missing in ["/api/nothing", "/assets/nothing.js"] {

@@ -110,9 +110,20 @@ pub(crate) async fn drive(ctx: Arc<Ctx>, control: Control) -> RunResult {
     ctx.result()
 }
 
-/// One slot: conversations one after another while its index is below the concurrency.
+/// One slot: conversations one after another while its index is below the concurrency (the
+/// first ones spread over the ramp).
 async fn slot(ctx: &Ctx, index: usize) {
     let mut ctl = ctx.ctl.clone();
+    let initial = ctx.config.concurrency;
+    if ctx.config.ramp_secs > 0.0 && index < initial {
+        let wait = std::time::Duration::from_secs_f64(
+            ctx.config.ramp_secs * index as f64 / initial as f64,
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = ctl.wait_for(|c| c.stop) => return,
+        }
+    }
     loop {
         let c = *ctl.borrow_and_update();
         if ctx.done() || c.stop {

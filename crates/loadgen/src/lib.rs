@@ -72,6 +72,9 @@ pub struct LoadgenConfig {
     pub conversations: u64,
     /// Stop starting turns after this many seconds (0: no limit).
     pub duration_secs: f64,
+    /// Closed loop: start the first `concurrency` conversations evenly over this many
+    /// seconds instead of all at once (slots added later start at once).
+    pub ramp_secs: f64,
     /// Seconds one turn may take.
     pub request_timeout_secs: f64,
     /// Send `ignore_eos: true` (vLLM, SGLang and kvroute's worker honour it) so every turn
@@ -100,6 +103,7 @@ impl Default for LoadgenConfig {
             max_in_flight: 4096,
             conversations: 40,
             duration_secs: 0.0,
+            ramp_secs: 0.0,
             request_timeout_secs: 300.0,
             ignore_eos: true,
             seed: 0,
@@ -162,6 +166,12 @@ impl LoadgenConfig {
         }
         if !(self.duration_secs.is_finite() && self.duration_secs >= 0.0) {
             return bad("duration_secs must be >= 0".into());
+        }
+        if !(self.ramp_secs.is_finite() && (0.0..=86_400.0).contains(&self.ramp_secs)) {
+            return bad(format!(
+                "ramp_secs must be within 0..=86400, got {}",
+                self.ramp_secs
+            ));
         }
         if !(self.request_timeout_secs.is_finite() && self.request_timeout_secs > 0.0) {
             return bad("request_timeout_secs must be > 0".into());

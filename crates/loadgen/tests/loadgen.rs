@@ -446,3 +446,46 @@ async fn a_user_model_writes_the_follow_ups_and_a_failing_one_is_replaced() {
         w.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ramp_spreads_the_first_conversations() {
+    // A server that notes when each request came and refuses it 2 s later, so no slot
+    // finishes before the ramp is over.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let noted = seen.clone();
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || {
+            noted.lock().unwrap().push(std::time::Instant::now());
+            async {
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                axum::http::StatusCode::SERVICE_UNAVAILABLE
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let result = run(LoadgenConfig {
+        target: url,
+        concurrency: 4,
+        conversations: 4,
+        ramp_secs: 1.2,
+        chat: small_chat(),
+        ..LoadgenConfig::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(result.records.len(), 4);
+    let seen = seen.lock().unwrap();
+    let t0 = seen[0];
+    let at: Vec<f64> = seen
+        .iter()
+        .map(|t| t.duration_since(t0).as_secs_f64())
+        .collect();
+    // Slots start 0.3 s apart: at 0, 0.3, 0.6 and 0.9 s.
+    for (i, t) in at.iter().enumerate() {
+        let due = 0.3 * i as f64;
+        assert!(*t >= due - 0.02 && *t < due + 0.25, "{at:?}");
+    }
+}

@@ -1,0 +1,92 @@
+// Talking to the load generator: the WebSocket of live statistics (reconnecting), polled
+// JSON endpoints, and the control calls.
+import { useEffect, useRef, useState } from "react";
+import type { LiveStats } from "./types";
+
+export type Connection = "connecting" | "open" | "closed";
+
+/** The live statistics from `/api/ws`, and the connection's state. */
+export function useLiveStats(): { stats: LiveStats | null; connection: Connection } {
+  const [stats, setStats] = useState<LiveStats | null>(null);
+  const [connection, setConnection] = useState<Connection>("connecting");
+  useEffect(() => {
+    let socket: WebSocket | null = null;
+    let retry: ReturnType<typeof setTimeout> | undefined;
+    let closed = false;
+    const connect = () => {
+      const proto = window.location.protocol === "https:" ? "wss:" : "ws:";
+      socket = new WebSocket(`${proto}//${window.location.host}/api/ws`);
+      setConnection("connecting");
+      socket.onopen = () => setConnection("open");
+      socket.onmessage = (e) => {
+        try {
+          setStats(JSON.parse(e.data as string) as LiveStats);
+        } catch {
+          // Not ours: ignore.
+        }
+      };
+      socket.onclose = () => {
+        setConnection("closed");
+        if (!closed) retry = setTimeout(connect, 1000);
+      };
+    };
+    connect();
+    return () => {
+      closed = true;
+      if (retry !== undefined) clearTimeout(retry);
+      socket?.close();
+    };
+  }, []);
+  return { stats, connection };
+}
+
+/** GETs `path` now and every `everyMs` (0: once); `null` until the first answer. */
+export function usePoll<T>(path: string | null, everyMs: number): { data: T | null; error: string | null } {
+  const [data, setData] = useState<T | null>(null);
+  const [error, setError] = useState<string | null>(null);
+  const current = useRef(path);
+  current.current = path;
+  useEffect(() => {
+    if (path === null) return;
+    let stop = false;
+    const load = async () => {
+      try {
+        const r = await fetch(path);
+        const body = await r.json();
+        if (stop || current.current !== path) return;
+        if (!r.ok) {
+          setError(body?.error?.message ?? `HTTP ${r.status}`);
+          setData(null);
+        } else {
+          setError(null);
+          setData(body as T);
+        }
+      } catch (e) {
+        if (!stop) setError(String(e));
+      }
+    };
+    void load();
+    const t = everyMs > 0 ? setInterval(load, everyMs) : undefined;
+    return () => {
+      stop = true;
+      if (t !== undefined) clearInterval(t);
+    };
+  }, [path, everyMs]);
+  return { data, error };
+}
+
+/** POSTs a control call; resolves to an error message or null. */
+export async function control(path: string, body?: unknown): Promise<string | null> {
+  try {
+    const r = await fetch(path, {
+      method: "POST",
+      headers: body === undefined ? undefined : { "content-type": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    if (r.ok) return null;
+    const j = await r.json().catch(() => null);
+    return j?.error?.message ?? `HTTP ${r.status}`;
+  } catch (e) {
+    return String(e);
+  }
+}

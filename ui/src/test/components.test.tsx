@@ -1,0 +1,107 @@
+import { act, fireEvent, render, screen } from "@testing-library/react";
+import { describe, expect, it, vi } from "vitest";
+import { Kpi } from "../components/Kpi";
+import { ConcurrencySlider } from "../components/Slider";
+import { LiveTable, WorkerCards } from "../pages/Dashboard";
+import type { DashboardConfig, LiveStats } from "../types";
+
+const dist = (p50: number | null, p95: number | null) => ({ count: 10, mean: p50, p50, p90: p95, p95, p99: p95 });
+
+function stats(over: Partial<LiveStats> = {}): LiveStats {
+  return {
+    time_unix_ms: 0,
+    running: true,
+    stopping: false,
+    concurrency: 80,
+    pending_concurrency: null,
+    max_concurrency: 100000,
+    rate: null,
+    workload: "multiturn",
+    target: "http://127.0.0.1:8000",
+    runs: 1,
+    active_conversations: 80,
+    totals: { sent: 10, completed: 9, failed: 1, rejected: 0, cancelled: 0, in_flight: 3, input_tokens: 1, cached_tokens: 1, output_tokens: 1 },
+    window: {
+      span_secs: 60,
+      covered_secs: 60,
+      overflowed: 0,
+      summary: {
+        sent: 10, completed: 9, failed: 1, rejected: 0, failed_by_reason: { stream_broken: 1 }, rejected_by_reason: {},
+        duration_secs: 60, ttft_ms: dist(300, 700), ttft_all_ms: { p50: 300, p95: "inf", p99: "inf" },
+        tpot_ms: dist(20, 55), itl_ms: dist(19, 30), e2e_ms: dist(9000, 12000), input_tokens: 100, cached_tokens: 60,
+        output_tokens: 50, hit_rate: 0.6, output_tokens_per_s: 120, requests_per_s: 0.15,
+      },
+    },
+    ...over,
+  };
+}
+
+const config: DashboardConfig = {
+  slo_ttft_p95_ms: 600,
+  slo_tpot_p95_ms: 60,
+  slider_min: 60,
+  slider_max: 180,
+  slider_step: 20,
+  baseline: {
+    policy: "round_robin", workers: 3, workload: "multiturn", source: "test",
+    points: [60, 80].map((c) => ({
+      concurrency: c, ttft_ms: { p50: 400, p95: 900 }, tpot_ms: { p50: 21, p95: 58 }, itl_ms: { p50: 20, p95: 31 },
+      e2e_ms: { p50: 9500, p95: 13000 }, requests_per_s: 1, output_tokens_per_s: 800, hit_rate: 0.3,
+    })),
+  },
+};
+
+describe("KPI cards", () => {
+  it("show a dash without data and turn red when flagged", () => {
+    render(<Kpi label="Errors" value="—" />);
+    expect(screen.getByTestId("kpi-Errors").textContent).toContain("—");
+    render(<Kpi label="Failures" value="3" alert />);
+    expect(screen.getByTestId("kpi-Failures").className).toContain("kpi-alert");
+  });
+});
+
+describe("the live vs baseline table", () => {
+  it("colours p95 against the objectives and compares with the baseline", () => {
+    render(<LiveTable stats={stats()} config={config} />);
+    // TTFT p95 700 > 600: red; TPOT p95 55 within 90% of 60: yellow; p50s green.
+    expect(screen.getByTestId("live-TTFT-p95").className).toBe("slo-bad");
+    expect(screen.getByTestId("live-TPOT-p95").className).toBe("slo-warn");
+    expect(screen.getByTestId("live-TTFT-p50").className).toBe("slo-ok");
+    expect(screen.getByTestId("live-ITL-p95").className).toBe("slo-none");
+    // 700 against the baseline's 900 at concurrency 80.
+    expect(screen.getByText("+22.2%")).toBeTruthy();
+    expect(screen.getByText(/1 failed, 0 shed of 10 sent/)).toBeTruthy();
+  });
+  it("shows dashes before any data", () => {
+    render(<LiveTable stats={null} config={null} />);
+    expect(screen.getByTestId("live-TTFT-p95").textContent).toBe("—");
+  });
+});
+
+describe("the concurrency slider", () => {
+  it("sends only the last position, 300 ms after the last move", () => {
+    vi.useFakeTimers();
+    const sent: number[] = [];
+    render(<ConcurrencySlider min={60} max={180} step={20} applied={60} pending={null} onChange={(n) => sent.push(n)} />);
+    const input = screen.getByRole("slider");
+    fireEvent.change(input, { target: { value: "80" } });
+    fireEvent.change(input, { target: { value: "120" } });
+    expect(screen.getByTestId("slider-value").textContent).toBe("120");
+    act(() => {
+      vi.advanceTimersByTime(299);
+    });
+    expect(sent).toEqual([]);
+    act(() => {
+      vi.advanceTimersByTime(1);
+    });
+    expect(sent).toEqual([120]);
+    vi.useRealTimers();
+  });
+});
+
+describe("worker cards", () => {
+  it("say when the target does not list its workers", () => {
+    render(<WorkerCards fleet={{ available: false, error: "not a kvroute gateway", policy: null, workers: [] }} />);
+    expect(screen.getByText(/not a kvroute gateway/)).toBeTruthy();
+  });
+});
