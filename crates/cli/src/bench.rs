@@ -228,6 +228,7 @@ async fn run_live(
                 host: "127.0.0.1".into(),
                 port: 0,
                 workers,
+                worker_port: 0,
                 profile: s.profile.clone(),
                 speedup: a.worker_speedup,
                 policy,

@@ -24,6 +24,10 @@ pub struct DemoArgs {
     /// Simulated workers.
     #[arg(long, default_value_t = 3)]
     pub workers: usize,
+    /// Port of the first worker (the others follow: P+1, ...), for a Prometheus scrape
+    /// config; 0 picks free ports.
+    #[arg(long, default_value_t = 0)]
+    pub worker_port: u16,
     /// Engine profile of the workers (`kvroute profiles` lists them).
     #[arg(long, default_value = "tiny-fast")]
     pub profile: String,
@@ -99,7 +103,8 @@ impl Fleet {
     }
 }
 
-/// Starts `args.workers` simulated workers on ephemeral loopback ports and the gateway on
+/// Starts `args.workers` simulated workers on loopback (`--worker-port` onwards, or
+/// ephemeral ports) and the gateway on
 /// `args.host:args.port` (0: an ephemeral port), wired by in-process channels.
 pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
     anyhow::ensure!(
@@ -121,7 +126,18 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
         };
         let engine = cfg.engine_config()?;
         block_size = engine.block_size;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = match args.worker_port {
+            0 => 0,
+            p => u16::try_from(usize::from(p) + i).map_err(|_| {
+                anyhow::anyhow!(
+                    "--worker-port {p} leaves no room for {} workers",
+                    args.workers
+                )
+            })?,
+        };
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .with_context(|| format!("listening on 127.0.0.1:{port} for worker {}", i + 1))?;
         let w = kvroute_worker::spawn(cfg, pre.clone(), listener, None).await?;
         feeds.insert(
             i,
@@ -197,8 +213,8 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
                     tracing::error!(error = %e, "the dashboard stopped");
                 }
             });
-            let note = if crate::ui::built() { "" } else { " (UI not built: see the page)" };
-            println!("  dashboard {ui}{note}: press Start to run the multi-turn chat load");
+            let note = if crate::ui::built() { "" } else { "(UI not built: see the page) " };
+            println!("  dashboard {ui} {note}(press Start to run the multi-turn chat load)");
         }
         println!("try:\n  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":32}}'", args.model);
         println!("Ctrl-C stops.");

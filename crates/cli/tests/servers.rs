@@ -267,3 +267,120 @@ async fn loadgen_serves_its_control_api_until_ctrl_c() {
     assert!(loadgen.interrupt(), "loadgen did not stop cleanly");
     assert!(demo.interrupt(), "the demo did not stop cleanly");
 }
+
+/// The metric names a PromQL expression uses (ours: `kvroute_` and `loadgen_`).
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut word = String::new();
+    for c in expr.chars().chain(std::iter::once(' ')) {
+        if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+            word.push(c);
+        } else {
+            if word.starts_with("kvroute_") || word.starts_with("loadgen_") {
+                names.push(std::mem::take(&mut word));
+            }
+            word.clear();
+        }
+    }
+    names
+}
+
+/// The sample names of a Prometheus text answer.
+fn sample_names(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn every_metric_the_grafana_board_queries_is_exported() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let board: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("deploy/grafana/kvroute-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    let mut wanted = std::collections::BTreeSet::new();
+    for p in board["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            wanted.extend(metric_names(t["expr"].as_str().unwrap()));
+        }
+    }
+    assert!(wanted.len() >= 15, "{wanted:?}");
+
+    // The demo with a short load, so that every labelled series exists.
+    let demo = Server::start(&[
+        "demo",
+        "--port",
+        "0",
+        "--ui-port",
+        "0",
+        "--speedup",
+        "20",
+        "--slider-min",
+        "4",
+    ]);
+    let gateway = demo.value_after("gateway ");
+    let worker = demo.value_after("worker-1 at ");
+    let ui = demo.value_after("dashboard ");
+    let ui = ui.trim_end_matches('/');
+    let client = reqwest::Client::new();
+    let r = client.post(format!("{ui}/api/start")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let s: serde_json::Value = client
+            .get(format!("{ui}/api/status"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if s["window"]["summary"]["completed"].as_u64() >= Some(2) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no turn completed: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut exported = std::collections::BTreeSet::new();
+    for url in [gateway.as_str(), worker.as_str(), ui] {
+        let text = client
+            .get(format!("{url}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        exported.extend(sample_names(&text));
+    }
+    let missing: Vec<&String> = wanted.iter().filter(|m| !exported.contains(*m)).collect();
+    assert!(
+        missing.is_empty(),
+        "the board queries metrics nobody exports: {missing:?}"
+    );
+    assert!(demo.interrupt(), "the demo did not stop cleanly");
+
+    // The scrape config is valid Prometheus configuration.
+    let config = root.join("deploy/prometheus/prometheus.yml");
+    match std::process::Command::new("promtool")
+        .args(["check", "config"])
+        .arg(&config)
+        .output()
+    {
+        Ok(out) => assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(_) if std::env::var_os("KVROUTE_REQUIRE_PROMTOOL").is_none() => {
+            eprintln!("promtool not found: scrape config not checked")
+        }
+        Err(e) => panic!("promtool: {e}"),
+    }
+}

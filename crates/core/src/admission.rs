@@ -193,6 +193,14 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
+    /// Every reason (for metrics that show each one from the start).
+    pub const ALL: [RejectReason; 4] = [
+        RejectReason::NoWorkers,
+        RejectReason::AllWorkersBusy,
+        RejectReason::QueueFull,
+        RejectReason::QueueTimeout,
+    ];
+
     /// The stable reason code.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -196,6 +196,11 @@ impl Metrics {
             )?,
             registry,
         };
+        // Every reason shows from the start (at 0), so dashboards see a series before the
+        // first rejection.
+        for r in kvroute_core::RejectReason::ALL {
+            m.rejected.with_label_values(&[r.as_str()]);
+        }
         Ok(m)
     }
 
