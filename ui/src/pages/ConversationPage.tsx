@@ -46,7 +46,10 @@ export function ConversationPage() {
           </tr>
         </thead>
         <tbody>
-          {c.turns.map((t) => (
+          {c.turns.map((t) => {
+            // Token counts arrive with the answer.
+            const tokens = (v: number | null) => (t.status === "in_flight" ? "—" : num(v));
+            return (
             <tr key={t.turn} data-testid="turn-row">
               <td>{t.turn}</td>
               <td>
@@ -56,14 +59,15 @@ export function ConversationPage() {
               <td>{ms(t.ttft_ms)}</td>
               <td>{ms(t.itl_ms)}</td>
               <td>{ms(t.latency_ms)}</td>
-              <td>{num(t.input_tokens)}</td>
+              <td>{tokens(t.input_tokens)}</td>
               <td>
-                {num(t.predicted_cached_tokens)} / {num(t.cached_tokens)}
+                {tokens(t.predicted_cached_tokens)} / {tokens(t.cached_tokens)}
               </td>
-              <td>{num(t.output_tokens)}</td>
+              <td>{tokens(t.output_tokens)}</td>
               <td>{t.worker ?? "—"}</td>
             </tr>
-          ))}
+            );
+          })}
         </tbody>
       </table>
       <h3>Transcript</h3>

@@ -1,60 +1,98 @@
-// How KV-aware routing works, as a diagram: a follow-up turn's blocks matched against what
-// each worker caches, and the choice weighed against load.
-const BLOCKS = ["system", "doc 1", "doc 2", "doc 3", "turn 1", "answer 1", "turn 2"];
+// How KV-aware routing works, drawn from the running system: the latest follow-up turn's
+// prompt as blocks, how many of them the router expected cached and the engine found cached
+// on the worker that served it, and every worker of the fleet with its policy.
+import { usePoll } from "../api";
+import { num } from "../format";
+import type { ConversationDetail, ConversationSummary, Fleet, TurnView } from "../types";
+
+/** Blocks drawn for a prompt (each stands for an equal share of its tokens). */
+const CELLS = 16;
+
+function latestFollowUp(detail: ConversationDetail | null): TurnView | undefined {
+  return detail?.turns
+    .slice()
+    .reverse()
+    .find((t) => t.turn > 1 && t.status === "completed");
+}
+
+export function PromptBlocks(props: { turn: TurnView | undefined; workers: string[]; policy: string | null }) {
+  const t = props.turn;
+  const cell = 44;
+  const x0 = 150;
+  const rows = props.workers.length > 0 ? props.workers : ["worker"];
+  const h = 90 + rows.length * 46;
+  const share = (tokens: number | null | undefined) =>
+    t && t.input_tokens > 0 && tokens ? Math.round((tokens / t.input_tokens) * CELLS) : 0;
+  const cached = share(t?.cached_tokens);
+  const predicted = share(t?.predicted_cached_tokens ?? 0);
+  return (
+    <svg viewBox={`0 0 900 ${h}`} className="diagram" role="img" aria-label="prefix matching on the running fleet">
+      <text x="10" y="30" className="box-title">
+        {t ? `turn ${t.turn} prompt` : "a follow-up"}
+      </text>
+      {Array.from({ length: CELLS }, (_, i) => (
+        <rect key={i} x={x0 + i * cell} y="12" width={cell - 4} height="28" rx="4" className={i < cached ? "block hit" : "block miss"} />
+      ))}
+      <text x={x0} y="58" className="box-text">
+        {t
+          ? `${num(t.input_tokens)} prompt tokens: ${num(t.cached_tokens)} found cached by the engine (green), ${num(
+              t.predicted_cached_tokens,
+            )} predicted by the router (line)`
+          : "waiting for a completed follow-up turn: press Start"}
+      </text>
+      {t && predicted > 0 && <line x1={x0} x2={x0 + predicted * cell - 4} y1="44" y2="44" className="flow" />}
+      {rows.map((w, i) => {
+        const y = 80 + i * 46;
+        const chosen = t?.worker === w;
+        return (
+          <g key={w} data-testid="how-worker">
+            <text x="10" y={y + 20} className="box-title">
+              {w}
+            </text>
+            <rect x={x0} y={y} width={CELLS * cell - 4} height="30" rx="6" className={`box${chosen ? " gateway" : ""}`} />
+            <text x={x0 + 10} y={y + 20} className="box-text">
+              {chosen
+                ? `chosen by ${props.policy ?? "the policy"}: holds the conversation's history, only ${num(
+                    (t?.input_tokens ?? 0) - (t?.cached_tokens ?? 0),
+                  )} new tokens to prefill`
+                : "would have to prefill the whole history (or wait behind its load)"}
+            </text>
+          </g>
+        );
+      })}
+    </svg>
+  );
+}
 
 export function HowItWorks() {
-  const cached = [6, 2, 0];
-  const load = [3, 1, 1];
-  const cell = 70;
+  const { data: fleet } = usePoll<Fleet>("/api/fleet", 5000);
+  const { data: list } = usePoll<{ conversations: ConversationSummary[] }>("/api/conversations?limit=50", 5000);
+  const candidate = list?.conversations.find((c) => c.turns >= 2);
+  const { data: detail } = usePoll<ConversationDetail>(candidate ? `/api/conversations/${candidate.id}` : null, 5000);
   return (
     <section>
       <h2>How KV routing works</h2>
       <ol className="steps">
-        <li>The prompt (chat template applied) is tokenized and cut into fixed-size blocks; each block's hash chains the one before it, so equal hashes mean equal prefixes.</li>
+        <li>
+          The prompt (chat template applied) is tokenized and cut into fixed-size blocks; each block's hash chains the one
+          before it, so equal hashes mean equal prefixes.
+        </li>
         <li>The index, fed by the workers' KV events, tells for each worker how many leading blocks it already holds.</li>
-        <li>Cached blocks skip prefill: the policy weighs the uncached tokens against each worker's queued work and picks the soonest first token.</li>
-        <li>When the answer ends, the next turn resends the history: it finds it cached on the same worker, and only the new blocks are computed.</li>
+        <li>
+          Cached blocks skip prefill: the policy weighs the uncached tokens against each worker's queued work and picks the
+          soonest first token.
+        </li>
+        <li>
+          When the answer ends, the next turn resends the history: it finds it cached on the same worker, and only the new
+          blocks are computed.
+        </li>
       </ol>
-      <svg viewBox="0 0 900 300" className="diagram" role="img" aria-label="prefix matching across workers">
-        <text x="10" y="28" className="box-title">
-          turn 2 prompt
-        </text>
-        {BLOCKS.map((b, i) => (
-          <g key={b}>
-            <rect x={130 + i * cell} y="8" width={cell - 6} height="30" rx="4" className="block" />
-            <text x={130 + i * cell + (cell - 6) / 2} y="28" textAnchor="middle" className="box-text">
-              {b}
-            </text>
-          </g>
-        ))}
-        {cached.map((c, w) => (
-          <g key={w}>
-            <text x="10" y={88 + w * 70} className="box-title">
-              worker {w}
-            </text>
-            {BLOCKS.map((_, i) => (
-              <rect
-                key={i}
-                x={130 + i * cell}
-                y={68 + w * 70}
-                width={cell - 6}
-                height="30"
-                rx="4"
-                className={i < c ? "block hit" : "block miss"}
-              />
-            ))}
-            <text x={130 + BLOCKS.length * cell + 10} y={82 + w * 70} className="box-text">
-              {c} of {BLOCKS.length} blocks cached
-            </text>
-            <text x={130 + BLOCKS.length * cell + 10} y={100 + w * 70} className="box-text">
-              {load[w]} requests queued{w === 0 ? " → chosen: least work to first token" : ""}
-            </text>
-          </g>
-        ))}
-        <text x="10" y="290" className="box-text">
-          green: prefix already in the worker's KV cache (no prefill) · grey: must be computed
-        </text>
-      </svg>
+      <h3>On this fleet, now</h3>
+      <PromptBlocks
+        turn={latestFollowUp(detail)}
+        workers={fleet?.workers.map((w) => w.name) ?? []}
+        policy={fleet?.policy ?? null}
+      />
     </section>
   );
 }

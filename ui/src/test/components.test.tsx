@@ -105,3 +105,18 @@ describe("worker cards", () => {
     expect(screen.getByText(/not a kvroute gateway/)).toBeTruthy();
   });
 });
+
+describe("the how-it-works diagram", () => {
+  it("draws the served turn's cached share and the worker that served it", async () => {
+    const { PromptBlocks } = await import("../pages/HowItWorks");
+    const turn = {
+      turn: 3, status: "completed", error: null, ttft_ms: 20, itl_ms: 10, tpot_ms: 10, latency_ms: 900,
+      input_tokens: 1000, cached_tokens: 750, predicted_cached_tokens: 750, output_tokens: 80,
+      worker: "worker-2", user: "q", assistant: "a",
+    };
+    const { container } = render(<PromptBlocks turn={turn} workers={["worker-1", "worker-2"]} policy="predictive" />);
+    expect(container.querySelectorAll("rect.block.hit").length).toBe(12);
+    expect(screen.getAllByTestId("how-worker").length).toBe(2);
+    expect(screen.getByText(/chosen by predictive/).textContent).toContain("250 new tokens");
+  });
+});
