@@ -129,7 +129,7 @@ try {
   await page.getByRole("link", { name: "How KV routing works" }).click();
   await page.getByText("equal hashes mean equal prefixes", { exact: false }).waitFor();
   await until("the fleet's workers in the diagram", 20, async () => (await page.getByTestId("how-worker").count()) === 3);
-  await page.getByText(/chosen by/).waitFor({ timeout: 20_000 });
+  await page.getByText(/chosen by/).waitFor({ timeout: 45_000 });
   await page.screenshot({ path: resolve(shots, "how-it-works.png"), fullPage: true });
 
   // Stop: the load ends, Start comes back.

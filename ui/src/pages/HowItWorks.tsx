@@ -67,7 +67,12 @@ export function PromptBlocks(props: { turn: TurnView | undefined; workers: strin
 export function HowItWorks() {
   const { data: fleet } = usePoll<Fleet>("/api/fleet", 5000);
   const { data: list } = usePoll<{ conversations: ConversationSummary[] }>("/api/conversations?limit=50", 5000);
-  const candidate = list?.conversations.find((c) => c.turns >= 2);
+  // A conversation whose second turn has surely completed, else one that reached it.
+  const all = list?.conversations ?? [];
+  const candidate =
+    all.find((c) => c.status === "completed" && c.turns >= 2) ??
+    all.find((c) => c.turns >= 3) ??
+    all.find((c) => c.turns >= 2);
   const { data: detail } = usePoll<ConversationDetail>(candidate ? `/api/conversations/${candidate.id}` : null, 5000);
   return (
     <section>
