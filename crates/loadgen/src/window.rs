@@ -85,12 +85,13 @@ impl Window {
                 covered = covered.min(now.0.saturating_sub(t));
             }
         }
-        let records: Vec<RequestRecord> = self.records.iter().cloned().collect();
+        // Summarized in place: a full window can hold a lot of inter-token gaps.
+        let summary = Summary::from_records(self.records.make_contiguous(), covered);
         WindowStats {
             span_secs: self.span.as_secs_f64(),
             covered_secs: covered.as_secs_f64(),
             overflowed: self.overflowed,
-            summary: Summary::from_records(&records, covered),
+            summary,
         }
     }
 }
