@@ -115,6 +115,7 @@ export interface Fleet {
   available: boolean;
   error: string | null;
   policy: string | null;
+  queued: number | null;
   workers: WorkerCard[];
 }
 

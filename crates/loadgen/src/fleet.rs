@@ -103,6 +103,8 @@ pub struct Fleet {
     pub error: Option<String>,
     /// The gateway's routing policy.
     pub policy: Option<String>,
+    /// Requests waiting in the gateway's admission queue (its `kvroute_queued_requests`).
+    pub queued: Option<f64>,
     /// Its workers.
     pub workers: Vec<WorkerCard>,
 }
@@ -201,7 +203,11 @@ impl FleetReader {
             let url = format!("{}/metrics", w.url.trim_end_matches('/'));
             async move { self.get(&url).await.ok() }
         });
-        let texts = futures_util::future::join_all(scrapes).await;
+        let (texts, gateway) = futures_util::future::join(
+            futures_util::future::join_all(scrapes),
+            self.get(&format!("{}/metrics", self.target)),
+        )
+        .await;
         for (w, text) in workers.iter_mut().zip(texts) {
             if let Some(text) = text {
                 apply_metrics(w, &text);
@@ -211,6 +217,9 @@ impl FleetReader {
             available: true,
             error: None,
             policy: v["policy"].as_str().map(str::to_string),
+            queued: gateway
+                .ok()
+                .and_then(|t| sample(&t, "kvroute_queued_requests")),
             workers,
         })
     }

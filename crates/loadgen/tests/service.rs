@@ -194,6 +194,7 @@ async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
     let (s, f) = call("GET", &format!("{api}/api/fleet"), None).await;
     assert_eq!((s, &f["available"]), (200, &json!(true)), "{f}");
     assert_eq!(f["policy"], "kv");
+    assert!(f["queued"].is_f64(), "{f}");
     let cards = f["workers"].as_array().unwrap();
     assert_eq!(cards.len(), 2);
     for w in cards {

@@ -163,7 +163,10 @@ export function Dashboard(props: { stats: LiveStats | null; config: DashboardCon
   const w = stats?.window.summary;
   const has = (w?.sent ?? 0) > 0;
   const errors = (stats?.totals.failed ?? 0) + (stats?.totals.rejected ?? 0);
-  const queued = fleet?.available ? fleet.workers.reduce((s, x) => s + (x.waiting ?? 0), 0) : null;
+  // The gateway's admission queue, as in the reference; else what waits in the workers.
+  const queued = !fleet?.available
+    ? null
+    : (fleet.queued ?? fleet.workers.reduce((s, x) => s + (x.waiting ?? 0), 0));
   return (
     <div className="dashboard">
       <section>
@@ -185,7 +188,7 @@ export function Dashboard(props: { stats: LiveStats | null; config: DashboardCon
         <Kpi label="Requests" value={stats && stats.totals.sent > 0 ? num(stats.totals.sent) : "—"} hint="since Start" />
         <Kpi label="Output tokens/s" value={has ? num(w?.output_tokens_per_s) : "—"} />
         <Kpi label="KV cache hit" value={has ? pct(w?.hit_rate) : "—"} hint="cached / prompt tokens, last 60 s" />
-        <Kpi label="Queued" value={queued === null ? "—" : num(queued)} hint="requests waiting in the workers" />
+        <Kpi label="Queued" value={queued === null ? "—" : num(queued)} hint="requests waiting in the gateway's admission queue" />
         <Kpi label="Errors" value={stats && stats.totals.sent > 0 ? num(errors) : "—"} alert={errors > 0} hint="failed + shed since Start" />
       </section>
       <section className="charts">

@@ -101,7 +101,7 @@ describe("the concurrency slider", () => {
 
 describe("worker cards", () => {
   it("say when the target does not list its workers", () => {
-    render(<WorkerCards fleet={{ available: false, error: "not a kvroute gateway", policy: null, workers: [] }} />);
+    render(<WorkerCards fleet={{ available: false, error: "not a kvroute gateway", policy: null, queued: null, workers: [] }} />);
     expect(screen.getByText(/not a kvroute gateway/)).toBeTruthy();
   });
 });
