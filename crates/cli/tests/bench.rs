@@ -13,6 +13,11 @@ fn temp_dir(name: &str) -> std::path::PathBuf {
 }
 
 /// The files every bench writes, checked for 2 policies x 2 concurrency levels x `runs`.
+/// The `sweep.json` a bench wrote into `dir`.
+fn read_sweep(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap()
+}
+
 fn check_outputs(dir: &Path, runs: usize) -> serde_json::Value {
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
     for needle in [
@@ -25,8 +30,7 @@ fn check_outputs(dir: &Path, runs: usize) -> serde_json::Value {
     }
     let tsv = std::fs::read_to_string(dir.join("cells.tsv")).unwrap();
     assert_eq!(tsv.lines().count(), 5, "{tsv}");
-    let sweep: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
+    let sweep = read_sweep(dir);
     let cells = sweep["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 4);
     for c in cells {
@@ -164,8 +168,7 @@ fn rate_sweeps_run_open_loops_in_the_simulator_and_live() {
         "{}",
         String::from_utf8_lossy(&sim.stderr)
     );
-    let sweep: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
+    let sweep = read_sweep(&dir);
     let cells = sweep["cells"].as_array().unwrap();
     let sent: Vec<u64> = cells
         .iter()
@@ -205,8 +208,7 @@ fn rate_sweeps_run_open_loops_in_the_simulator_and_live() {
         "{}",
         String::from_utf8_lossy(&live.stderr)
     );
-    let sweep: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
+    let sweep = read_sweep(&dir);
     let cell = &sweep["cells"][0];
     assert_eq!(cell["load"]["rate"], 4.0, "{cell}");
     assert!(cell["metrics"]["completed"].as_u64() >= Some(3), "{cell}");

@@ -117,7 +117,8 @@ pub fn truncate(text: &str, max: usize) -> String {
     format!("{}… [{} more bytes]", &text[..end], text.len() - end)
 }
 
-fn unix_ms() -> u64 {
+/// Now, in milliseconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

@@ -126,13 +126,7 @@ impl Ctx {
 
     /// The run's result from what the observer kept.
     pub fn result(&self) -> RunResult {
-        let taken = self.observer.take();
-        RunResult {
-            records: taken.records,
-            turns: taken.turns,
-            workers: taken.workers,
-            duration: self.t0.elapsed(),
-        }
+        self.observer.take(self.t0.elapsed())
     }
 
     fn timeout(&self) -> Duration {

@@ -6,7 +6,7 @@ use crate::conversations::{ConversationDetail, ConversationStatus, ConversationS
 use crate::conversations::{Conversations, TurnView};
 use crate::turn::TurnResult;
 use crate::window::{Window, WindowStats};
-use crate::TurnInfo;
+use crate::{RunResult, TurnInfo};
 use kvroute_core::{RequestId, Time};
 use kvroute_workload::{ChatTurn, RequestRecord, Status};
 use serde::{Deserialize, Serialize};
@@ -122,13 +122,6 @@ pub struct Observer {
     epoch: Instant,
     keep_records: bool,
     state: Mutex<State>,
-}
-
-/// Everything a run's records hold, taken out at its end.
-pub(crate) struct Taken {
-    pub records: Vec<RequestRecord>,
-    pub turns: Vec<TurnInfo>,
-    pub workers: Vec<String>,
 }
 
 impl Observer {
@@ -285,18 +278,19 @@ impl Observer {
         self.lock().conversations.get(id)
     }
 
-    /// Takes the records kept so far.
-    pub(crate) fn take(&self) -> Taken {
+    /// Takes the records kept so far as the result of a run that lasted `duration`.
+    pub(crate) fn take(&self, duration: Duration) -> RunResult {
         let mut s = self.lock();
         let names = std::mem::take(&mut s.names);
         let mut workers = vec![String::new(); names.len()];
         for (name, i) in names {
             workers[i as usize] = name;
         }
-        Taken {
+        RunResult {
             records: std::mem::take(&mut s.records),
             turns: std::mem::take(&mut s.turns),
             workers,
+            duration,
         }
     }
 }

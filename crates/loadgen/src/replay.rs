@@ -97,11 +97,5 @@ pub async fn replay(
     for t in tasks {
         let _ = t.await;
     }
-    let taken = observer.take();
-    Ok(RunResult {
-        records: taken.records,
-        turns: taken.turns,
-        workers: taken.workers,
-        duration: t0.elapsed(),
-    })
+    Ok(observer.take(t0.elapsed()))
 }

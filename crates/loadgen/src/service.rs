@@ -3,6 +3,7 @@
 //! published every tick to any number of watchers (the WebSocket stream, `/metrics`).
 
 use crate::closed_loop::{Control, MAX_CONCURRENCY};
+use crate::conversations::unix_ms;
 use crate::fleet::{DashboardConfig, Fleet, FleetReader};
 use crate::observer::{Observer, Totals};
 use crate::window::WindowStats;
@@ -10,7 +11,7 @@ use crate::{LoadKind, LoadgenConfig, LoadgenError, RunResult};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -124,12 +125,6 @@ struct Inner {
 #[derive(Clone)]
 pub struct Service {
     inner: Arc<Inner>,
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Service {
