@@ -49,6 +49,9 @@ pub struct BatchOutcome {
 /// The default limit on workers tracked by one index.
 pub const DEFAULT_MAX_WORKERS: usize = 4096;
 
+/// Most blocks per worker [`PrefixIndex::reserve`] makes room for ahead of use.
+pub const MAX_RESERVED_BLOCKS: usize = 1 << 17;
+
 /// Matched prefix depth (in blocks) per worker, for workers that matched at least one block,
 /// sorted by worker.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -250,6 +253,14 @@ impl PrefixIndex {
                 });
             }
         }
+        if s.block_hashes.len() > 2 {
+            let word = slot_ix / 64;
+            warm(
+                &self.nodes,
+                s.sequence_hashes.iter().map(|q| node_key(q.0, word)),
+            );
+            warm(&slot.blocks, s.block_hashes.iter().map(|h| h.0));
+        }
         for (h, seq) in s.block_hashes.iter().zip(&s.sequence_hashes) {
             store(&mut self.nodes, slot, slot_ix, h.0, seq.0, true);
         }
@@ -388,6 +399,23 @@ impl PrefixIndex {
     /// by their first stored event.
     pub fn add_worker(&mut self, worker: WorkerId) -> Result<(), IndexError> {
         self.slot_for(worker).map(|_| ())
+    }
+
+    /// Makes room for `blocks` blocks of `worker` (its KV capacity, when known), so its
+    /// tables do not grow by rehashing while its cache fills. At most
+    /// [`MAX_RESERVED_BLOCKS`] are reserved ahead; beyond that the tables grow as needed.
+    pub fn reserve(&mut self, worker: WorkerId, blocks: usize) {
+        let Some(&ix) = self.slot_of.get(&worker) else {
+            return;
+        };
+        let slot = self.slots[ix].as_mut().expect("mapped slots are live");
+        let blocks = blocks.min(MAX_RESERVED_BLOCKS);
+        slot.blocks
+            .reserve(blocks.saturating_sub(slot.blocks.len()));
+        let nodes_room = self.nodes.capacity() - self.nodes.len();
+        if nodes_room < blocks {
+            self.nodes.reserve(blocks);
+        }
     }
 
     /// Drops every block of `worker` but keeps it registered.

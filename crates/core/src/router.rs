@@ -239,6 +239,9 @@ impl Router {
     ) -> Result<(), RouteError> {
         if let Index::Events(i) = &mut self.index {
             i.add_worker(worker)?;
+            if let Some(blocks) = capacity.kv_blocks {
+                i.reserve(worker, blocks as usize);
+            }
         }
         self.ledger.add_worker(worker, capacity);
         Ok(())

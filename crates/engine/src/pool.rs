@@ -82,7 +82,8 @@ impl BlockPool {
                 };
                 n
             ],
-            cached: Map::default(),
+            // At most one first copy per block: sized once, never rehashed.
+            cached: Map::with_capacity_and_hasher(n, Default::default()),
             copies: Map::default(),
             head: NIL,
             tail: NIL,

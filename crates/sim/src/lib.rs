@@ -20,6 +20,7 @@
 //! ```
 
 mod driver;
+mod router_thread;
 mod sim;
 
 pub use driver::Workload;

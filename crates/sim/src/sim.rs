@@ -1,12 +1,13 @@
 //! The discrete-event loop.
 
 use crate::driver::{Driver, NewRequest, Outcome};
+use crate::router_thread::{link, RouteCall, RouterLink};
 use crate::{SimConfig, SimError, SimResult, Workload};
 use kvroute_core::admission::QueueState;
 use kvroute_core::router::RouteOutcome;
 use kvroute_core::{
-    BlockSize, BlockedPrompt, KvEvent, Namespace, RejectReason, RequestId, RouteRequest, Router,
-    Time, WorkerCapacity, WorkerId,
+    BlockSize, BlockedPrompt, KvEvent, Namespace, RejectReason, RequestId, Router, Time,
+    WorkerCapacity, WorkerId,
 };
 use kvroute_engine::{Engine, EnginePrompt, EngineRequest, StepOutput};
 use kvroute_workload::{BlockHashCache, ConversationId, RequestRecord, Status, Summary};
@@ -57,7 +58,8 @@ struct Queued {
 
 struct Sim {
     cfg: SimConfig,
-    router: Router,
+    /// The router, on a thread of its own (see `router_thread`).
+    router: RouterLink,
     engines: Vec<Engine>,
     wake: Vec<Option<Time>>,
     heap: BinaryHeap<Entry>,
@@ -72,7 +74,6 @@ struct Sim {
     trace: VecDeque<(usize, Time)>,
     queued_tokens: u64,
     queued_total: u64,
-    kv_rejected: u64,
     now: Time,
     /// Block hashes of trace hash ids, so trace prompts are never materialised.
     block_hashes: BlockHashCache,
@@ -110,46 +111,17 @@ fn simulate_with(
         engine.set_fast_paths(fast_paths);
         engines.push(engine);
     }
-    let stop_at = cfg.duration.map(Time);
-    let mut sim = Sim {
-        cfg: cfg.clone(),
-        router,
-        wake: vec![None; engines.len()],
-        engines,
-        heap: BinaryHeap::new(),
-        seq: 0,
-        driver: Driver::new(workload, stop_at),
-        records: Vec::new(),
-        last_token: Vec::new(),
-        conversation: Vec::new(),
-        queue: VecDeque::new(),
-        trace: VecDeque::new(),
-        queued_tokens: 0,
-        queued_total: 0,
-        kv_rejected: 0,
-        now: Time::ZERO,
-        block_hashes: BlockHashCache::new(
-            BlockSize::new(cfg.router.block_size).map_err(|e| SimError::Config(e.to_string()))?,
-            Namespace::default(),
-            1 << 18,
-        ),
-        out: StepOutput::default(),
-    };
-    sim.trace = sim.driver.trace_arrivals().into();
-    // Closed-loop clients start evenly spread over the ramp (all at once without one).
-    let first = sim.driver.initial();
-    let n = first.len().max(1) as u32;
-    for (i, r) in first.into_iter().enumerate() {
-        let at = Time(cfg.ramp * i as u32 / n);
-        sim.push(at, Event::Arrival(Box::new(r)));
-    }
-    sim.run();
-    sim.finish_silent_steps();
-    for r in &mut sim.records {
-        if r.finished.is_none() {
-            r.status = Status::Failed("unfinished when the simulation stopped".into());
-        }
-    }
+    let (router_link, server) = link();
+    let (sim, totals) = std::thread::scope(|scope| {
+        let serving = scope.spawn(move || server.serve(&mut router));
+        let sim = run_loop(cfg, workload, engines, router_link);
+        // A panic on the router thread is a bug: pass it on.
+        let totals = serving
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (sim, totals)
+    });
+    let sim = sim?;
     let warm = Time(cfg.warmup);
     let measured: Vec<RequestRecord> = sim
         .records
@@ -168,9 +140,80 @@ fn simulate_with(
         summary: Summary::from_records_with_slo(&measured, span, cfg.slo.as_ref()),
         sim_seconds: span.as_secs_f64(),
         engines: sim.engines.iter().map(|e| e.metrics()).collect(),
-        kv_events_rejected: sim.kv_rejected,
+        kv_events_rejected: totals.kv_rejected,
         queued: sim.queued_total,
         records: sim.records,
+    })
+}
+
+/// What the event loop leaves for the result.
+struct Ended {
+    records: Vec<RequestRecord>,
+    engines: Vec<Engine>,
+    now: Time,
+    queued_total: u64,
+}
+
+/// Runs the event loop to its end, the router behind `router`; closes the link when done.
+fn run_loop(
+    cfg: &SimConfig,
+    workload: Workload,
+    engines: Vec<Engine>,
+    router: RouterLink,
+) -> Result<Ended, SimError> {
+    let stop_at = cfg.duration.map(Time);
+    let mut sim = Sim {
+        cfg: cfg.clone(),
+        router,
+        wake: vec![None; engines.len()],
+        engines,
+        heap: BinaryHeap::new(),
+        seq: 0,
+        driver: Driver::new(workload, stop_at),
+        records: Vec::new(),
+        last_token: Vec::new(),
+        conversation: Vec::new(),
+        queue: VecDeque::new(),
+        trace: VecDeque::new(),
+        queued_tokens: 0,
+        queued_total: 0,
+        now: Time::ZERO,
+        block_hashes: BlockHashCache::new(
+            BlockSize::new(cfg.router.block_size).map_err(|e| SimError::Config(e.to_string()))?,
+            Namespace::default(),
+            1 << 18,
+        ),
+        out: StepOutput::default(),
+    };
+    sim.trace = sim.driver.trace_arrivals().into();
+    // Closed-loop clients start evenly spread over the ramp (all at once without one).
+    let first = sim.driver.initial();
+    let n = first.len().max(1) as u32;
+    for (i, r) in first.into_iter().enumerate() {
+        let at = Time(cfg.ramp * i as u32 / n);
+        sim.push(at, Event::Arrival(Box::new(r)));
+    }
+    sim.run();
+    sim.finish_silent_steps();
+    let Sim {
+        router,
+        mut records,
+        engines,
+        now,
+        queued_total,
+        ..
+    } = sim;
+    router.close();
+    for r in &mut records {
+        if r.finished.is_none() {
+            r.status = Status::Failed("unfinished when the simulation stopped".into());
+        }
+    }
+    Ok(Ended {
+        records,
+        engines,
+        now,
+        queued_total,
     })
 }
 
@@ -219,7 +262,7 @@ impl Sim {
                         self.run_engine(w, t);
                     }
                 }
-                Event::KvDelivery(w, events) => self.deliver(w, &events),
+                Event::KvDelivery(w, events) => self.router.events(WorkerId(w as u64), events),
                 Event::QueueTimeout(id) => self.expire(id),
             }
         }
@@ -247,6 +290,7 @@ impl Sim {
         }
         self.out = out;
         self.reschedule(w);
+        self.router.flush();
     }
 
     /// Runs the engines' silent steps that end by the end of the run (stepping one by one,
@@ -302,48 +346,64 @@ impl Sim {
 
     /// Routes and dispatches `q`; gives it back when it must wait in the queue.
     fn try_dispatch(&mut self, t: Time, q: Queued) -> Option<Queued> {
-        let req = RouteRequest {
-            prompt: &q.prompt,
-            session: q.session,
+        let Queued {
+            id,
+            prompt,
+            tail,
+            max_tokens,
+            session,
+        } = q;
+        let routed = self.router.route(RouteCall {
+            id,
+            prompt,
+            session,
             queue: QueueState {
                 requests: self.queue.len(),
                 tokens: self.queued_tokens,
             },
-            exclude: None,
-        };
-        match self.router.route(&req) {
-            RouteOutcome::Queue => return Some(q),
-            RouteOutcome::Reject(reason) => {
-                self.end(t, q.id, Status::Rejected(reason.as_str().into()), None)
+            now: t,
+        });
+        let sel = match routed.outcome {
+            RouteOutcome::Queue => {
+                return Some(Queued {
+                    id,
+                    prompt: routed.prompt,
+                    tail,
+                    max_tokens,
+                    session,
+                })
             }
-            RouteOutcome::Dispatch(sel) => {
-                if self.router.dispatch(q.id, &req, &sel, t).is_err() {
-                    self.end(t, q.id, Status::Failed("dispatch_refused".into()), None);
-                    return None;
-                }
-                let w = sel.worker.0 as usize;
-                let rec = &mut self.records[q.id.0 as usize];
-                rec.worker = Some(sel.worker.0);
-                rec.predicted_cached_tokens = sel.cached_tokens as u64;
-                let submitted = self.engines[w].submit(
-                    EngineRequest {
-                        id: q.id,
-                        prompt: EnginePrompt::Hashed {
-                            blocks: q.prompt.sequence,
-                            tail: q.tail,
-                        },
-                        max_tokens: q.max_tokens,
-                        namespace: Namespace::default(),
-                    },
-                    t,
-                );
-                match submitted {
-                    Ok(()) => self.reschedule(w),
-                    Err(e) => {
-                        let _ = self.router.finish(q.id, t);
-                        self.end(t, q.id, Status::Failed(e.kind().into()), None);
-                    }
-                }
+            RouteOutcome::Reject(reason) => {
+                self.end(t, id, Status::Rejected(reason.as_str().into()), None);
+                return None;
+            }
+            RouteOutcome::Dispatch(sel) => sel,
+        };
+        if routed.dispatch_refused {
+            self.end(t, id, Status::Failed("dispatch_refused".into()), None);
+            return None;
+        }
+        let w = sel.worker.0 as usize;
+        let rec = &mut self.records[id.0 as usize];
+        rec.worker = Some(sel.worker.0);
+        rec.predicted_cached_tokens = sel.cached_tokens as u64;
+        let submitted = self.engines[w].submit(
+            EngineRequest {
+                id,
+                prompt: EnginePrompt::Hashed {
+                    blocks: routed.prompt.sequence,
+                    tail,
+                },
+                max_tokens,
+                namespace: Namespace::default(),
+            },
+            t,
+        );
+        match submitted {
+            Ok(()) => self.reschedule(w),
+            Err(e) => {
+                self.router.finish(id, t);
+                self.end(t, id, Status::Failed(e.kind().into()), None);
             }
         }
         None
@@ -381,17 +441,17 @@ impl Sim {
             if rec.first_token.is_none() {
                 rec.first_token = Some(tok.time);
                 released = true;
-                let _ = self.router.first_token(tok.id, tok.time);
+                self.router.first_token(tok.id, tok.time);
             } else {
                 rec.push_gaps(tok.time.since(self.last_token[i]).as_secs_f64(), 1);
             }
             self.last_token[i] = tok.time;
         }
         if !out.events.is_empty() {
+            let events = std::mem::replace(&mut out.events, self.router.event_buffer());
             if self.cfg.kv_event_delay.is_zero() {
-                self.deliver(w, &out.events);
+                self.router.events(WorkerId(w as u64), events);
             } else {
-                let events = std::mem::take(&mut out.events);
                 self.push(
                     t.plus(self.cfg.kv_event_delay),
                     Event::KvDelivery(w, events),
@@ -399,7 +459,7 @@ impl Sim {
             }
         }
         for f in out.finished.drain(..) {
-            let _ = self.router.finish(f.id, t);
+            self.router.finish(f.id, t);
             let rec = &mut self.records[f.id.0 as usize];
             rec.cached_tokens = f.cached_tokens as u64;
             rec.output_tokens = f.output.len() as u64;
@@ -408,11 +468,6 @@ impl Sim {
         if released && !self.queue.is_empty() {
             self.drain_queue(t);
         }
-    }
-
-    fn deliver(&mut self, w: usize, events: &[KvEvent]) {
-        let out = self.router.apply_events(WorkerId(w as u64), events);
-        self.kv_rejected += out.rejected.len() as u64;
     }
 
     /// A request ended: close its record and let a closed-loop client go on.

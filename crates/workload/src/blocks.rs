@@ -14,13 +14,21 @@ pub struct BlockHashCache {
     block_size: usize,
     ns: Namespace,
     capacity: usize,
-    /// `(hash id, block tokens)` -> its hashes' range in `arena`.
-    by_id: hashbrown::HashMap<(u64, usize), (usize, usize), foldhash::fast::FixedState>,
-    /// The hashes of every id held, back to back (one allocation, not one per id).
-    arena: Vec<LocalBlockHash>,
+    /// `(hash id, block tokens)` -> its hashes' place in `arena`.
+    by_id: hashbrown::HashMap<(u64, usize), Span, foldhash::fast::FixedState>,
+    /// The hashes of every id held, back to back in chunks of fixed size (an allocation per
+    /// chunk, not one per id; and chunks never move, so growing copies nothing).
+    arena: Vec<Vec<LocalBlockHash>>,
     /// A hash block's tokens while they are hashed.
     scratch: Vec<u32>,
 }
+
+/// Where an id's hashes are: chunk, start, end.
+#[derive(Clone, Copy)]
+struct Span(u32, u32, u32);
+
+/// Hashes per arena chunk (512 KiB), unless an id needs more.
+const CHUNK: usize = 1 << 16;
 
 impl BlockHashCache {
     /// An empty cache for router blocks of `block_size` tokens in namespace `ns`, holding at
@@ -38,27 +46,40 @@ impl BlockHashCache {
 
     fn hashes(&mut self, id: u64, block_tokens: usize) -> &[LocalBlockHash] {
         let key = (id, block_tokens);
-        let (start, end) = match self.by_id.get(&key) {
-            Some(&range) => range,
+        let Span(chunk, start, end) = match self.by_id.get(&key) {
+            Some(&span) => span,
             None => {
                 if self.by_id.len() >= self.capacity {
                     self.by_id.clear();
                     self.arena.clear();
                 }
-                let start = self.arena.len();
+                if self.by_id.capacity() == 0 {
+                    // Sized once: a table rehashed while it grows would copy and touch
+                    // fresh memory at every doubling.
+                    self.by_id.reserve(self.capacity.min(1 << 18));
+                }
+                let (bs, ns) = (self.block_size, self.ns);
+                let n = block_tokens / bs;
+                if self.arena.last().is_none_or(|c| c.capacity() - c.len() < n) {
+                    self.arena.push(Vec::with_capacity(CHUNK.max(n)));
+                }
                 self.scratch.clear();
                 extend_tokens(&mut self.scratch, block_key(id), 0, block_tokens);
-                let (bs, ns) = (self.block_size, self.ns);
-                self.arena.extend(
+                let chunk_ix = self.arena.len() - 1;
+                let chunk = &mut self.arena[chunk_ix];
+                let start = chunk.len();
+                chunk.extend(
                     self.scratch
                         .chunks_exact(bs)
                         .map(|block| local_block_hash(block, ns)),
                 );
-                self.by_id.insert(key, (start, self.arena.len()));
-                (start, self.arena.len())
+                // Chunk lengths are bounded by CHUNK or one id's blocks, ids by `capacity`.
+                let span = Span(chunk_ix as u32, start as u32, chunk.len() as u32);
+                self.by_id.insert(key, span);
+                span
             }
         };
-        &self.arena[start..end]
+        &self.arena[chunk as usize][start as usize..end as usize]
     }
 
     /// `prompt` cut into router blocks, and its tokens after the last full block.

@@ -204,14 +204,16 @@ impl Seq {
         let (seqs, tail, history, len) = match req.prompt {
             EnginePrompt::Tokens(mut tokens) => {
                 let full = tokens.len() / bs;
-                let mut seqs = Vec::with_capacity(full + 1);
+                let rest = tokens.len() - full * bs + req.max_tokens as usize;
+                let mut seqs = Vec::with_capacity(full + rest.div_ceil(bs));
                 for block in tokens.chunks_exact(bs) {
                     seqs.push(chain(
                         seqs.last().copied(),
                         local_block_hash(block, req.namespace),
                     ));
                 }
-                let tail = tokens[full * bs..].to_vec();
+                let mut tail = Vec::with_capacity(bs);
+                tail.extend_from_slice(&tokens[full * bs..]);
                 let len = tokens.len();
                 let history = keep_tokens.then(|| {
                     tokens.reserve_exact(req.max_tokens as usize);
@@ -219,8 +221,15 @@ impl Seq {
                 });
                 (seqs, tail, history, len)
             }
-            EnginePrompt::Hashed { blocks, tail } => {
+            EnginePrompt::Hashed {
+                mut blocks,
+                mut tail,
+            } => {
                 let len = blocks.len() * bs + tail.len();
+                // Room for the blocks and the tail the output will fill (the engine checked
+                // that prompt and output fit its KV cache), so they never grow by copying.
+                blocks.reserve_exact((tail.len() + req.max_tokens as usize).div_ceil(bs));
+                tail.reserve_exact(bs.saturating_sub(tail.len()));
                 (blocks, tail, None, len)
             }
         };

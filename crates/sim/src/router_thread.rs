@@ -1,0 +1,234 @@
+//! The router on a thread of its own, so that its work (applying KV events to the prefix
+//! index, booking and releasing load) overlaps the engines' steps on another core.
+//!
+//! The event loop sends the router every call it would have made, in the same order, and
+//! waits only where it needs an answer: when it routes a request. Calls that need no answer
+//! (KV events, first tokens, finishes) are batched and sent without waiting. Since the router
+//! sees exactly the calls of a single-threaded run in exactly the same order, and its
+//! randomness depends only on its seed and the decisions it made, every result is the same
+//! as on one thread
+//! (`bench/sim-golden.sh` compares the output of two builds cell by cell).
+//!
+//! A waiting side spins a little before it blocks: the answer to a route usually comes
+//! within microseconds, much sooner than a thread could be put to sleep and woken again.
+
+use kvroute_core::admission::QueueState;
+use kvroute_core::router::RouteOutcome;
+use kvroute_core::{BlockedPrompt, KvEvent, RequestId, RouteRequest, Router, Time, WorkerId};
+use std::sync::mpsc::{sync_channel, Receiver, RecvError, SyncSender, TryRecvError};
+
+/// Calls batched before they are handed to the router thread (when no route comes first).
+const BATCH: usize = 256;
+/// Batches in flight before the event loop waits for the router to catch up.
+const BATCHES_IN_FLIGHT: usize = 64;
+/// `try_recv` rounds a waiting side spins through before it blocks.
+const SPINS: u32 = 2_000;
+
+/// A request to route and, when the router says so, dispatch.
+pub(crate) struct RouteCall {
+    pub id: RequestId,
+    pub prompt: BlockedPrompt,
+    pub session: Option<u64>,
+    pub queue: QueueState,
+    pub now: Time,
+}
+
+/// The answer to a [`RouteCall`]: the prompt back, the outcome, and whether the dispatch
+/// the outcome asked for was refused.
+pub(crate) struct Routed {
+    pub prompt: BlockedPrompt,
+    pub outcome: RouteOutcome,
+    pub dispatch_refused: bool,
+}
+
+enum Call {
+    Events(WorkerId, Vec<KvEvent>),
+    FirstToken(RequestId, Time),
+    Finish(RequestId, Time),
+    Route(Box<RouteCall>),
+}
+
+/// What the router thread counted, handed back when it stops.
+#[derive(Default)]
+pub(crate) struct RouterTotals {
+    /// KV events the index rejected.
+    pub kv_rejected: u64,
+}
+
+/// The event loop's end of the link to the router thread.
+pub(crate) struct RouterLink {
+    pending: Vec<Call>,
+    calls: SyncSender<Vec<Call>>,
+    replies: Receiver<Routed>,
+    /// Emptied batches and KV event buffers coming back for reuse: a fresh allocation per
+    /// batch, freed on the other thread, would keep touching new memory.
+    spare: Receiver<Spare>,
+    /// Event buffers back from the router thread, for the engines' next steps.
+    event_buffers: Vec<Vec<KvEvent>>,
+}
+
+/// A batch and the event buffers it carried, emptied.
+struct Spare {
+    batch: Vec<Call>,
+    events: Vec<Vec<KvEvent>>,
+}
+
+/// The router thread's end.
+pub(crate) struct RouterServer {
+    calls: Receiver<Vec<Call>>,
+    replies: SyncSender<Routed>,
+    spare: SyncSender<Spare>,
+}
+
+/// A connected pair of ends.
+pub(crate) fn link() -> (RouterLink, RouterServer) {
+    let (calls_tx, calls_rx) = sync_channel(BATCHES_IN_FLIGHT);
+    let (replies_tx, replies_rx) = sync_channel(1);
+    let (spare_tx, spare_rx) = sync_channel(BATCHES_IN_FLIGHT);
+    (
+        RouterLink {
+            pending: Vec::with_capacity(BATCH),
+            calls: calls_tx,
+            replies: replies_rx,
+            spare: spare_rx,
+            event_buffers: Vec::new(),
+        },
+        RouterServer {
+            calls: calls_rx,
+            replies: replies_tx,
+            spare: spare_tx,
+        },
+    )
+}
+
+impl RouterLink {
+    /// `Router::apply_events` of `events` from `worker`.
+    pub fn events(&mut self, worker: WorkerId, events: Vec<KvEvent>) {
+        self.push(Call::Events(worker, events));
+    }
+
+    /// An empty buffer for KV events (one the router thread gave back, when there is one).
+    pub fn event_buffer(&mut self) -> Vec<KvEvent> {
+        self.event_buffers.pop().unwrap_or_default()
+    }
+
+    /// `Router::first_token`.
+    pub fn first_token(&mut self, id: RequestId, now: Time) {
+        self.push(Call::FirstToken(id, now));
+    }
+
+    /// `Router::finish`.
+    pub fn finish(&mut self, id: RequestId, now: Time) {
+        self.push(Call::Finish(id, now));
+    }
+
+    /// `Router::route`, then `Router::dispatch` when it says dispatch; waits for the answer.
+    pub fn route(&mut self, call: RouteCall) -> Routed {
+        self.pending.push(Call::Route(Box::new(call)));
+        self.flush();
+        spin_recv(&self.replies).expect("the router thread outlives the event loop")
+    }
+
+    /// Hands the pending calls over; the router thread stops once every link is dropped.
+    pub fn close(mut self) {
+        self.flush();
+    }
+
+    fn push(&mut self, call: Call) {
+        self.pending.push(call);
+        if self.pending.len() >= BATCH {
+            self.flush();
+        }
+    }
+
+    /// Hands the pending calls to the router thread now, so it works on them while the
+    /// event loop goes on.
+    pub fn flush(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let next = match self.spare.try_recv() {
+            Ok(spare) => {
+                // Bounded: a spare batch holds at most BATCH event buffers.
+                if self.event_buffers.len() < BATCH {
+                    self.event_buffers.extend(spare.events);
+                }
+                spare.batch
+            }
+            Err(_) => Vec::with_capacity(BATCH),
+        };
+        let batch = std::mem::replace(&mut self.pending, next);
+        // A send fails only when the router thread is gone, which it is only after a panic;
+        // the scope that runs it then reports that panic.
+        let _ = self.calls.send(batch);
+    }
+}
+
+impl RouterServer {
+    /// Serves calls until the event loop closes its end.
+    pub fn serve(self, router: &mut Router) -> RouterTotals {
+        let mut totals = RouterTotals::default();
+        while let Ok(mut batch) = spin_recv(&self.calls) {
+            let mut buffers = Vec::new();
+            for call in batch.drain(..) {
+                match call {
+                    Call::Events(worker, mut events) => {
+                        let out = router.apply_events(worker, &events);
+                        totals.kv_rejected += out.rejected.len() as u64;
+                        events.clear();
+                        buffers.push(events);
+                    }
+                    Call::FirstToken(id, now) => {
+                        let _ = router.first_token(id, now);
+                    }
+                    Call::Finish(id, now) => {
+                        let _ = router.finish(id, now);
+                    }
+                    Call::Route(call) => {
+                        let routed = route(router, *call);
+                        if self.replies.send(routed).is_err() {
+                            return totals;
+                        }
+                    }
+                }
+            }
+            // Dropped when the event loop has not taken the earlier ones yet.
+            let _ = self.spare.try_send(Spare {
+                batch,
+                events: buffers,
+            });
+        }
+        totals
+    }
+}
+
+fn route(router: &mut Router, call: RouteCall) -> Routed {
+    let req = RouteRequest {
+        prompt: &call.prompt,
+        session: call.session,
+        queue: call.queue,
+        exclude: None,
+    };
+    let outcome = router.route(&req);
+    let dispatch_refused = match &outcome {
+        RouteOutcome::Dispatch(sel) => router.dispatch(call.id, &req, sel, call.now).is_err(),
+        _ => false,
+    };
+    Routed {
+        prompt: call.prompt,
+        outcome,
+        dispatch_refused,
+    }
+}
+
+/// Receives, spinning through a bounded number of empty polls before blocking.
+fn spin_recv<T>(rx: &Receiver<T>) -> Result<T, RecvError> {
+    for _ in 0..SPINS {
+        match rx.try_recv() {
+            Ok(v) => return Ok(v),
+            Err(TryRecvError::Disconnected) => return Err(RecvError),
+            Err(TryRecvError::Empty) => std::hint::spin_loop(),
+        }
+    }
+    rx.recv()
+}
