@@ -104,6 +104,8 @@ struct Slot {
     copies: Map<u64, u32>,
     /// Distinct sequence hashes held (= (block, worker) entries of this worker).
     held: usize,
+    /// Blocks reserved ahead for it ([`PrefixIndex::reserve`]).
+    reserved: usize,
 }
 
 impl Slot {
@@ -114,6 +116,7 @@ impl Slot {
             dups: Map::default(),
             copies: Map::default(),
             held: 0,
+            reserved: 0,
         }
     }
 }
@@ -412,10 +415,11 @@ impl PrefixIndex {
         let blocks = blocks.min(MAX_RESERVED_BLOCKS);
         slot.blocks
             .reserve(blocks.saturating_sub(slot.blocks.len()));
-        let nodes_room = self.nodes.capacity() - self.nodes.len();
-        if nodes_room < blocks {
-            self.nodes.reserve(blocks);
-        }
+        slot.reserved = blocks;
+        // Room for the reservations of the workers registered now, together (shared blocks
+        // make it an upper bound).
+        let total: usize = self.slots.iter().flatten().map(|s| s.reserved).sum();
+        self.nodes.reserve(total.saturating_sub(self.nodes.len()));
     }
 
     /// Drops every block of `worker` but keeps it registered.

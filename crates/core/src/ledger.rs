@@ -13,6 +13,7 @@ pub use fit::{PrefillEstimate, PrefillFit};
 
 use crate::hashing::SequenceHash;
 use crate::types::{RequestId, Time, WorkerId};
+use hashbrown::hash_map::Entry;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -326,10 +327,11 @@ impl LoadLedger {
             w.load.prefill_tokens = w.load.prefill_tokens.saturating_sub(r.prefill_tokens);
         }
         for s in r.blocks.iter() {
-            if let Some(c) = w.active.get_mut(s) {
-                *c -= 1;
-                if *c == 0 {
-                    w.active.remove(s);
+            // One probe per block: the entry is dropped through the handle that found it.
+            if let Entry::Occupied(mut c) = w.active.entry(*s) {
+                *c.get_mut() -= 1;
+                if *c.get() == 0 {
+                    c.remove();
                 }
             }
         }

@@ -239,12 +239,18 @@ impl Router {
     ) -> Result<(), RouteError> {
         if let Index::Events(i) = &mut self.index {
             i.add_worker(worker)?;
-            if let Some(blocks) = capacity.kv_blocks {
-                i.reserve(worker, blocks as usize);
-            }
         }
         self.ledger.add_worker(worker, capacity);
         Ok(())
+    }
+
+    /// Makes room in the index for `blocks` cached blocks of `worker` (see
+    /// [`PrefixIndex::reserve`]): for a caller that knows the engines will fill their caches
+    /// soon, such as the simulator, so the tables do not grow by rehashing as they fill.
+    pub fn reserve(&mut self, worker: WorkerId, blocks: usize) {
+        if let Index::Events(i) = &mut self.index {
+            i.reserve(worker, blocks);
+        }
     }
 
     /// Forgets a worker, its cached blocks and its load.

@@ -67,6 +67,14 @@ impl Driver {
         }
     }
 
+    /// The prompt of trace request `i`, while it has not arrived.
+    pub fn trace_prompt(&self, i: usize) -> Option<&Prompt> {
+        match &self.workload {
+            Workload::Trace(t) => t.get(i).map(|r| &r.prompt),
+            _ => None,
+        }
+    }
+
     /// The trace request `i`.
     pub fn trace_request(&mut self, i: usize) -> Option<NewRequest> {
         let Workload::Trace(t) = &mut self.workload else {

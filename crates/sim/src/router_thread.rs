@@ -122,10 +122,19 @@ impl RouterLink {
         self.push(Call::Finish(id, now));
     }
 
-    /// `Router::route`, then `Router::dispatch` when it says dispatch; waits for the answer.
-    pub fn route(&mut self, call: RouteCall) -> Routed {
+    /// `Router::route`, then `Router::dispatch` when it says dispatch; waits for the answer,
+    /// calling `idle` meanwhile until it says it has nothing left to do (work that does not
+    /// depend on the answer, such as hashing the prompts of requests still to come).
+    pub fn route(&mut self, call: RouteCall, mut idle: impl FnMut() -> bool) -> Routed {
         self.pending.push(Call::Route(Box::new(call)));
         self.flush();
+        loop {
+            match self.replies.try_recv() {
+                Ok(routed) => return routed,
+                Err(TryRecvError::Empty) if idle() => {}
+                _ => break,
+            }
+        }
         spin_recv(&self.replies).expect("the router thread outlives the event loop")
     }
 

@@ -77,6 +77,9 @@ struct Sim {
     now: Time,
     /// Block hashes of trace hash ids, so trace prompts are never materialised.
     block_hashes: BlockHashCache,
+    /// The first trace arrivals not yet due, already cut into blocks (by trace index): the
+    /// event loop does it while it waits for the router.
+    prehashed: VecDeque<(usize, BlockedPrompt, Vec<u32>)>,
     /// Engine output buffers, reused from step to step.
     out: StepOutput,
 }
@@ -104,6 +107,7 @@ fn simulate_with(
                 max_batch: Some(cfg.engine.max_num_seqs as u32),
             },
         )?;
+        router.reserve(WorkerId(w as u64), cfg.engine.num_gpu_blocks);
         // Engines and router share this process: events name blocks by the router's hashes.
         let mut ecfg = cfg.engine.clone();
         ecfg.kv_events_with_tokens = false;
@@ -184,6 +188,7 @@ fn run_loop(
             1 << 18,
         ),
         out: StepOutput::default(),
+        prehashed: VecDeque::new(),
     };
     sim.trace = sim.driver.trace_arrivals().into();
     // Closed-loop clients start evenly spread over the ramp (all at once without one).
@@ -217,6 +222,32 @@ fn run_loop(
     })
 }
 
+/// Trace arrivals cut into blocks ahead of time, at most.
+const PREHASHED: usize = 64;
+
+/// Cuts the next trace arrival not cut yet into blocks; false when there is none (or enough
+/// are ready). The cache gives the same blocks whenever it is asked, so doing this early
+/// changes no result.
+fn prehash_next(
+    cache: &mut BlockHashCache,
+    driver: &Driver,
+    trace: &VecDeque<(usize, Time)>,
+    prehashed: &mut VecDeque<(usize, BlockedPrompt, Vec<u32>)>,
+) -> bool {
+    if prehashed.len() >= PREHASHED {
+        return false;
+    }
+    let Some(&(i, _)) = trace.get(prehashed.len()) else {
+        return false;
+    };
+    let Some(prompt) = driver.trace_prompt(i) else {
+        return false;
+    };
+    let (blocked, tail) = cache.blocked_with_tail(prompt);
+    prehashed.push_back((i, blocked, tail));
+    true
+}
+
 impl Sim {
     fn push(&mut self, t: Time, ev: Event) {
         self.seq += 1;
@@ -242,8 +273,12 @@ impl Sim {
                     break;
                 }
                 self.now = t;
+                let hashed = match self.prehashed.front() {
+                    Some(p) if p.0 == i => self.prehashed.pop_front().map(|p| (p.1, p.2)),
+                    _ => None,
+                };
                 if let Some(r) = self.driver.trace_request(i) {
-                    self.arrive(t, r);
+                    self.arrive(t, r, hashed);
                 }
                 continue;
             }
@@ -255,7 +290,7 @@ impl Sim {
             }
             self.now = t;
             match ev {
-                Event::Arrival(r) => self.arrive(t, *r),
+                Event::Arrival(r) => self.arrive(t, *r, None),
                 Event::Wake(w) => {
                     if self.wake[w] == Some(t) {
                         self.wake[w] = None;
@@ -319,10 +354,12 @@ impl Sim {
         }
     }
 
-    /// A new request arrives at `t`: record it, then route it.
-    fn arrive(&mut self, t: Time, r: NewRequest) {
+    /// A new request arrives at `t`: record it, then route it. `hashed`: its prompt already
+    /// cut into blocks, and its tail.
+    fn arrive(&mut self, t: Time, r: NewRequest, hashed: Option<(BlockedPrompt, Vec<u32>)>) {
         let id = RequestId(self.records.len() as u64);
-        let (prompt, tail) = self.block_hashes.blocked_with_tail(&r.prompt);
+        let (prompt, tail) =
+            hashed.unwrap_or_else(|| self.block_hashes.blocked_with_tail(&r.prompt));
         let mut rec = RequestRecord::new(id, t, prompt.tokens as u64);
         rec.session = r.session;
         self.records.push(rec);
@@ -353,7 +390,7 @@ impl Sim {
             max_tokens,
             session,
         } = q;
-        let routed = self.router.route(RouteCall {
+        let call = RouteCall {
             id,
             prompt,
             session,
@@ -362,6 +399,17 @@ impl Sim {
                 tokens: self.queued_tokens,
             },
             now: t,
+        };
+        let Sim {
+            router,
+            block_hashes,
+            driver,
+            trace,
+            prehashed,
+            ..
+        } = self;
+        let routed = router.route(call, || {
+            prehash_next(block_hashes, driver, trace, prehashed)
         });
         let sel = match routed.outcome {
             RouteOutcome::Queue => {

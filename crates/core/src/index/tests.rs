@@ -322,3 +322,34 @@ fn hashed_stores_match_token_stores() {
     assert_eq!(e.kind(), RejectKind::UnknownParent);
     assert_eq!(by_hashes.stats().rejected(RejectKind::HashCountMismatch), 1);
 }
+
+#[test]
+fn reserved_tables_hold_the_capacity_without_growing_and_re_registering_adds_nothing() {
+    let mut ix = index();
+    let (a, b) = (WorkerId(1), WorkerId(2));
+    for w in [a, b] {
+        ix.add_worker(w).unwrap();
+        ix.reserve(w, 300);
+    }
+    let reserved = ix.memory_bytes();
+    // Registering again with the same capacity reserves nothing more.
+    ix.reserve(a, 300);
+    assert_eq!(ix.memory_bytes(), reserved);
+    // 300 distinct blocks on each worker fill the reservation without a rehash.
+    for w in [a, b] {
+        let base = w.0 as u32 * 1000;
+        let ids: Vec<u32> = (base..base + 300).collect();
+        let hashes: Vec<u64> = ids.iter().map(|&i| u64::from(i) + 7).collect();
+        ix.apply(w, &stored(None, &hashes, &ids)).unwrap();
+    }
+    assert_eq!(ix.entries(), 600);
+    assert_eq!(ix.memory_bytes(), reserved);
+    // Beyond the limit, only the limit is reserved ahead.
+    let c = WorkerId(3);
+    ix.add_worker(c).unwrap();
+    ix.reserve(c, usize::MAX);
+    // Two tables (engine hashes, nodes) of 17-byte buckets, at most two buckets per entry.
+    let grown = ix.memory_bytes() - reserved;
+    assert!(grown > 16 * MAX_RESERVED_BLOCKS, "{grown}");
+    assert!(grown <= 2 * 2 * 17 * MAX_RESERVED_BLOCKS + 1024, "{grown}");
+}
