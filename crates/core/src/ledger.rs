@@ -122,7 +122,11 @@ struct WorkerState {
     generation: u64,
     load: WorkerLoad,
     capacity: WorkerCapacity,
-    /// In-flight count per active full block.
+    /// The full blocks of in-flight requests (their number is the active block count), each
+    /// with a count: the booked chains that end at it plus its children present. A prompt's
+    /// blocks form a chain from the root, so when a chain's last block is present all its
+    /// blocks are: booking walks back from the end only over the blocks that are new, and
+    /// release walks back only over the blocks it is the last to hold.
     active: Map<u64, u32>,
     partial_blocks: u64,
     fit: PrefillFit,
@@ -262,8 +266,16 @@ impl LoadLedger {
         let uncached = b.prompt_tokens.saturating_sub(b.cached_tokens) as u64;
         let full = b.blocks.len().min(b.prompt_tokens / self.block_size);
         let blocks: Box<[u64]> = b.blocks[..full].iter().map(|s| s.0).collect();
-        for s in blocks.iter() {
-            *w.active.entry(*s).or_insert(0) += 1;
+        for s in blocks.iter().rev() {
+            match w.active.entry(*s) {
+                Entry::Occupied(mut c) => {
+                    *c.get_mut() += 1;
+                    break;
+                }
+                Entry::Vacant(v) => {
+                    v.insert(1);
+                }
+            }
         }
         let partial_block = b.prompt_tokens > full * self.block_size;
         w.partial_blocks += u64::from(partial_block);
@@ -326,14 +338,15 @@ impl LoadLedger {
         if !r.prefilled {
             w.load.prefill_tokens = w.load.prefill_tokens.saturating_sub(r.prefill_tokens);
         }
-        for s in r.blocks.iter() {
-            // One probe per block: the entry is dropped through the handle that found it.
-            if let Entry::Occupied(mut c) = w.active.entry(*s) {
-                *c.get_mut() -= 1;
-                if *c.get() == 0 {
-                    c.remove();
-                }
+        for s in r.blocks.iter().rev() {
+            let Entry::Occupied(mut c) = w.active.entry(*s) else {
+                break;
+            };
+            *c.get_mut() = c.get().saturating_sub(1);
+            if *c.get() > 0 {
+                break;
             }
+            c.remove();
         }
         w.partial_blocks -= u64::from(r.partial_block).min(w.partial_blocks);
         w.load.inflight = w.load.inflight.saturating_sub(1);

@@ -2,7 +2,8 @@
 //! - the prefix index agrees with a brute-force model over random event sequences (shared
 //!   prefixes, removals in the middle, Cleared, removed workers, more than 64 workers);
 //! - every match is a contiguous prefix of the query;
-//! - the load ledger returns to zero once every request finished, whatever the order;
+//! - the load ledger counts each worker's distinct active blocks at every step and returns to
+//!   zero once every request finished, whatever the order;
 //! - `kv` always picks a candidate of minimal cost.
 
 use kvroute_core::hashing::{chain, local_block_hash, sequence_hashes};
@@ -281,9 +282,31 @@ proptest! {
             l.add_worker(WorkerId(w), WorkerCapacity::default());
         }
         let mut open: Vec<u64> = Vec::new();
+        // The model of active blocks: each request's worker, full blocks and partial block.
+        let mut held: Vec<(u64, Vec<SequenceHash>, bool)> = Vec::new();
+        let check_active = |l: &LoadLedger, open: &[u64], held: &[(u64, Vec<SequenceHash>, bool)]| {
+            for w in 0..4u64 {
+                let mut distinct = std::collections::HashSet::new();
+                let mut partial = 0u64;
+                for &id in open {
+                    let (hw, full, part) = &held[id as usize];
+                    if *hw == w {
+                        distinct.extend(full.iter().copied());
+                        partial += u64::from(*part);
+                    }
+                }
+                let got = l.load(WorkerId(w)).unwrap().active_blocks;
+                if got != distinct.len() as u64 + partial {
+                    return Err(format!("worker {w}: {got} active, model {} + {partial}", distinct.len()));
+                }
+            }
+            Ok(())
+        };
         for (i, (w, tokens, cached, blocks)) in reqs.iter().enumerate() {
             let locals: Vec<LocalBlockHash> = blocks.iter().map(|b| LocalBlockHash(*b)).collect();
             let seqs = sequence_hashes(&locals);
+            let full = seqs.len().min(tokens / 16);
+            held.push((*w, seqs[..full].to_vec(), *tokens > full * 16));
             l.book(&Booking {
                 request: RequestId(i as u64),
                 worker: WorkerId(*w),
@@ -292,6 +315,7 @@ proptest! {
                 blocks: &seqs,
             }, Time::from_millis(i as u64)).unwrap();
             open.push(i as u64);
+            prop_assert_eq!(check_active(&l, &open, &held), Ok(()));
         }
         // Interleave first tokens and finishes in a random order.
         let mut t = 1_000;
@@ -302,6 +326,7 @@ proptest! {
             if t % 3 == 0 {
                 let id = open.swap_remove(k);
                 l.finish(RequestId(id), Time::from_millis(t)).unwrap();
+                prop_assert_eq!(check_active(&l, &open, &held), Ok(()));
             } else {
                 l.first_token(RequestId(open[k]), Time::from_millis(t)).unwrap();
             }

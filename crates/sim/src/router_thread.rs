@@ -22,7 +22,7 @@ const BATCH: usize = 256;
 /// Batches in flight before the event loop waits for the router to catch up.
 const BATCHES_IN_FLIGHT: usize = 64;
 /// `try_recv` rounds a waiting side spins through before it blocks.
-const SPINS: u32 = 2_000;
+const SPINS: u32 = 20_000;
 
 /// A request to route and, when the router says so, dispatch.
 pub(crate) struct RouteCall {
