@@ -53,6 +53,8 @@ pub struct BlockPool {
     /// Stored events carry token ids (as engines on the wire do); otherwise the router's
     /// sequence hashes (`StoredHashed`, for a router in the same process).
     event_tokens: bool,
+    /// Hashes about to be evicted, read ahead (reused from call to call).
+    scratch: Vec<SequenceHash>,
 }
 
 /// One block to cache: the pool block, its sequence hash and its token ids.
@@ -90,6 +92,7 @@ impl BlockPool {
             free_len: 0,
             events: Vec::new(),
             event_tokens: true,
+            scratch: Vec::new(),
         };
         for b in 0..n as u32 {
             pool.push_tail(b);
@@ -171,6 +174,20 @@ impl BlockPool {
         if n > self.free_len {
             return false;
         }
+        if n > 2 {
+            // The blocks to evict are the first n of the free list: find their hashes, then
+            // read their cache entries ahead, so the misses overlap (see `warm`).
+            let mut scratch = std::mem::take(&mut self.scratch);
+            scratch.clear();
+            let mut b = self.head;
+            for _ in 0..n {
+                let block = &self.blocks[b as usize];
+                scratch.extend(block.seq);
+                b = block.next;
+            }
+            self.warm(&scratch);
+            self.scratch = scratch;
+        }
         let mut evicted = Vec::new();
         for _ in 0..n {
             let b = self.head;
@@ -188,6 +205,17 @@ impl BlockPool {
             });
         }
         true
+    }
+
+    /// Reads the cache entries of `seqs` before a batch of changes to them. The reads do not
+    /// depend on one another, so their cache misses overlap instead of coming one after
+    /// another inside the changes.
+    fn warm(&self, seqs: &[SequenceHash]) {
+        let mut acc = 0u32;
+        for s in seqs {
+            acc ^= self.cached.get(s).copied().unwrap_or(0);
+        }
+        std::hint::black_box(acc);
     }
 
     /// Drops the cache entry of copy `b` of `seq`.
