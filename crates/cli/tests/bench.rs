@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::kvroute;
+use common::{kvroute, kvroute_ok};
 use std::path::Path;
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
@@ -12,12 +12,12 @@ fn temp_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
-/// The files every bench writes, checked for 2 policies x 2 concurrency levels x `runs`.
 /// The `sweep.json` a bench wrote into `dir`.
 fn read_sweep(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap()
 }
 
+/// The files every bench writes, checked for 2 policies x 2 concurrency levels x `runs`.
 fn check_outputs(dir: &Path, runs: usize) -> serde_json::Value {
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
     for needle in [
@@ -56,7 +56,7 @@ fn check_outputs(dir: &Path, runs: usize) -> serde_json::Value {
 #[test]
 fn simulated_sweep_writes_the_report_plots_and_baseline() {
     let dir = temp_dir("bench-sim");
-    let out = kvroute(&[
+    let out = kvroute_ok(&[
         "bench",
         "--sim",
         "--profile",
@@ -82,11 +82,6 @@ fn simulated_sweep_writes_the_report_plots_and_baseline() {
         "--out",
         dir.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let sweep = check_outputs(&dir, 2);
     // Runs differ by seed, so a cell's two runs are not copies of each other.
     let runs = sweep["cells"][1]["runs"].as_array().unwrap();
@@ -102,7 +97,7 @@ fn simulated_sweep_writes_the_report_plots_and_baseline() {
 #[test]
 fn live_sweep_runs_fresh_fleets_and_kv_reuses_the_cache() {
     let dir = temp_dir("bench-live");
-    let out = kvroute(&[
+    kvroute_ok(&[
         "bench",
         "--profile",
         "tiny-fast",
@@ -123,11 +118,6 @@ fn live_sweep_runs_fresh_fleets_and_kv_reuses_the_cache() {
         "--out",
         dir.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let sweep = check_outputs(&dir, 1);
     for c in sweep["cells"].as_array().unwrap() {
         let m = &c["metrics"];
@@ -144,7 +134,7 @@ fn live_sweep_runs_fresh_fleets_and_kv_reuses_the_cache() {
 #[test]
 fn rate_sweeps_run_open_loops_in_the_simulator_and_live() {
     let dir = temp_dir("bench-rate");
-    let sim = kvroute(&[
+    kvroute_ok(&[
         "bench",
         "--sim",
         "--workload",
@@ -163,11 +153,6 @@ fn rate_sweeps_run_open_loops_in_the_simulator_and_live() {
         "--out",
         dir.to_str().unwrap(),
     ]);
-    assert!(
-        sim.status.success(),
-        "{}",
-        String::from_utf8_lossy(&sim.stderr)
-    );
     let sweep = read_sweep(&dir);
     let cells = sweep["cells"].as_array().unwrap();
     let sent: Vec<u64> = cells
@@ -184,7 +169,7 @@ fn rate_sweeps_run_open_loops_in_the_simulator_and_live() {
     std::fs::remove_dir_all(&dir).ok();
 
     let dir = temp_dir("bench-rate-live");
-    let live = kvroute(&[
+    kvroute_ok(&[
         "bench",
         "--profile",
         "tiny-fast",
@@ -203,11 +188,6 @@ fn rate_sweeps_run_open_loops_in_the_simulator_and_live() {
         "--out",
         dir.to_str().unwrap(),
     ]);
-    assert!(
-        live.status.success(),
-        "{}",
-        String::from_utf8_lossy(&live.stderr)
-    );
     let sweep = read_sweep(&dir);
     let cell = &sweep["cells"][0];
     assert_eq!(cell["load"]["rate"], 4.0, "{cell}");

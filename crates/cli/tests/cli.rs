@@ -2,18 +2,7 @@
 
 mod common;
 
-use common::kvroute;
-
-/// Runs `kvroute` and asserts it succeeded (showing its stderr when not).
-fn kvroute_ok(args: &[&str]) -> std::process::Output {
-    let out = kvroute(args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+use common::{kvroute, kvroute_ok};
 
 #[test]
 fn hash_prints_full_blocks_only() {

@@ -9,3 +9,14 @@ pub fn kvroute(args: &[&str]) -> Output {
         .output()
         .expect("run kvroute")
 }
+
+/// Runs `kvroute` and asserts it succeeded (showing its stderr when not).
+pub fn kvroute_ok(args: &[&str]) -> Output {
+    let out = kvroute(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
