@@ -17,10 +17,12 @@
 //! panic. The same holds for `(hash, word)` keys.
 
 mod approx;
+mod engine_table;
 mod event;
 mod table;
 
 pub use approx::{ApproxConfig, ApproxIndex};
+pub use engine_table::MAX_BLOCK_IDS;
 pub use event::{EventStats, IndexError, KvEvent, RejectKind, StoredBlocks, StoredHashed};
 
 use crate::hashing::{
@@ -35,6 +37,7 @@ use std::collections::BinaryHeap;
 
 type Map<K, V> = hashbrown::HashMap<K, V, RandomState>;
 
+use engine_table::EngineTable;
 use table::{clear_bit, has_bit, node_key, set_bit, table_bytes, warm};
 
 /// What [`PrefixIndex::apply_batch`] did.
@@ -96,7 +99,7 @@ impl Matches {
 struct Slot {
     worker: WorkerId,
     /// Engine hash -> sequence hash of every block the worker holds.
-    blocks: Map<u64, u64>,
+    blocks: EngineTable,
     /// Sequence hashes the worker holds under more than one engine hash: the extra count.
     dups: Map<u64, u32>,
     /// Engine hashes stored more than once (engines such as vLLM may cache several physical
@@ -112,7 +115,7 @@ impl Slot {
     fn new(worker: WorkerId) -> Self {
         Self {
             worker,
-            blocks: Map::default(),
+            blocks: EngineTable::default(),
             dups: Map::default(),
             copies: Map::default(),
             held: 0,
@@ -199,8 +202,8 @@ impl PrefixIndex {
             .expect("slot_for returns a live slot");
         let mut prev = match s.parent {
             None => None,
-            Some(p) => match slot.blocks.get(&p.0) {
-                Some(&seq) => Some(SequenceHash(seq)),
+            Some(p) => match slot.blocks.get(p.0) {
+                Some(seq) => Some(SequenceHash(seq)),
                 None => {
                     return Err(IndexError::UnknownParent {
                         worker,
@@ -223,7 +226,7 @@ impl PrefixIndex {
         if seqs.len() > 2 {
             let word = slot_ix / 64;
             warm(&self.nodes, seqs.iter().map(|&q| node_key(q, word)));
-            warm(&slot.blocks, s.block_hashes.iter().map(|h| h.0));
+            slot.blocks.warm(s.block_hashes.iter().map(|h| h.0));
         }
         for (h, &seq) in s.block_hashes.iter().zip(&seqs) {
             store(&mut self.nodes, slot, slot_ix, h.0, seq, true);
@@ -249,7 +252,7 @@ impl PrefixIndex {
             .as_mut()
             .expect("slot_for returns a live slot");
         if let Some(p) = s.parent {
-            if !slot.blocks.contains_key(&p.0) {
+            if !slot.blocks.contains(p.0) {
                 return Err(IndexError::UnknownParent {
                     worker,
                     parent: p.0,
@@ -262,7 +265,7 @@ impl PrefixIndex {
                 &self.nodes,
                 s.sequence_hashes.iter().map(|q| node_key(q.0, word)),
             );
-            warm(&slot.blocks, s.block_hashes.iter().map(|h| h.0));
+            slot.blocks.warm(s.block_hashes.iter().map(|h| h.0));
         }
         for (h, seq) in s.block_hashes.iter().zip(&s.sequence_hashes) {
             store(&mut self.nodes, slot, slot_ix, h.0, seq.0, true);
@@ -309,9 +312,7 @@ impl PrefixIndex {
         let Some(slot) = &self.slots[slot_ix] else {
             return;
         };
-        let seqs: Vec<u64> = engine
-            .filter_map(|h| slot.blocks.get(&h).copied())
-            .collect();
+        let seqs: Vec<u64> = engine.filter_map(|h| slot.blocks.get(h)).collect();
         let word = slot_ix / 64;
         warm(&self.nodes, seqs.iter().map(|&q| node_key(q, word)));
     }
@@ -413,13 +414,25 @@ impl PrefixIndex {
         };
         let slot = self.slots[ix].as_mut().expect("mapped slots are live");
         let blocks = blocks.min(MAX_RESERVED_BLOCKS);
-        slot.blocks
-            .reserve(blocks.saturating_sub(slot.blocks.len()));
+        slot.blocks.reserve(blocks);
         slot.reserved = blocks;
         // Room for the reservations of the workers registered now, together (shared blocks
         // make it an upper bound).
         let total: usize = self.slots.iter().flatten().map(|s| s.reserved).sum();
         self.nodes.reserve(total.saturating_sub(self.nodes.len()));
+    }
+
+    /// Tells the index that `worker`'s engine names its blocks by their index in a pool of
+    /// `blocks` blocks (as the fleet simulator's engines do), so those names are kept in an
+    /// array instead of a hash map: the same answers, fewer cache misses. Any other name
+    /// still works. False (nothing changed) for an unknown worker or more than
+    /// [`MAX_BLOCK_IDS`] blocks.
+    pub fn use_block_ids(&mut self, worker: WorkerId, blocks: usize) -> bool {
+        let Some(&ix) = self.slot_of.get(&worker) else {
+            return false;
+        };
+        let slot = self.slots[ix].as_mut().expect("mapped slots are live");
+        slot.blocks.use_block_ids(blocks)
     }
 
     /// Drops every block of `worker` but keeps it registered.
@@ -428,10 +441,10 @@ impl PrefixIndex {
             return;
         };
         let slot = self.slots[ix].as_mut().expect("mapped slots are live");
-        let blocks = std::mem::take(&mut slot.blocks);
-        for (_, seq) in blocks {
+        for (_, seq) in slot.blocks.iter() {
             clear_bit(&mut self.nodes, seq, ix);
         }
+        slot.blocks.clear();
         slot.dups = Map::default();
         slot.copies = Map::default();
         slot.held = 0;
@@ -483,7 +496,7 @@ impl PrefixIndex {
             + self.slots.capacity() * std::mem::size_of::<Option<Slot>>()
             + self.free_slots.capacity() * std::mem::size_of::<usize>();
         for s in self.slots.iter().flatten() {
-            total += table_bytes::<u64, u64>(s.blocks.capacity())
+            total += s.blocks.bytes()
                 + table_bytes::<u64, u32>(s.dups.capacity())
                 + table_bytes::<u64, u32>(s.copies.capacity());
         }
@@ -602,7 +615,7 @@ fn unstore(nodes: &mut Map<u64, u64>, slot: &mut Slot, ix: usize, engine: u64) -
             return true;
         }
     }
-    match slot.blocks.remove(&engine) {
+    match slot.blocks.remove(engine) {
         Some(seq) => {
             release(nodes, slot, ix, seq);
             true

@@ -253,6 +253,15 @@ impl Router {
         }
     }
 
+    /// Tells the index that `worker`'s engine names its blocks by their index in a pool of
+    /// `blocks` (see [`PrefixIndex::use_block_ids`]); false when it could not.
+    pub fn use_block_ids(&mut self, worker: WorkerId, blocks: usize) -> bool {
+        match &mut self.index {
+            Index::Events(i) => i.use_block_ids(worker, blocks),
+            Index::Approx(_) => false,
+        }
+    }
+
     /// Forgets a worker, its cached blocks and its load.
     pub fn remove_worker(&mut self, worker: WorkerId) {
         match &mut self.index {

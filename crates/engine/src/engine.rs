@@ -347,7 +347,10 @@ impl Engine {
                         tokens: s.block_tokens(b, bs),
                     })
                     .collect();
-                let parent = s.cached_blocks.checked_sub(1).map(|p| s.seqs[p]);
+                let parent = s
+                    .cached_blocks
+                    .checked_sub(1)
+                    .map(|p| (s.seqs[p], s.blocks[p]));
                 self.pool.cache(parent, &run, s.ns);
                 s.cached_blocks = full;
             }

@@ -12,7 +12,9 @@
 //! first. Every change of the cached set is reported as a KV event, exactly when it happens:
 //! `Stored` (parent-chained, with token ids) when a copy is cached, `Removed` when a copy is
 //! evicted, `Cleared` on a reset. The engine's block hash in the events is an opaque mix of the
-//! sequence hash, as a real engine's would be.
+//! sequence hash, as a real engine's would be. Events for a router in the same process
+//! (`StoredHashed`) name each block by its index in the pool instead, so the router can keep
+//! them in an array (`PrefixIndex::use_block_ids`).
 
 use kvroute_core::{EngineHash, KvEvent, Namespace, SequenceHash, StoredBlocks, StoredHashed};
 
@@ -51,7 +53,8 @@ pub struct BlockPool {
     free_len: usize,
     events: Vec<KvEvent>,
     /// Stored events carry token ids (as engines on the wire do); otherwise the router's
-    /// sequence hashes (`StoredHashed`, for a router in the same process).
+    /// sequence hashes (`StoredHashed`, for a router in the same process), and events name
+    /// blocks by their pool index.
     event_tokens: bool,
     /// Hashes about to be evicted, read ahead (reused from call to call).
     scratch: Vec<SequenceHash>,
@@ -84,8 +87,10 @@ impl BlockPool {
                 };
                 n
             ],
-            // At most one first copy per block: sized once, never rehashed.
-            cached: Map::with_capacity_and_hasher(n, Default::default()),
+            // At most one first copy per block. Removals leave tombstones that a rehash
+            // clears, and hashbrown doubles a table instead when it is over half full: room
+            // for 2n keeps every rehash in place, so the table is allocated once.
+            cached: Map::with_capacity_and_hasher(2 * n, Default::default()),
             copies: Map::default(),
             head: NIL,
             tail: NIL,
@@ -101,7 +106,7 @@ impl BlockPool {
     }
 
     /// Whether `Stored` events carry token ids (the default) or, for a router in the same
-    /// process, sequence hashes (`StoredHashed`).
+    /// process, sequence hashes (`StoredHashed`, naming blocks by pool index).
     pub fn with_event_tokens(mut self, tokens: bool) -> Self {
         self.event_tokens = tokens;
         self
@@ -194,7 +199,7 @@ impl BlockPool {
             self.unlink(b);
             if let Some(seq) = self.blocks[b as usize].seq.take() {
                 self.uncache(seq, b);
-                evicted.push(engine_hash(seq));
+                evicted.push(self.event_name(seq, b));
             }
             self.blocks[b as usize].refs = 1;
             out.push(b);
@@ -240,10 +245,25 @@ impl BlockPool {
         }
     }
 
+    /// The name of cached block `b` (holding `seq`) in events.
+    #[inline]
+    fn event_name(&self, seq: SequenceHash, b: BlockId) -> EngineHash {
+        if self.event_tokens {
+            engine_hash(seq)
+        } else {
+            EngineHash(u64::from(b))
+        }
+    }
+
     /// Caches a run of full, computed blocks of one request whose first block follows
-    /// `parent` (None: the root), and announces them in one `Stored` event. Blocks already
-    /// cached are skipped (the run is split around them).
-    pub fn cache(&mut self, parent: Option<SequenceHash>, run: &[FullBlock<'_>], ns: Namespace) {
+    /// `parent` (None: the root; else its hash and the block holding it), and announces them
+    /// in one `Stored` event. Blocks already cached are skipped (the run is split around them).
+    pub fn cache(
+        &mut self,
+        parent: Option<(SequenceHash, BlockId)>,
+        run: &[FullBlock<'_>],
+        ns: Namespace,
+    ) {
         // Split the run into stretches of newly cached blocks, one event each.
         let mut start: Option<usize> = None;
         for (i, fb) in run.iter().enumerate() {
@@ -266,20 +286,24 @@ impl BlockPool {
     /// before it in the run (or `parent` for the first).
     fn announce(
         &mut self,
-        parent: Option<SequenceHash>,
+        parent: Option<(SequenceHash, BlockId)>,
         run: &[FullBlock<'_>],
         range: std::ops::Range<usize>,
         ns: Namespace,
     ) {
         let before = match range.start {
             0 => parent,
-            i => Some(run[i - 1].seq),
+            i => Some((run[i - 1].seq, run[i - 1].block)),
         };
         let blocks = &run[range];
-        let block_hashes = blocks.iter().map(|b| engine_hash(b.seq)).collect();
+        let block_hashes = blocks
+            .iter()
+            .map(|b| self.event_name(b.seq, b.block))
+            .collect();
+        let parent = before.map(|(seq, b)| self.event_name(seq, b));
         let event = if self.event_tokens {
             KvEvent::Stored(StoredBlocks {
-                parent: before.map(engine_hash),
+                parent,
                 block_hashes,
                 token_ids: blocks.iter().fold(
                     Vec::with_capacity(blocks.len() * self.block_size),
@@ -293,7 +317,7 @@ impl BlockPool {
             })
         } else {
             KvEvent::StoredHashed(StoredHashed {
-                parent: before.map(engine_hash),
+                parent,
                 block_hashes,
                 sequence_hashes: blocks.iter().map(|b| b.seq).collect(),
             })

@@ -107,8 +107,10 @@ fn simulate_with(
                 max_batch: Some(cfg.engine.max_num_seqs as u32),
             },
         )?;
+        // Engines and router share this process: events name blocks by pool index and carry
+        // the router's hashes, so the index keeps each engine's names in an array.
+        router.use_block_ids(WorkerId(w as u64), cfg.engine.num_gpu_blocks);
         router.reserve(WorkerId(w as u64), cfg.engine.num_gpu_blocks);
-        // Engines and router share this process: events name blocks by the router's hashes.
         let mut ecfg = cfg.engine.clone();
         ecfg.kv_events_with_tokens = false;
         let mut engine = Engine::new(ecfg).map_err(|e| SimError::Config(e.to_string()))?;
@@ -127,13 +129,8 @@ fn simulate_with(
     });
     let sim = sim?;
     let warm = Time(cfg.warmup);
-    let measured: Vec<RequestRecord> = sim
-        .records
-        .iter()
-        .filter(|r| r.arrival >= warm)
-        .cloned()
-        .collect();
-    let start = measured.iter().map(|r| r.arrival).min().unwrap_or(warm);
+    let measured = || sim.records.iter().filter(|r| r.arrival >= warm);
+    let start = measured().map(|r| r.arrival).min().unwrap_or(warm);
     // A closed loop with a set duration is measured over its window; otherwise from the
     // first measured arrival to the last event.
     let span = match cfg.duration {
@@ -141,7 +138,7 @@ fn simulate_with(
         _ => sim.now.since(start),
     };
     Ok(SimResult {
-        summary: Summary::from_records_with_slo(&measured, span, cfg.slo.as_ref()),
+        summary: Summary::from_records_with_slo(measured(), span, cfg.slo.as_ref()),
         sim_seconds: span.as_secs_f64(),
         engines: sim.engines.iter().map(|e| e.metrics()).collect(),
         kv_events_rejected: totals.kv_rejected,

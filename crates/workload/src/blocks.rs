@@ -14,8 +14,16 @@ pub struct BlockHashCache {
     block_size: usize,
     ns: Namespace,
     capacity: usize,
-    /// `(hash id, block tokens)` -> its hashes' place in `arena`.
+    /// Where the hashes of id `i` are, for ids below [`DENSE_IDS`] of the hash-block size
+    /// met first (Mooncake ids are dense integers from 0: a table indexed by id is a tenth
+    /// of the size of a hash map and needs no probing).
+    dense: Vec<Span>,
+    /// The hash-block size of the ids in `dense` (0 before the first id).
+    dense_tokens: usize,
+    /// `(hash id, block tokens)` -> its hashes' place in `arena`, for the other ids.
     by_id: hashbrown::HashMap<(u64, usize), Span, foldhash::fast::FixedState>,
+    /// Ids held, in `dense` and `by_id` together.
+    held: usize,
     /// The hashes of every id held, back to back in chunks of fixed size (an allocation per
     /// chunk, not one per id; and chunks never move, so growing copies nothing).
     arena: Vec<Vec<LocalBlockHash>>,
@@ -27,8 +35,14 @@ pub struct BlockHashCache {
 #[derive(Clone, Copy)]
 struct Span(u32, u32, u32);
 
+/// The `dense` entry of an id not held.
+const MISSING: Span = Span(u32::MAX, 0, 0);
+
 /// Hashes per arena chunk (512 KiB), unless an id needs more.
 const CHUNK: usize = 1 << 16;
+
+/// Ids below this (and below the capacity) go to the dense table (at most 12 MiB).
+const DENSE_IDS: u64 = 1 << 20;
 
 impl BlockHashCache {
     /// An empty cache for router blocks of `block_size` tokens in namespace `ns`, holding at
@@ -38,25 +52,38 @@ impl BlockHashCache {
             block_size: block_size.get(),
             ns,
             capacity: capacity.max(1),
+            dense: Vec::new(),
+            dense_tokens: 0,
             by_id: Default::default(),
+            held: 0,
             arena: Vec::new(),
             scratch: Vec::new(),
         }
     }
 
+    /// The `dense` position of `(id, block_tokens)`, if it belongs there.
+    fn dense_slot(&mut self, id: u64, block_tokens: usize) -> Option<usize> {
+        if self.dense_tokens == 0 {
+            self.dense_tokens = block_tokens;
+        }
+        (block_tokens == self.dense_tokens && id < DENSE_IDS.min(self.capacity as u64))
+            .then_some(id as usize)
+    }
+
     fn hashes(&mut self, id: u64, block_tokens: usize) -> &[LocalBlockHash] {
-        let key = (id, block_tokens);
-        let Span(chunk, start, end) = match self.by_id.get(&key) {
-            Some(&span) => span,
+        let slot = self.dense_slot(id, block_tokens);
+        let known = match slot {
+            Some(i) => self.dense.get(i).copied().filter(|s| s.0 != MISSING.0),
+            None => self.by_id.get(&(id, block_tokens)).copied(),
+        };
+        let Span(chunk, start, end) = match known {
+            Some(span) => span,
             None => {
-                if self.by_id.len() >= self.capacity {
+                if self.held >= self.capacity {
+                    self.dense.clear();
                     self.by_id.clear();
                     self.arena.clear();
-                }
-                if self.by_id.capacity() == 0 {
-                    // Sized once: a table rehashed while it grows would copy and touch
-                    // fresh memory at every doubling.
-                    self.by_id.reserve(self.capacity.min(1 << 18));
+                    self.held = 0;
                 }
                 let (bs, ns) = (self.block_size, self.ns);
                 let n = block_tokens / bs;
@@ -75,7 +102,18 @@ impl BlockHashCache {
                 );
                 // Chunk lengths are bounded by CHUNK or one id's blocks, ids by `capacity`.
                 let span = Span(chunk_ix as u32, start as u32, chunk.len() as u32);
-                self.by_id.insert(key, span);
+                match slot {
+                    Some(i) => {
+                        if self.dense.len() <= i {
+                            self.dense.resize(i + 1, MISSING);
+                        }
+                        self.dense[i] = span;
+                    }
+                    None => {
+                        self.by_id.insert((id, block_tokens), span);
+                    }
+                }
+                self.held += 1;
                 span
             }
         };
@@ -151,5 +189,29 @@ mod tests {
         // More ids than the cache holds: it starts afresh and stays right.
         let p = Prompt::hash_blocks((0..9).collect(), 512, 9 * 512).unwrap();
         check(&p, 64);
+    }
+
+    #[test]
+    fn ids_outside_the_dense_table_and_other_block_sizes_agree_too() {
+        let b = BlockSize::new(64).unwrap();
+        let mut cache = BlockHashCache::new(b, Namespace::default(), 1 << 20);
+        let prompts = [
+            Prompt::hash_blocks(vec![1, 2, 3], 512, 1500).unwrap(),
+            // Beyond the dense table.
+            Prompt::hash_blocks(vec![1, u64::MAX, DENSE_IDS], 512, 1536).unwrap(),
+            // Another hash-block size: the same ids name other blocks.
+            Prompt::hash_blocks(vec![1, 2, 3], 256, 700).unwrap(),
+        ];
+        for _ in 0..2 {
+            for p in &prompts {
+                let tokens = p.materialize();
+                let (got, tail) = cache.blocked_with_tail(p);
+                assert_eq!(got, BlockedPrompt::new(&tokens, b, Namespace::default()));
+                assert_eq!(tail, tokens[tokens.len() / 64 * 64..]);
+            }
+        }
+        // Ids 1, 2, 3 at 512; MAX and DENSE_IDS at 512; 1, 2, 3 at 256.
+        assert_eq!(cache.held, 8);
+        assert_eq!(cache.by_id.len(), 5);
     }
 }

@@ -255,8 +255,8 @@ impl Summary {
     }
 
     /// Summarizes records, with goodput against `slo` when given.
-    pub fn from_records_with_slo(
-        records: &[RequestRecord],
+    pub fn from_records_with_slo<'a>(
+        records: impl IntoIterator<Item = &'a RequestRecord>,
         duration: Duration,
         slo: Option<&Slo>,
     ) -> Self {
@@ -267,8 +267,10 @@ impl Summary {
         let mut itl: Vec<(f64, u64)> = Vec::new();
         let (mut input, mut cached, mut predicted, mut output, mut abs_err) =
             (0u64, 0u64, 0u64, 0u64, 0u64);
-        let mut completed = 0u64;
+        let (mut completed, mut sent, mut met) = (0u64, 0u64, 0u64);
         for r in records {
+            sent += 1;
+            met += u64::from(slo.is_some_and(|slo| slo.met_by(r)));
             match &r.status {
                 Status::Failed(reason) => *failed_by_reason.entry(reason.clone()).or_insert(0) += 1,
                 Status::Rejected(reason) => {
@@ -296,17 +298,14 @@ impl Summary {
             abs_err += r.predicted_cached_tokens.abs_diff(r.cached_tokens);
         }
         percentile::sort(&mut ttft_all);
-        let goodput = slo.map(|slo| {
-            let met = records.iter().filter(|r| slo.met_by(r)).count() as u64;
-            Goodput {
-                slo: slo.clone(),
-                met,
-                fraction_of_sent: ratio(met as f64, records.len() as f64),
-                per_s: ratio(met as f64, secs),
-            }
+        let goodput = slo.map(|slo| Goodput {
+            slo: slo.clone(),
+            met,
+            fraction_of_sent: ratio(met as f64, sent as f64),
+            per_s: ratio(met as f64, secs),
         });
         Self {
-            sent: records.len() as u64,
+            sent,
             completed,
             failed: failed_by_reason.values().sum(),
             rejected: rejected_by_reason.values().sum(),

@@ -218,17 +218,24 @@ fn aborted_requests_free_their_blocks() {
 
 #[test]
 fn kv_events_keep_a_router_index_in_step_with_the_cache() {
-    for with_tokens in [true, false] {
-        events_keep_the_index_in_step(with_tokens);
+    // Token events; hashed events naming blocks by pool index, kept by the index in a map or
+    // in an array.
+    for (with_tokens, block_ids) in [(true, false), (false, false), (false, true)] {
+        events_keep_the_index_in_step(with_tokens, block_ids);
     }
 }
 
-fn events_keep_the_index_in_step(with_tokens: bool) {
+fn events_keep_the_index_in_step(with_tokens: bool, block_ids: bool) {
     let mut cfg = tiny();
     cfg.kv_events_with_tokens = with_tokens;
+    let blocks = cfg.num_gpu_blocks;
     let mut e = Engine::new(cfg).unwrap();
     let mut ix = PrefixIndex::new(BlockSize::new(4).unwrap());
     let w = WorkerId(0);
+    ix.add_worker(w).unwrap();
+    if block_ids {
+        assert!(ix.use_block_ids(w, blocks));
+    }
     // Shared prefixes, reuse and eviction pressure (256 blocks, ~40 x 25 blocks).
     let arrivals: Vec<(u64, EngineRequest)> = (0..40)
         .map(|i| {

@@ -37,7 +37,7 @@ fn admit(pool: &mut BlockPool, blocks: &[[u32; BS]]) -> Option<Vec<BlockId>> {
         .map(|((&block, &seq), tokens)| FullBlock { block, seq, tokens })
         .collect();
     pool.cache(
-        hit.checked_sub(1).map(|i| seqs[i]),
+        hit.checked_sub(1).map(|i| (seqs[i], ids[i])),
         &run,
         Namespace::default(),
     );
@@ -163,8 +163,12 @@ proptest! {
     /// events, replayed, give exactly the cached set: every Stored hash is later Removed or
     /// still resident.
     #[test]
-    fn pool_invariants_hold_and_events_mirror_the_cache(ops in prop::collection::vec(op(), 1..80), blocks in 1usize..12) {
-        let mut pool = BlockPool::new(blocks, BS);
+    fn pool_invariants_hold_and_events_mirror_the_cache(
+        ops in prop::collection::vec(op(), 1..80),
+        blocks in 1usize..12,
+        tokens in any::<bool>(),
+    ) {
+        let mut pool = BlockPool::new(blocks, BS).with_event_tokens(tokens);
         let mut active: Vec<Vec<BlockId>> = Vec::new();
         let mut mirror: HashMap<EngineHash, u32> = HashMap::new();
         for op in ops {
@@ -186,12 +190,24 @@ proptest! {
             for e in pool.take_events() {
                 match e {
                     KvEvent::Stored(s) => {
+                        prop_assert!(tokens, "hashed events were asked for");
                         if let Some(p) = s.parent {
                             prop_assert!(mirror.contains_key(&p), "parent not cached");
                         }
                         prop_assert_eq!(s.token_ids.len(), s.block_hashes.len() * BS);
                         for h in s.block_hashes {
                             *mirror.entry(h).or_insert(0) += 1;
+                        }
+                    }
+                    KvEvent::StoredHashed(s) => {
+                        prop_assert!(!tokens, "token events were asked for");
+                        if let Some(p) = s.parent {
+                            prop_assert!(mirror.contains_key(&p), "parent not cached");
+                        }
+                        for (h, seq) in s.block_hashes.iter().zip(&s.sequence_hashes) {
+                            // Named by pool index, each name cached once at a time.
+                            prop_assert_eq!(pool.blocks[h.0 as usize].seq, Some(*seq));
+                            prop_assert!(mirror.insert(*h, 1).is_none(), "a name stored twice");
                         }
                     }
                     KvEvent::Removed { block_hashes } => {
@@ -206,14 +222,14 @@ proptest! {
                         }
                     }
                     KvEvent::Cleared => mirror.clear(),
-                    KvEvent::StoredHashed(_) => prop_assert!(false, "token events were asked for"),
                 }
             }
             // Copies per hash, from the pool's blocks.
             let mut cached: HashMap<EngineHash, u32> = HashMap::new();
-            for b in &pool.blocks {
+            for (i, b) in pool.blocks.iter().enumerate() {
                 if let Some(s) = b.seq {
-                    *cached.entry(engine_hash(s)).or_insert(0) += 1;
+                    let name = if tokens { engine_hash(s) } else { EngineHash(i as u64) };
+                    *cached.entry(name).or_insert(0) += 1;
                 }
             }
             prop_assert_eq!(&cached, &mirror);
