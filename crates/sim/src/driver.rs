@@ -30,9 +30,18 @@ pub enum Workload {
     },
 }
 
+/// A request's prompt before it is routed.
+pub(crate) enum RequestPrompt {
+    /// Its own prompt.
+    Own(Prompt),
+    /// The prompt of trace request `index` (the router thread cuts it into blocks), of
+    /// `tokens` tokens.
+    Trace { index: usize, tokens: usize },
+}
+
 /// A request about to arrive.
 pub(crate) struct NewRequest {
-    pub prompt: Prompt,
+    pub prompt: RequestPrompt,
     pub max_tokens: u32,
     pub session: Option<u64>,
     pub conversation: Option<ConversationId>,
@@ -44,16 +53,22 @@ pub(crate) enum Outcome<'a> {
     Failed,
 }
 
-pub(crate) struct Driver {
+pub(crate) struct Driver<'a> {
+    /// The closed-loop generators (for a trace, `Workload::Trace` with the requests taken
+    /// out: they are in `trace`).
     workload: Workload,
+    /// The trace's requests, shared with the router thread, which reads their prompts.
+    trace: &'a [TraceRequest],
     sent: usize,
     stop_at: Option<Time>,
 }
 
-impl Driver {
-    pub fn new(workload: Workload, stop_at: Option<Time>) -> Self {
+impl<'a> Driver<'a> {
+    /// A driver of `workload`, whose trace requests (if any) were moved to `trace`.
+    pub fn new(workload: Workload, trace: &'a [TraceRequest], stop_at: Option<Time>) -> Self {
         Self {
             workload,
+            trace,
             sent: 0,
             stop_at,
         }
@@ -61,30 +76,20 @@ impl Driver {
 
     /// Trace requests (index, arrival), in order; empty for closed loops.
     pub fn trace_arrivals(&self) -> Vec<(usize, Time)> {
-        match &self.workload {
-            Workload::Trace(t) => t.iter().enumerate().map(|(i, r)| (i, r.arrival)).collect(),
-            _ => Vec::new(),
-        }
-    }
-
-    /// The prompt of trace request `i`, while it has not arrived.
-    pub fn trace_prompt(&self, i: usize) -> Option<&Prompt> {
-        match &self.workload {
-            Workload::Trace(t) => t.get(i).map(|r| &r.prompt),
-            _ => None,
-        }
+        (self.trace.iter().enumerate())
+            .map(|(i, r)| (i, r.arrival))
+            .collect()
     }
 
     /// The trace request `i`.
     pub fn trace_request(&mut self, i: usize) -> Option<NewRequest> {
-        let Workload::Trace(t) = &mut self.workload else {
-            return None;
-        };
-        let r = t.get_mut(i)?;
+        let r = self.trace.get(i)?;
         self.sent += 1;
         Some(NewRequest {
-            // Taken, not cloned: each trace request arrives once.
-            prompt: std::mem::replace(&mut r.prompt, Prompt::Tokens(Vec::new())),
+            prompt: RequestPrompt::Trace {
+                index: i,
+                tokens: r.prompt.len(),
+            },
             max_tokens: r.max_tokens,
             session: None,
             conversation: None,
@@ -116,7 +121,7 @@ impl Driver {
                     if let Some(turn) = gen.follow_up(conv, answer) {
                         self.sent += 1;
                         return Some(NewRequest {
-                            prompt: turn.prompt,
+                            prompt: RequestPrompt::Own(turn.prompt),
                             max_tokens: turn.max_tokens,
                             session: Some(turn.session),
                             conversation: Some(conv),
@@ -133,7 +138,7 @@ impl Driver {
 
     fn may_send(&self, now: Time) -> bool {
         let limit = match &self.workload {
-            Workload::Trace(t) => t.len(),
+            Workload::Trace(_) => self.trace.len(),
             Workload::MultiTurn { requests, .. } | Workload::Synthetic { requests, .. } => {
                 *requests
             }
@@ -151,7 +156,7 @@ impl Driver {
             Workload::MultiTurn { gen, .. } => {
                 let (conv, turn) = gen.start();
                 NewRequest {
-                    prompt: turn.prompt,
+                    prompt: RequestPrompt::Own(turn.prompt),
                     max_tokens: turn.max_tokens,
                     session: Some(turn.session),
                     conversation: Some(conv),
@@ -160,7 +165,7 @@ impl Driver {
             Workload::Synthetic { gen, .. } => {
                 let r = gen.next_request();
                 NewRequest {
-                    prompt: r.prompt,
+                    prompt: RequestPrompt::Own(r.prompt),
                     max_tokens: r.max_tokens,
                     session: None,
                     conversation: None,

@@ -22,6 +22,7 @@
 mod driver;
 mod router_thread;
 mod sim;
+mod trace_prompts;
 
 pub use driver::Workload;
 pub use sim::simulate;

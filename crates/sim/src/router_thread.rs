@@ -11,6 +11,10 @@
 //!
 //! A waiting side spins a little before it blocks: the answer to a route usually comes
 //! within microseconds, much sooner than a thread could be put to sleep and woken again.
+//! The router thread also cuts trace prompts into blocks ([`TracePrompts`]), and while it
+//! waits for calls it hashes the prompts still to come.
+
+use crate::trace_prompts::TracePrompts;
 
 use kvroute_core::admission::QueueState;
 use kvroute_core::router::RouteOutcome;
@@ -24,19 +28,28 @@ const BATCHES_IN_FLIGHT: usize = 64;
 /// `try_recv` rounds a waiting side spins through before it blocks.
 const SPINS: u32 = 20_000;
 
+/// The prompt of a [`RouteCall`].
+pub(crate) enum RoutePrompt {
+    /// Cut into blocks, with its tokens after the last full block.
+    Blocked(BlockedPrompt, Vec<u32>),
+    /// Trace prompt `i`, cut on the router thread.
+    Trace(usize),
+}
+
 /// A request to route and, when the router says so, dispatch.
 pub(crate) struct RouteCall {
     pub id: RequestId,
-    pub prompt: BlockedPrompt,
+    pub prompt: RoutePrompt,
     pub session: Option<u64>,
     pub queue: QueueState,
     pub now: Time,
 }
 
-/// The answer to a [`RouteCall`]: the prompt back, the outcome, and whether the dispatch
-/// the outcome asked for was refused.
+/// The answer to a [`RouteCall`]: the prompt back (cut into blocks, and its tail), the
+/// outcome, and whether the dispatch the outcome asked for was refused.
 pub(crate) struct Routed {
     pub prompt: BlockedPrompt,
+    pub tail: Vec<u32>,
     pub outcome: RouteOutcome,
     pub dispatch_refused: bool,
 }
@@ -122,20 +135,11 @@ impl RouterLink {
         self.push(Call::Finish(id, now));
     }
 
-    /// `Router::route`, then `Router::dispatch` when it says dispatch; waits for the answer,
-    /// calling `idle` meanwhile until it says it has nothing left to do (work that does not
-    /// depend on the answer, such as hashing the prompts of requests still to come).
-    pub fn route(&mut self, call: RouteCall, mut idle: impl FnMut() -> bool) -> Routed {
+    /// `Router::route`, then `Router::dispatch` when it says dispatch; waits for the answer.
+    pub fn route(&mut self, call: RouteCall) -> Routed {
         self.pending.push(Call::Route(Box::new(call)));
         self.flush();
-        loop {
-            match self.replies.try_recv() {
-                Ok(routed) => return routed,
-                Err(TryRecvError::Empty) if idle() => {}
-                _ => break,
-            }
-        }
-        spin_recv(&self.replies).expect("the router thread outlives the event loop")
+        spin_recv(&self.replies, || false).expect("the router thread outlives the event loop")
     }
 
     /// Hands the pending calls over; the router thread stops once every link is dropped.
@@ -174,10 +178,11 @@ impl RouterLink {
 }
 
 impl RouterServer {
-    /// Serves calls until the event loop closes its end.
-    pub fn serve(self, router: &mut Router) -> RouterTotals {
+    /// Serves calls until the event loop closes its end, cutting trace prompts from
+    /// `prompts` (hashing ahead while no call is waiting).
+    pub fn serve(self, router: &mut Router, prompts: &mut TracePrompts<'_>) -> RouterTotals {
         let mut totals = RouterTotals::default();
-        while let Ok(mut batch) = spin_recv(&self.calls) {
+        while let Ok(mut batch) = spin_recv(&self.calls, || prompts.hash_ahead()) {
             let mut buffers = Vec::new();
             for call in batch.drain(..) {
                 match call {
@@ -194,7 +199,7 @@ impl RouterServer {
                         let _ = router.finish(id, now);
                     }
                     Call::Route(call) => {
-                        let routed = route(router, *call);
+                        let routed = route(router, prompts, *call);
                         if self.replies.send(routed).is_err() {
                             return totals;
                         }
@@ -211,9 +216,13 @@ impl RouterServer {
     }
 }
 
-fn route(router: &mut Router, call: RouteCall) -> Routed {
+fn route(router: &mut Router, prompts: &mut TracePrompts<'_>, call: RouteCall) -> Routed {
+    let (prompt, tail) = match call.prompt {
+        RoutePrompt::Blocked(prompt, tail) => (prompt, tail),
+        RoutePrompt::Trace(i) => prompts.blocked(i),
+    };
     let req = RouteRequest {
-        prompt: &call.prompt,
+        prompt: &prompt,
         session: call.session,
         queue: call.queue,
         exclude: None,
@@ -224,19 +233,28 @@ fn route(router: &mut Router, call: RouteCall) -> Routed {
         _ => false,
     };
     Routed {
-        prompt: call.prompt,
+        prompt,
+        tail,
         outcome,
         dispatch_refused,
     }
 }
 
-/// Receives, spinning through a bounded number of empty polls before blocking.
-fn spin_recv<T>(rx: &Receiver<T>) -> Result<T, RecvError> {
-    for _ in 0..SPINS {
+/// Receives; between empty polls it calls `idle` (work that can wait, bounded per call)
+/// until that says it has nothing left, then spins through a bounded number of empty polls
+/// before it blocks.
+fn spin_recv<T>(rx: &Receiver<T>, mut idle: impl FnMut() -> bool) -> Result<T, RecvError> {
+    let mut spins = 0;
+    while spins < SPINS {
         match rx.try_recv() {
             Ok(v) => return Ok(v),
             Err(TryRecvError::Disconnected) => return Err(RecvError),
-            Err(TryRecvError::Empty) => std::hint::spin_loop(),
+            Err(TryRecvError::Empty) => {
+                if !idle() {
+                    spins += 1;
+                    std::hint::spin_loop();
+                }
+            }
         }
     }
     rx.recv()

@@ -1,13 +1,13 @@
 //! The discrete-event loop.
 
-use crate::driver::{Driver, NewRequest, Outcome};
-use crate::router_thread::{link, RouteCall, RouterLink};
+use crate::driver::{Driver, NewRequest, Outcome, RequestPrompt};
+use crate::router_thread::{link, RouteCall, RoutePrompt, RouterLink};
+use crate::trace_prompts::TracePrompts;
 use crate::{SimConfig, SimError, SimResult, Workload};
 use kvroute_core::admission::QueueState;
 use kvroute_core::router::RouteOutcome;
 use kvroute_core::{
-    BlockSize, BlockedPrompt, KvEvent, Namespace, RejectReason, RequestId, Router, Time,
-    WorkerCapacity, WorkerId,
+    BlockSize, KvEvent, Namespace, RejectReason, RequestId, Router, Time, WorkerCapacity, WorkerId,
 };
 use kvroute_engine::{Engine, EnginePrompt, EngineRequest, StepOutput};
 use kvroute_workload::{BlockHashCache, ConversationId, RequestRecord, Status, Summary};
@@ -46,17 +46,17 @@ impl Ord for Entry {
     }
 }
 
-/// A request routed but not dispatched yet (admission queue).
+/// A request to route, or routed but not dispatched yet (admission queue).
 struct Queued {
     id: RequestId,
-    prompt: BlockedPrompt,
-    /// The prompt's tokens after its last full block.
-    tail: Vec<u32>,
+    prompt: RoutePrompt,
+    /// Its prompt's length in tokens.
+    tokens: usize,
     max_tokens: u32,
     session: Option<u64>,
 }
 
-struct Sim {
+struct Sim<'a> {
     cfg: SimConfig,
     /// The router, on a thread of its own (see `router_thread`).
     router: RouterLink,
@@ -64,7 +64,7 @@ struct Sim {
     wake: Vec<Option<Time>>,
     heap: BinaryHeap<Entry>,
     seq: u64,
-    driver: Driver,
+    driver: Driver<'a>,
     records: Vec<RequestRecord>,
     last_token: Vec<Time>,
     conversation: Vec<Option<ConversationId>>,
@@ -75,11 +75,9 @@ struct Sim {
     queued_tokens: u64,
     queued_total: u64,
     now: Time,
-    /// Block hashes of trace hash ids, so trace prompts are never materialised.
+    /// Block hashes of the hash ids of closed-loop prompts (trace prompts are cut on the
+    /// router thread).
     block_hashes: BlockHashCache,
-    /// The first trace arrivals not yet due, already cut into blocks (by trace index): the
-    /// event loop does it while it waits for the router.
-    prehashed: VecDeque<(usize, BlockedPrompt, Vec<u32>)>,
     /// Engine output buffers, reused from step to step.
     out: StepOutput,
 }
@@ -117,10 +115,21 @@ fn simulate_with(
         engine.set_fast_paths(fast_paths);
         engines.push(engine);
     }
+    // The trace's requests move out of the workload: the event loop and the router thread
+    // (which cuts their prompts into blocks) both read them.
+    let mut workload = workload;
+    let trace = match &mut workload {
+        Workload::Trace(t) => std::mem::take(t),
+        _ => Vec::new(),
+    };
+    let block_size =
+        BlockSize::new(cfg.router.block_size).map_err(|e| SimError::Config(e.to_string()))?;
+    let mut prompts = TracePrompts::new(&trace, block_size, Namespace::default());
+    let driver = Driver::new(workload, &trace, cfg.duration.map(Time));
     let (router_link, server) = link();
     let (sim, totals) = std::thread::scope(|scope| {
-        let serving = scope.spawn(move || server.serve(&mut router));
-        let sim = run_loop(cfg, workload, engines, router_link);
+        let serving = scope.spawn(|| server.serve(&mut router, &mut prompts));
+        let sim = run_loop(cfg, driver, engines, router_link);
         // A panic on the router thread is a bug: pass it on.
         let totals = serving
             .join()
@@ -158,11 +167,10 @@ struct Ended {
 /// Runs the event loop to its end, the router behind `router`; closes the link when done.
 fn run_loop(
     cfg: &SimConfig,
-    workload: Workload,
+    driver: Driver<'_>,
     engines: Vec<Engine>,
     router: RouterLink,
 ) -> Result<Ended, SimError> {
-    let stop_at = cfg.duration.map(Time);
     let mut sim = Sim {
         cfg: cfg.clone(),
         router,
@@ -170,7 +178,7 @@ fn run_loop(
         engines,
         heap: BinaryHeap::new(),
         seq: 0,
-        driver: Driver::new(workload, stop_at),
+        driver,
         records: Vec::new(),
         last_token: Vec::new(),
         conversation: Vec::new(),
@@ -185,7 +193,6 @@ fn run_loop(
             1 << 18,
         ),
         out: StepOutput::default(),
-        prehashed: VecDeque::new(),
     };
     sim.trace = sim.driver.trace_arrivals().into();
     // Closed-loop clients start evenly spread over the ramp (all at once without one).
@@ -219,33 +226,7 @@ fn run_loop(
     })
 }
 
-/// Trace arrivals cut into blocks ahead of time, at most.
-const PREHASHED: usize = 64;
-
-/// Cuts the next trace arrival not cut yet into blocks; false when there is none (or enough
-/// are ready). The cache gives the same blocks whenever it is asked, so doing this early
-/// changes no result.
-fn prehash_next(
-    cache: &mut BlockHashCache,
-    driver: &Driver,
-    trace: &VecDeque<(usize, Time)>,
-    prehashed: &mut VecDeque<(usize, BlockedPrompt, Vec<u32>)>,
-) -> bool {
-    if prehashed.len() >= PREHASHED {
-        return false;
-    }
-    let Some(&(i, _)) = trace.get(prehashed.len()) else {
-        return false;
-    };
-    let Some(prompt) = driver.trace_prompt(i) else {
-        return false;
-    };
-    let (blocked, tail) = cache.blocked_with_tail(prompt);
-    prehashed.push_back((i, blocked, tail));
-    true
-}
-
-impl Sim {
+impl<'a> Sim<'a> {
     fn push(&mut self, t: Time, ev: Event) {
         self.seq += 1;
         self.heap.push(Entry {
@@ -270,12 +251,8 @@ impl Sim {
                     break;
                 }
                 self.now = t;
-                let hashed = match self.prehashed.front() {
-                    Some(p) if p.0 == i => self.prehashed.pop_front().map(|p| (p.1, p.2)),
-                    _ => None,
-                };
                 if let Some(r) = self.driver.trace_request(i) {
-                    self.arrive(t, r, hashed);
+                    self.arrive(t, r);
                 }
                 continue;
             }
@@ -287,7 +264,7 @@ impl Sim {
             }
             self.now = t;
             match ev {
-                Event::Arrival(r) => self.arrive(t, *r, None),
+                Event::Arrival(r) => self.arrive(t, *r),
                 Event::Wake(w) => {
                     if self.wake[w] == Some(t) {
                         self.wake[w] = None;
@@ -351,13 +328,18 @@ impl Sim {
         }
     }
 
-    /// A new request arrives at `t`: record it, then route it. `hashed`: its prompt already
-    /// cut into blocks, and its tail.
-    fn arrive(&mut self, t: Time, r: NewRequest, hashed: Option<(BlockedPrompt, Vec<u32>)>) {
+    /// A new request arrives at `t`: record it, then route it.
+    fn arrive(&mut self, t: Time, r: NewRequest) {
         let id = RequestId(self.records.len() as u64);
-        let (prompt, tail) =
-            hashed.unwrap_or_else(|| self.block_hashes.blocked_with_tail(&r.prompt));
-        let mut rec = RequestRecord::new(id, t, prompt.tokens as u64);
+        let (prompt, tokens) = match r.prompt {
+            RequestPrompt::Trace { index, tokens } => (RoutePrompt::Trace(index), tokens),
+            RequestPrompt::Own(p) => {
+                let (blocked, tail) = self.block_hashes.blocked_with_tail(&p);
+                let tokens = blocked.tokens;
+                (RoutePrompt::Blocked(blocked, tail), tokens)
+            }
+        };
+        let mut rec = RequestRecord::new(id, t, tokens as u64);
         rec.session = r.session;
         self.records.push(rec);
         self.last_token.push(t);
@@ -365,13 +347,13 @@ impl Sim {
         let q = Queued {
             id,
             prompt,
-            tail,
+            tokens,
             max_tokens: r.max_tokens,
             session: r.session,
         };
         if let Some(q) = self.try_dispatch(t, q) {
             self.queued_total += 1;
-            self.queued_tokens += q.prompt.tokens as u64;
+            self.queued_tokens += q.tokens as u64;
             let wait = Duration::from_secs_f64(self.cfg.router.admission.max_queue_wait_secs);
             self.push(t.plus(wait), Event::QueueTimeout(q.id));
             self.queue.push_back(q);
@@ -383,7 +365,7 @@ impl Sim {
         let Queued {
             id,
             prompt,
-            tail,
+            tokens,
             max_tokens,
             session,
         } = q;
@@ -397,23 +379,13 @@ impl Sim {
             },
             now: t,
         };
-        let Sim {
-            router,
-            block_hashes,
-            driver,
-            trace,
-            prehashed,
-            ..
-        } = self;
-        let routed = router.route(call, || {
-            prehash_next(block_hashes, driver, trace, prehashed)
-        });
+        let routed = self.router.route(call);
         let sel = match routed.outcome {
             RouteOutcome::Queue => {
                 return Some(Queued {
                     id,
-                    prompt: routed.prompt,
-                    tail,
+                    prompt: RoutePrompt::Blocked(routed.prompt, routed.tail),
+                    tokens,
                     max_tokens,
                     session,
                 })
@@ -437,7 +409,7 @@ impl Sim {
                 id,
                 prompt: EnginePrompt::Hashed {
                     blocks: routed.prompt.sequence,
-                    tail,
+                    tail: routed.tail,
                 },
                 max_tokens,
                 namespace: Namespace::default(),
@@ -457,9 +429,9 @@ impl Sim {
     /// Dispatches queued requests, oldest first, while the router lets them go.
     fn drain_queue(&mut self, t: Time) {
         while let Some(q) = self.queue.pop_front() {
-            self.queued_tokens -= q.prompt.tokens as u64;
+            self.queued_tokens -= q.tokens as u64;
             if let Some(q) = self.try_dispatch(t, q) {
-                self.queued_tokens += q.prompt.tokens as u64;
+                self.queued_tokens += q.tokens as u64;
                 self.queue.push_front(q);
                 break;
             }
@@ -469,7 +441,7 @@ impl Sim {
     fn expire(&mut self, id: RequestId) {
         if let Some(i) = self.queue.iter().position(|q| q.id == id) {
             let q = self.queue.remove(i).expect("position is in range");
-            self.queued_tokens -= q.prompt.tokens as u64;
+            self.queued_tokens -= q.tokens as u64;
             let reason = RejectReason::QueueTimeout.as_str().to_string();
             self.end(self.now, id, Status::Rejected(reason), None);
         }

@@ -120,6 +120,36 @@ impl BlockHashCache {
         &self.arena[chunk as usize][start as usize..end as usize]
     }
 
+    /// Hashes the blocks of hash id `k` of `prompt` ahead of [`BlockHashCache::blocked_with_tail`]
+    /// (which then only copies them): `Some(true)` when it hashed them, `Some(false)` when they
+    /// were held already or `blocked_with_tail` would not use them, `None` past the prompt's
+    /// last id.
+    pub fn warm_id(&mut self, prompt: &Prompt, k: usize) -> Option<bool> {
+        let Prompt::HashBlocks {
+            ids, block_tokens, ..
+        } = prompt
+        else {
+            return None;
+        };
+        let id = *ids.get(k)?;
+        // The ids `blocked_with_tail` reads: those starting inside the prompt.
+        if k.checked_mul(*block_tokens)? >= prompt.len() {
+            return None;
+        }
+        if *block_tokens % self.block_size != 0 || self.is_held(id, *block_tokens) {
+            return Some(false);
+        }
+        self.hashes(id, *block_tokens);
+        Some(true)
+    }
+
+    fn is_held(&mut self, id: u64, block_tokens: usize) -> bool {
+        match self.dense_slot(id, block_tokens) {
+            Some(i) => self.dense.get(i).is_some_and(|s| s.0 != MISSING.0),
+            None => self.by_id.contains_key(&(id, block_tokens)),
+        }
+    }
+
     /// `prompt` cut into router blocks, and its tokens after the last full block.
     pub fn blocked_with_tail(&mut self, prompt: &Prompt) -> (BlockedPrompt, Vec<u32>) {
         let bs = self.block_size;
@@ -213,5 +243,32 @@ mod tests {
         // Ids 1, 2, 3 at 512; MAX and DENSE_IDS at 512; 1, 2, 3 at 256.
         assert_eq!(cache.held, 8);
         assert_eq!(cache.by_id.len(), 5);
+    }
+
+    #[test]
+    fn warming_hashes_each_used_id_once_and_changes_no_result() {
+        let b = BlockSize::new(64).unwrap();
+        // Three ids, the last one past the prompt's 1,000 tokens.
+        let p = Prompt::HashBlocks {
+            ids: vec![5, 6, 7],
+            block_tokens: 512,
+            len: 1000,
+        };
+        let mut cache = BlockHashCache::new(b, Namespace::default(), 100);
+        assert_eq!(cache.warm_id(&p, 0), Some(true));
+        assert_eq!(cache.warm_id(&p, 0), Some(false), "held already");
+        assert_eq!(cache.warm_id(&p, 1), Some(true));
+        assert_eq!(cache.warm_id(&p, 2), None, "not part of the prompt");
+        assert_eq!(cache.warm_id(&p, 3), None);
+        assert_eq!(cache.held, 2);
+        let (got, tail) = cache.blocked_with_tail(&p);
+        assert_eq!(cache.held, 2, "nothing left to hash");
+        let tokens = p.materialize();
+        assert_eq!(got, BlockedPrompt::new(&tokens, b, Namespace::default()));
+        assert_eq!(tail, tokens[tokens.len() / 64 * 64..]);
+        // Block sizes that do not divide the hash blocks are not cached by id.
+        let mut odd = BlockHashCache::new(BlockSize::new(100).unwrap(), Namespace::default(), 9);
+        assert_eq!(odd.warm_id(&p, 0), Some(false));
+        assert_eq!(odd.warm_id(&Prompt::Tokens(vec![1, 2]), 0), None);
     }
 }
