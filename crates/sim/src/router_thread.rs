@@ -11,8 +11,8 @@
 //!
 //! A waiting side spins a little before it blocks: the answer to a route usually comes
 //! within microseconds, much sooner than a thread could be put to sleep and woken again.
-//! The router thread also cuts trace prompts into blocks ([`TracePrompts`]), and while it
-//! waits for calls it hashes the prompts still to come.
+//! The router thread also cuts trace prompts into blocks ([`TracePrompts`]); both sides
+//! hash the blocks of prompts still to come while they wait.
 
 use crate::trace_prompts::TracePrompts;
 
@@ -135,11 +135,13 @@ impl RouterLink {
         self.push(Call::Finish(id, now));
     }
 
-    /// `Router::route`, then `Router::dispatch` when it says dispatch; waits for the answer.
-    pub fn route(&mut self, call: RouteCall) -> Routed {
+    /// `Router::route`, then `Router::dispatch` when it says dispatch; waits for the answer,
+    /// calling `idle` meanwhile until it says it has nothing left to do (work that does not
+    /// depend on the answer, such as hashing the prompts of requests still to come).
+    pub fn route(&mut self, call: RouteCall, idle: impl FnMut() -> bool) -> Routed {
         self.pending.push(Call::Route(Box::new(call)));
         self.flush();
-        spin_recv(&self.replies, || false).expect("the router thread outlives the event loop")
+        spin_recv(&self.replies, idle).expect("the router thread outlives the event loop")
     }
 
     /// Hands the pending calls over; the router thread stops once every link is dropped.
@@ -180,9 +182,10 @@ impl RouterLink {
 impl RouterServer {
     /// Serves calls until the event loop closes its end, cutting trace prompts from
     /// `prompts` (hashing ahead while no call is waiting).
-    pub fn serve(self, router: &mut Router, prompts: &mut TracePrompts<'_>) -> RouterTotals {
+    pub fn serve(self, router: &mut Router, prompts: &TracePrompts<'_>) -> RouterTotals {
         let mut totals = RouterTotals::default();
-        while let Ok(mut batch) = spin_recv(&self.calls, || prompts.hash_ahead()) {
+        let mut scratch = Vec::new();
+        while let Ok(mut batch) = spin_recv(&self.calls, || prompts.hash_ahead(&mut scratch)) {
             let mut buffers = Vec::new();
             for call in batch.drain(..) {
                 match call {
@@ -199,7 +202,7 @@ impl RouterServer {
                         let _ = router.finish(id, now);
                     }
                     Call::Route(call) => {
-                        let routed = route(router, prompts, *call);
+                        let routed = route(router, prompts, &mut scratch, *call);
                         if self.replies.send(routed).is_err() {
                             return totals;
                         }
@@ -216,10 +219,15 @@ impl RouterServer {
     }
 }
 
-fn route(router: &mut Router, prompts: &mut TracePrompts<'_>, call: RouteCall) -> Routed {
+fn route(
+    router: &mut Router,
+    prompts: &TracePrompts<'_>,
+    scratch: &mut Vec<u32>,
+    call: RouteCall,
+) -> Routed {
     let (prompt, tail) = match call.prompt {
         RoutePrompt::Blocked(prompt, tail) => (prompt, tail),
-        RoutePrompt::Trace(i) => prompts.blocked(i),
+        RoutePrompt::Trace(i) => prompts.blocked(i, scratch),
     };
     let req = RouteRequest {
         prompt: &prompt,

@@ -65,6 +65,10 @@ struct Sim<'a> {
     heap: BinaryHeap<Entry>,
     seq: u64,
     driver: Driver<'a>,
+    /// Trace prompts, hashed ahead while the loop waits for a route.
+    prompts: &'a TracePrompts<'a>,
+    /// Tokens of a hash id while it is hashed ahead.
+    scratch: Vec<u32>,
     records: Vec<RequestRecord>,
     last_token: Vec<Time>,
     conversation: Vec<Option<ConversationId>>,
@@ -124,12 +128,12 @@ fn simulate_with(
     };
     let block_size =
         BlockSize::new(cfg.router.block_size).map_err(|e| SimError::Config(e.to_string()))?;
-    let mut prompts = TracePrompts::new(&trace, block_size, Namespace::default());
+    let prompts = TracePrompts::new(&trace, block_size, Namespace::default());
     let driver = Driver::new(workload, &trace, cfg.duration.map(Time));
     let (router_link, server) = link();
     let (sim, totals) = std::thread::scope(|scope| {
-        let serving = scope.spawn(|| server.serve(&mut router, &mut prompts));
-        let sim = run_loop(cfg, driver, engines, router_link);
+        let serving = scope.spawn(|| server.serve(&mut router, &prompts));
+        let sim = run_loop(cfg, driver, &prompts, engines, router_link);
         // A panic on the router thread is a bug: pass it on.
         let totals = serving
             .join()
@@ -165,9 +169,10 @@ struct Ended {
 }
 
 /// Runs the event loop to its end, the router behind `router`; closes the link when done.
-fn run_loop(
+fn run_loop<'a>(
     cfg: &SimConfig,
-    driver: Driver<'_>,
+    driver: Driver<'a>,
+    prompts: &'a TracePrompts<'a>,
     engines: Vec<Engine>,
     router: RouterLink,
 ) -> Result<Ended, SimError> {
@@ -179,6 +184,8 @@ fn run_loop(
         heap: BinaryHeap::new(),
         seq: 0,
         driver,
+        prompts,
+        scratch: Vec::new(),
         records: Vec::new(),
         last_token: Vec::new(),
         conversation: Vec::new(),
@@ -379,7 +386,8 @@ impl<'a> Sim<'a> {
             },
             now: t,
         };
-        let routed = self.router.route(call);
+        let (prompts, scratch) = (self.prompts, &mut self.scratch);
+        let routed = self.router.route(call, || prompts.hash_ahead(scratch));
         let sel = match routed.outcome {
             RouteOutcome::Queue => {
                 return Some(Queued {

@@ -2,7 +2,12 @@
 //! materialising every prompt (145M tokens for the conversation trace) would cost more than
 //! everything else. Mooncake hash blocks are expanded once per hash id and their block hashes
 //! remembered; only the tokens of a prompt's partial last block are generated. The result is
-//! exactly what hashing the materialised prompt gives.
+//! exactly what hashing the materialised prompt gives. [`BlockHashCache`] serves one thread;
+//! [`SharedBlockHashes`] holds a whole trace's ids for several threads at once.
+
+mod shared;
+
+pub use shared::SharedBlockHashes;
 
 use crate::prompt::{block_key, extend_tokens, Prompt};
 use kvroute_core::hashing::local_block_hash;
@@ -90,16 +95,10 @@ impl BlockHashCache {
                 if self.arena.last().is_none_or(|c| c.capacity() - c.len() < n) {
                     self.arena.push(Vec::with_capacity(CHUNK.max(n)));
                 }
-                self.scratch.clear();
-                extend_tokens(&mut self.scratch, block_key(id), 0, block_tokens);
                 let chunk_ix = self.arena.len() - 1;
                 let chunk = &mut self.arena[chunk_ix];
                 let start = chunk.len();
-                chunk.extend(
-                    self.scratch
-                        .chunks_exact(bs)
-                        .map(|block| local_block_hash(block, ns)),
-                );
+                chunk.extend(id_block_hashes(id, block_tokens, bs, ns, &mut self.scratch));
                 // Chunk lengths are bounded by CHUNK or one id's blocks, ids by `capacity`.
                 let span = Span(chunk_ix as u32, start as u32, chunk.len() as u32);
                 match slot {
@@ -120,36 +119,6 @@ impl BlockHashCache {
         &self.arena[chunk as usize][start as usize..end as usize]
     }
 
-    /// Hashes the blocks of hash id `k` of `prompt` ahead of [`BlockHashCache::blocked_with_tail`]
-    /// (which then only copies them): `Some(true)` when it hashed them, `Some(false)` when they
-    /// were held already or `blocked_with_tail` would not use them, `None` past the prompt's
-    /// last id.
-    pub fn warm_id(&mut self, prompt: &Prompt, k: usize) -> Option<bool> {
-        let Prompt::HashBlocks {
-            ids, block_tokens, ..
-        } = prompt
-        else {
-            return None;
-        };
-        let id = *ids.get(k)?;
-        // The ids `blocked_with_tail` reads: those starting inside the prompt.
-        if k.checked_mul(*block_tokens)? >= prompt.len() {
-            return None;
-        }
-        if *block_tokens % self.block_size != 0 || self.is_held(id, *block_tokens) {
-            return Some(false);
-        }
-        self.hashes(id, *block_tokens);
-        Some(true)
-    }
-
-    fn is_held(&mut self, id: u64, block_tokens: usize) -> bool {
-        match self.dense_slot(id, block_tokens) {
-            Some(i) => self.dense.get(i).is_some_and(|s| s.0 != MISSING.0),
-            None => self.by_id.contains_key(&(id, block_tokens)),
-        }
-    }
-
     /// `prompt` cut into router blocks, and its tokens after the last full block.
     pub fn blocked_with_tail(&mut self, prompt: &Prompt) -> (BlockedPrompt, Vec<u32>) {
         let bs = self.block_size;
@@ -157,37 +126,71 @@ impl BlockHashCache {
             Prompt::HashBlocks {
                 ids, block_tokens, ..
             } if *block_tokens % bs == 0 => {
-                let len = prompt.len();
-                let mut local = Vec::with_capacity(len / bs);
-                let mut tail = Vec::new();
-                let mut left = len;
-                for &id in ids {
-                    let take = (*block_tokens).min(left);
-                    if take == 0 {
-                        break;
-                    }
-                    let full = take / bs;
-                    local.extend_from_slice(&self.hashes(id, *block_tokens)[..full]);
-                    if take % bs != 0 {
-                        // Only the last block can be partial.
-                        extend_tokens(&mut tail, block_key(id), (full * bs) as u64, take % bs);
-                    }
-                    left -= take;
-                }
-                (BlockedPrompt::from_local(len, local), tail)
+                let bt = *block_tokens;
+                cut_hash_blocks(ids, bt, prompt.len(), bs, |id, full, out| {
+                    out.extend_from_slice(&self.hashes(id, bt)[..full]);
+                })
             }
-            _ => {
-                let tokens = prompt.materialize();
-                let full = tokens.len() / bs * bs;
-                let blocked = BlockedPrompt::new(
-                    &tokens,
-                    BlockSize::new(bs).expect("a BlockSize gave it"),
-                    self.ns,
-                );
-                (blocked, tokens[full..].to_vec())
-            }
+            _ => materialized(prompt, bs, self.ns),
         }
     }
+}
+
+/// The local hashes of the router blocks (of `bs` tokens) of hash id `id`'s block of
+/// `block_tokens` tokens; `scratch` holds its tokens meanwhile.
+fn id_block_hashes<'s>(
+    id: u64,
+    block_tokens: usize,
+    bs: usize,
+    ns: Namespace,
+    scratch: &'s mut Vec<u32>,
+) -> impl Iterator<Item = LocalBlockHash> + 's {
+    scratch.clear();
+    extend_tokens(scratch, block_key(id), 0, block_tokens);
+    scratch
+        .chunks_exact(bs)
+        .map(move |block| local_block_hash(block, ns))
+}
+
+/// A hash-block prompt (`ids` of `block_tokens`, `len` tokens in all) cut into router blocks
+/// of `bs` (a divisor of `block_tokens`): `push(id, n, out)` appends the first `n` block
+/// hashes of an id; only the partial last block's tokens are generated.
+fn cut_hash_blocks(
+    ids: &[u64],
+    block_tokens: usize,
+    len: usize,
+    bs: usize,
+    mut push: impl FnMut(u64, usize, &mut Vec<LocalBlockHash>),
+) -> (BlockedPrompt, Vec<u32>) {
+    let mut local = Vec::with_capacity(len / bs);
+    let mut tail = Vec::new();
+    let mut left = len;
+    for &id in ids {
+        let take = block_tokens.min(left);
+        if take == 0 {
+            break;
+        }
+        let full = take / bs;
+        push(id, full, &mut local);
+        if !take.is_multiple_of(bs) {
+            // Only the last block can be partial.
+            extend_tokens(&mut tail, block_key(id), (full * bs) as u64, take % bs);
+        }
+        left -= take;
+    }
+    (BlockedPrompt::from_local(len, local), tail)
+}
+
+/// Any prompt cut into router blocks by materialising its tokens.
+fn materialized(prompt: &Prompt, bs: usize, ns: Namespace) -> (BlockedPrompt, Vec<u32>) {
+    let tokens = prompt.materialize();
+    let full = tokens.len() / bs * bs;
+    let blocked = BlockedPrompt::new(
+        &tokens,
+        BlockSize::new(bs).expect("a BlockSize gave it"),
+        ns,
+    );
+    (blocked, tokens[full..].to_vec())
 }
 
 #[cfg(test)]
@@ -243,32 +246,5 @@ mod tests {
         // Ids 1, 2, 3 at 512; MAX and DENSE_IDS at 512; 1, 2, 3 at 256.
         assert_eq!(cache.held, 8);
         assert_eq!(cache.by_id.len(), 5);
-    }
-
-    #[test]
-    fn warming_hashes_each_used_id_once_and_changes_no_result() {
-        let b = BlockSize::new(64).unwrap();
-        // Three ids, the last one past the prompt's 1,000 tokens.
-        let p = Prompt::HashBlocks {
-            ids: vec![5, 6, 7],
-            block_tokens: 512,
-            len: 1000,
-        };
-        let mut cache = BlockHashCache::new(b, Namespace::default(), 100);
-        assert_eq!(cache.warm_id(&p, 0), Some(true));
-        assert_eq!(cache.warm_id(&p, 0), Some(false), "held already");
-        assert_eq!(cache.warm_id(&p, 1), Some(true));
-        assert_eq!(cache.warm_id(&p, 2), None, "not part of the prompt");
-        assert_eq!(cache.warm_id(&p, 3), None);
-        assert_eq!(cache.held, 2);
-        let (got, tail) = cache.blocked_with_tail(&p);
-        assert_eq!(cache.held, 2, "nothing left to hash");
-        let tokens = p.materialize();
-        assert_eq!(got, BlockedPrompt::new(&tokens, b, Namespace::default()));
-        assert_eq!(tail, tokens[tokens.len() / 64 * 64..]);
-        // Block sizes that do not divide the hash blocks are not cached by id.
-        let mut odd = BlockHashCache::new(BlockSize::new(100).unwrap(), Namespace::default(), 9);
-        assert_eq!(odd.warm_id(&p, 0), Some(false));
-        assert_eq!(odd.warm_id(&Prompt::Tokens(vec![1, 2]), 0), None);
     }
 }

@@ -36,7 +36,7 @@ pub mod stats;
 pub mod synthetic;
 
 pub use arrivals::PoissonArrivals;
-pub use blocks::BlockHashCache;
+pub use blocks::{BlockHashCache, SharedBlockHashes};
 pub use chat::{ChatConfig, ChatMessage, ChatTurn, ChatWorkload};
 pub use mooncake::{LineError, TraceError, TraceOptions, TraceRequest, TraceStats};
 pub use multiturn::{ConversationId, MultiTurn, MultiTurnConfig, MultiTurnError, TurnRequest};
