@@ -19,16 +19,8 @@ pub struct BlockHashCache {
     block_size: usize,
     ns: Namespace,
     capacity: usize,
-    /// Where the hashes of id `i` are, for ids below [`DENSE_IDS`] of the hash-block size
-    /// met first (Mooncake ids are dense integers from 0: a table indexed by id is a tenth
-    /// of the size of a hash map and needs no probing).
-    dense: Vec<Span>,
-    /// The hash-block size of the ids in `dense` (0 before the first id).
-    dense_tokens: usize,
-    /// `(hash id, block tokens)` -> its hashes' place in `arena`, for the other ids.
+    /// `(hash id, block tokens)` -> its hashes' place in `arena`.
     by_id: hashbrown::HashMap<(u64, usize), Span, foldhash::fast::FixedState>,
-    /// Ids held, in `dense` and `by_id` together.
-    held: usize,
     /// The hashes of every id held, back to back in chunks of fixed size (an allocation per
     /// chunk, not one per id; and chunks never move, so growing copies nothing).
     arena: Vec<Vec<LocalBlockHash>>,
@@ -40,14 +32,8 @@ pub struct BlockHashCache {
 #[derive(Clone, Copy)]
 struct Span(u32, u32, u32);
 
-/// The `dense` entry of an id not held.
-const MISSING: Span = Span(u32::MAX, 0, 0);
-
 /// Hashes per arena chunk (512 KiB), unless an id needs more.
 const CHUNK: usize = 1 << 16;
-
-/// Ids below this (and below the capacity) go to the dense table (at most 12 MiB).
-const DENSE_IDS: u64 = 1 << 20;
 
 impl BlockHashCache {
     /// An empty cache for router blocks of `block_size` tokens in namespace `ns`, holding at
@@ -57,38 +43,20 @@ impl BlockHashCache {
             block_size: block_size.get(),
             ns,
             capacity: capacity.max(1),
-            dense: Vec::new(),
-            dense_tokens: 0,
             by_id: Default::default(),
-            held: 0,
             arena: Vec::new(),
             scratch: Vec::new(),
         }
     }
 
-    /// The `dense` position of `(id, block_tokens)`, if it belongs there.
-    fn dense_slot(&mut self, id: u64, block_tokens: usize) -> Option<usize> {
-        if self.dense_tokens == 0 {
-            self.dense_tokens = block_tokens;
-        }
-        (block_tokens == self.dense_tokens && id < DENSE_IDS.min(self.capacity as u64))
-            .then_some(id as usize)
-    }
-
     fn hashes(&mut self, id: u64, block_tokens: usize) -> &[LocalBlockHash] {
-        let slot = self.dense_slot(id, block_tokens);
-        let known = match slot {
-            Some(i) => self.dense.get(i).copied().filter(|s| s.0 != MISSING.0),
-            None => self.by_id.get(&(id, block_tokens)).copied(),
-        };
-        let Span(chunk, start, end) = match known {
-            Some(span) => span,
+        let key = (id, block_tokens);
+        let Span(chunk, start, end) = match self.by_id.get(&key) {
+            Some(&span) => span,
             None => {
-                if self.held >= self.capacity {
-                    self.dense.clear();
+                if self.by_id.len() >= self.capacity {
                     self.by_id.clear();
                     self.arena.clear();
-                    self.held = 0;
                 }
                 let (bs, ns) = (self.block_size, self.ns);
                 let n = block_tokens / bs;
@@ -101,18 +69,7 @@ impl BlockHashCache {
                 chunk.extend(id_block_hashes(id, block_tokens, bs, ns, &mut self.scratch));
                 // Chunk lengths are bounded by CHUNK or one id's blocks, ids by `capacity`.
                 let span = Span(chunk_ix as u32, start as u32, chunk.len() as u32);
-                match slot {
-                    Some(i) => {
-                        if self.dense.len() <= i {
-                            self.dense.resize(i + 1, MISSING);
-                        }
-                        self.dense[i] = span;
-                    }
-                    None => {
-                        self.by_id.insert((id, block_tokens), span);
-                    }
-                }
-                self.held += 1;
+                self.by_id.insert(key, span);
                 span
             }
         };
@@ -225,13 +182,13 @@ mod tests {
     }
 
     #[test]
-    fn ids_outside_the_dense_table_and_other_block_sizes_agree_too() {
+    fn large_ids_and_other_block_sizes_agree_too() {
         let b = BlockSize::new(64).unwrap();
         let mut cache = BlockHashCache::new(b, Namespace::default(), 1 << 20);
         let prompts = [
             Prompt::hash_blocks(vec![1, 2, 3], 512, 1500).unwrap(),
-            // Beyond the dense table.
-            Prompt::hash_blocks(vec![1, u64::MAX, DENSE_IDS], 512, 1536).unwrap(),
+            // Large ids.
+            Prompt::hash_blocks(vec![1, u64::MAX, 1 << 40], 512, 1536).unwrap(),
             // Another hash-block size: the same ids name other blocks.
             Prompt::hash_blocks(vec![1, 2, 3], 256, 700).unwrap(),
         ];
@@ -243,8 +200,7 @@ mod tests {
                 assert_eq!(tail, tokens[tokens.len() / 64 * 64..]);
             }
         }
-        // Ids 1, 2, 3 at 512; MAX and DENSE_IDS at 512; 1, 2, 3 at 256.
-        assert_eq!(cache.held, 8);
-        assert_eq!(cache.by_id.len(), 5);
+        // Ids 1, 2, 3 at 512; MAX and 2^40 at 512; 1, 2, 3 at 256.
+        assert_eq!(cache.by_id.len(), 8);
     }
 }

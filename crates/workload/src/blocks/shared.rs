@@ -108,9 +108,12 @@ impl SharedBlockHashes {
     }
 
     fn claim_and_hash(&self, slot: usize, id: u64, scratch: &mut Vec<u32>) -> bool {
-        let claimed = self.state[slot]
-            .compare_exchange(EMPTY, BUSY, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok();
+        // A plain read first: most ids asked for are ready, and a failed exchange would
+        // still take the cache line away from the other thread.
+        let claimed = self.state[slot].load(Ordering::Relaxed) == EMPTY
+            && self.state[slot]
+                .compare_exchange(EMPTY, BUSY, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok();
         if claimed {
             let (bt, bs, ns) = (self.block_tokens, self.block_size, self.ns);
             let out = &self.hashes[slot * self.per_id..(slot + 1) * self.per_id];
