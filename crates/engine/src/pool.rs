@@ -16,7 +16,10 @@
 //! (`StoredHashed`) name each block by its index in the pool instead, so the router can keep
 //! them in an array (`PrefixIndex::use_block_ids`).
 
+use hashbrown::hash_table::Entry;
+use hashbrown::HashTable;
 use kvroute_core::{EngineHash, KvEvent, Namespace, SequenceHash, StoredBlocks, StoredHashed};
+use std::hash::BuildHasher;
 
 type Map<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -30,13 +33,33 @@ pub fn engine_hash(seq: SequenceHash) -> EngineHash {
     EngineHash(seq.0.rotate_left(29) ^ 0x5eed_cafe_f00d_d00d)
 }
 
+/// A pool block: 24 bytes (the hash is kept beside a flag rather than in an `Option`, which
+/// would take 32), so that eight engines' pools stay small next to the router's tables.
 #[derive(Clone, Debug)]
 struct Block {
-    seq: Option<SequenceHash>,
+    /// The sequence hash of its cached content, when `has_seq`.
+    seq: SequenceHash,
     refs: u32,
     prev: u32,
     next: u32,
+    has_seq: bool,
     free: bool,
+}
+
+impl Block {
+    /// The hash of the cached content, if any.
+    #[inline]
+    fn seq(&self) -> Option<SequenceHash> {
+        self.has_seq.then_some(self.seq)
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<Block>() == 24);
+
+/// The hash-table hash of a sequence hash.
+#[inline]
+fn table_hash(seq: SequenceHash) -> u64 {
+    foldhash::fast::FixedState::with_seed(0x6b76_726f_7574_6521).hash_one(seq.0)
 }
 
 /// The block pool. See the module documentation.
@@ -44,8 +67,9 @@ struct Block {
 pub struct BlockPool {
     block_size: usize,
     blocks: Vec<Block>,
-    /// The first cached copy of each hash.
-    cached: Map<SequenceHash, BlockId>,
+    /// The first cached copy of each hash, found by the hash its block holds: four bytes per
+    /// entry where a map from hash to block would take sixteen.
+    cached: HashTable<BlockId>,
     /// Further copies of a hash (rare: concurrent computation of one prefix).
     copies: Map<SequenceHash, Vec<BlockId>>,
     head: u32,
@@ -79,10 +103,11 @@ impl BlockPool {
             block_size,
             blocks: vec![
                 Block {
-                    seq: None,
+                    seq: SequenceHash(0),
                     refs: 0,
                     prev: NIL,
                     next: NIL,
+                    has_seq: false,
                     free: false,
                 };
                 n
@@ -90,7 +115,7 @@ impl BlockPool {
             // At most one first copy per block. Removals leave tombstones that a rehash
             // clears, and hashbrown doubles a table instead when it is over half full: room
             // for 2n keeps every rehash in place, so the table is allocated once.
-            cached: Map::with_capacity_and_hasher(2 * n, Default::default()),
+            cached: HashTable::with_capacity(2 * n),
             copies: Map::default(),
             head: NIL,
             tail: NIL,
@@ -139,13 +164,22 @@ impl BlockPool {
 
     /// Whether a block with this sequence hash is cached.
     pub fn is_cached(&self, seq: SequenceHash) -> bool {
-        self.cached.contains_key(&seq)
+        self.first_copy(seq).is_some()
+    }
+
+    /// The first cached copy of `seq`.
+    #[inline]
+    fn first_copy(&self, seq: SequenceHash) -> Option<BlockId> {
+        let blocks = &self.blocks;
+        self.cached
+            .find(table_hash(seq), |&b| blocks[b as usize].seq == seq)
+            .copied()
     }
 
     /// How many leading blocks of `seqs` are cached.
     pub fn match_prefix(&self, seqs: &[SequenceHash]) -> usize {
         seqs.iter()
-            .take_while(|s| self.cached.contains_key(*s))
+            .take_while(|&&s| self.first_copy(s).is_some())
             .count()
     }
 
@@ -155,7 +189,7 @@ impl BlockPool {
     pub fn acquire(&mut self, seqs: &[SequenceHash]) -> Option<Vec<BlockId>> {
         let ids: Vec<BlockId> = seqs
             .iter()
-            .map(|s| self.cached.get(s).copied())
+            .map(|&s| self.first_copy(s))
             .collect::<Option<_>>()?;
         for &b in &ids {
             if self.blocks[b as usize].free {
@@ -187,7 +221,7 @@ impl BlockPool {
             let mut b = self.head;
             for _ in 0..n {
                 let block = &self.blocks[b as usize];
-                scratch.extend(block.seq);
+                scratch.extend(block.seq());
                 b = block.next;
             }
             self.warm(&scratch);
@@ -197,8 +231,9 @@ impl BlockPool {
         for _ in 0..n {
             let b = self.head;
             self.unlink(b);
-            if let Some(seq) = self.blocks[b as usize].seq.take() {
+            if let Some(seq) = self.blocks[b as usize].seq() {
                 self.uncache(seq, b);
+                self.blocks[b as usize].has_seq = false;
                 evicted.push(self.event_name(seq, b));
             }
             self.blocks[b as usize].refs = 1;
@@ -218,20 +253,28 @@ impl BlockPool {
     fn warm(&self, seqs: &[SequenceHash]) {
         let mut acc = 0u32;
         for s in seqs {
-            acc ^= self.cached.get(s).copied().unwrap_or(0);
+            acc ^= self.first_copy(*s).unwrap_or(0);
         }
         std::hint::black_box(acc);
     }
 
-    /// Drops the cache entry of copy `b` of `seq`.
+    /// Drops the cache entry of copy `b` of `seq` (block `b` still holds `seq`).
     fn uncache(&mut self, seq: SequenceHash, b: BlockId) {
-        let extra = self.copies.get_mut(&seq);
-        match extra {
+        let blocks = &self.blocks;
+        let Ok(first) = self
+            .cached
+            .find_entry(table_hash(seq), |&x| blocks[x as usize].seq == seq)
+        else {
+            debug_assert!(false, "evicting a block the cache does not name");
+            return;
+        };
+        match self.copies.get_mut(&seq) {
             Some(list) => {
-                if self.cached.get(&seq) == Some(&b) {
-                    // The first copy goes: promote another.
-                    let next = list.pop().expect("copy lists are never empty");
-                    self.cached.insert(seq, next);
+                if *first.get() == b {
+                    // The first copy goes: promote another (it holds the same hash, so the
+                    // entry stays where it is).
+                    let mut first = first;
+                    *first.get_mut() = list.pop().expect("copy lists are never empty");
                 } else {
                     list.retain(|&x| x != b);
                 }
@@ -240,7 +283,7 @@ impl BlockPool {
                 }
             }
             None => {
-                self.cached.remove(&seq);
+                first.remove();
             }
         }
     }
@@ -327,19 +370,26 @@ impl BlockPool {
 
     /// Marks `fb`'s block as a cached copy of its hash; false when it already holds one.
     fn claim(&mut self, fb: &FullBlock<'_>) -> bool {
-        let block = &mut self.blocks[fb.block as usize];
-        if block.seq.is_some() {
+        if self.blocks[fb.block as usize].has_seq {
             return false;
         }
-        block.seq = Some(fb.seq);
-        match self.cached.entry(fb.seq) {
-            hashbrown::hash_map::Entry::Occupied(_) => {
-                self.copies.entry(fb.seq).or_default().push(fb.block);
+        let blocks = &self.blocks;
+        let seq = fb.seq;
+        match self.cached.entry(
+            table_hash(seq),
+            |&x| blocks[x as usize].seq == seq,
+            |&x| table_hash(blocks[x as usize].seq),
+        ) {
+            Entry::Occupied(_) => {
+                self.copies.entry(seq).or_default().push(fb.block);
             }
-            hashbrown::hash_map::Entry::Vacant(v) => {
+            Entry::Vacant(v) => {
                 v.insert(fb.block);
             }
         }
+        let block = &mut self.blocks[fb.block as usize];
+        block.seq = seq;
+        block.has_seq = true;
         true
     }
 
@@ -359,7 +409,7 @@ impl BlockPool {
     /// Forgets every cached hash (blocks in use keep their data but are no longer shared).
     pub fn clear(&mut self) {
         for b in &mut self.blocks {
-            b.seq = None;
+            b.has_seq = false;
         }
         self.cached.clear();
         self.copies.clear();
@@ -439,22 +489,28 @@ impl BlockPool {
                 self.free_len
             ));
         }
-        let named = self.cached.iter().chain(
-            self.copies
-                .iter()
-                .flat_map(|(s, l)| l.iter().map(move |b| (s, b))),
-        );
         let mut count = 0;
-        for (seq, &b) in named {
+        for &b in &self.cached {
             count += 1;
-            if self.blocks[b as usize].seq != Some(*seq) {
-                return Err(format!("cache names block {b} for a hash it does not hold"));
+            let Some(seq) = self.blocks[b as usize].seq() else {
+                return Err(format!("cache names block {b}, which holds no hash"));
+            };
+            if self.first_copy(seq) != Some(b) {
+                return Err(format!("block {b} is not found under its hash"));
             }
         }
-        if self.copies.keys().any(|s| !self.cached.contains_key(s)) {
-            return Err("a copy list without a first copy".into());
+        for (seq, list) in &self.copies {
+            for &b in list {
+                count += 1;
+                if self.blocks[b as usize].seq() != Some(*seq) {
+                    return Err(format!("cache names block {b} for a hash it does not hold"));
+                }
+            }
+            if self.first_copy(*seq).is_none() {
+                return Err("a copy list without a first copy".into());
+            }
         }
-        let with_hash = self.blocks.iter().filter(|b| b.seq.is_some()).count();
+        let with_hash = self.blocks.iter().filter(|b| b.has_seq).count();
         if with_hash != count {
             return Err(format!(
                 "{with_hash} blocks hold hashes, {count} named by the cache"

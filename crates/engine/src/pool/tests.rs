@@ -206,7 +206,7 @@ proptest! {
                         }
                         for (h, seq) in s.block_hashes.iter().zip(&s.sequence_hashes) {
                             // Named by pool index, each name cached once at a time.
-                            prop_assert_eq!(pool.blocks[h.0 as usize].seq, Some(*seq));
+                            prop_assert_eq!(pool.blocks[h.0 as usize].seq(), Some(*seq));
                             prop_assert!(mirror.insert(*h, 1).is_none(), "a name stored twice");
                         }
                     }
@@ -227,7 +227,7 @@ proptest! {
             // Copies per hash, from the pool's blocks.
             let mut cached: HashMap<EngineHash, u32> = HashMap::new();
             for (i, b) in pool.blocks.iter().enumerate() {
-                if let Some(s) = b.seq {
+                if let Some(s) = b.seq() {
                     let name = if tokens { engine_hash(s) } else { EngineHash(i as u64) };
                     *cached.entry(name).or_insert(0) += 1;
                 }
