@@ -377,16 +377,23 @@ impl PrefixIndex {
         unstore(&mut self.nodes, slot, slot_ix, engine_hash)
     }
 
+    /// Whether `worker` has a slot or can be given one.
+    pub(crate) fn check_slot(&self, worker: WorkerId) -> Result<(), IndexError> {
+        if self.slot_of.contains_key(&worker) || self.slot_of.len() < self.max_workers {
+            Ok(())
+        } else {
+            Err(IndexError::TooManyWorkers {
+                worker,
+                limit: self.max_workers,
+            })
+        }
+    }
+
     fn slot_for(&mut self, worker: WorkerId) -> Result<usize, IndexError> {
         if let Some(&ix) = self.slot_of.get(&worker) {
             return Ok(ix);
         }
-        if self.slot_of.len() >= self.max_workers {
-            return Err(IndexError::TooManyWorkers {
-                worker,
-                limit: self.max_workers,
-            });
-        }
+        self.check_slot(worker)?;
         let ix = match self.free_slots.pop() {
             Some(Reverse(ix)) => ix,
             None => {

@@ -251,14 +251,24 @@ impl LoadLedger {
         self.requests.len()
     }
 
-    /// Books a request on its worker at `now`.
-    pub fn book(&mut self, b: &Booking<'_>, now: Time) -> Result<(), LedgerError> {
-        if self.requests.contains_key(&b.request) {
-            return Err(LedgerError::DuplicateRequest(b.request));
+    /// Whether [`LoadLedger::book`] would take `request` on `worker`, changing nothing: the
+    /// request is new, the ledger has room, the worker is known.
+    pub fn check_booking(&self, request: RequestId, worker: WorkerId) -> Result<(), LedgerError> {
+        if self.requests.contains_key(&request) {
+            return Err(LedgerError::DuplicateRequest(request));
         }
         if self.requests.len() >= self.max_inflight {
             return Err(LedgerError::TooManyInflight(self.max_inflight));
         }
+        if !self.workers.contains_key(&worker) {
+            return Err(LedgerError::UnknownWorker(worker));
+        }
+        Ok(())
+    }
+
+    /// Books a request on its worker at `now`.
+    pub fn book(&mut self, b: &Booking<'_>, now: Time) -> Result<(), LedgerError> {
+        self.check_booking(b.request, b.worker)?;
         let w = self
             .workers
             .get_mut(&b.worker)

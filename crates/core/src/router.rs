@@ -323,6 +323,21 @@ impl Router {
         }
     }
 
+    /// Whether [`Router::dispatch`] of `selection` for `request` would succeed, changing
+    /// nothing. Once it says yes, the dispatch cannot fail (until the router changes), so a
+    /// caller may answer with the outcome first and book after.
+    pub fn check_dispatch(
+        &self,
+        request: RequestId,
+        selection: &Selection,
+    ) -> Result<(), RouteError> {
+        self.ledger.check_booking(request, selection.worker)?;
+        if let Index::Approx(a) = &self.index {
+            a.check_insert(selection.worker)?;
+        }
+        Ok(())
+    }
+
     /// Books `selection` for `request` at `now` (after [`Router::route`] said dispatch) and
     /// remembers the worker for the request's session.
     pub fn dispatch(
@@ -332,6 +347,7 @@ impl Router {
         selection: &Selection,
         now: Time,
     ) -> Result<(), RouteError> {
+        self.check_dispatch(request, selection)?;
         let prompt = req.prompt;
         self.ledger.book(
             &Booking {

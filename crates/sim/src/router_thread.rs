@@ -202,8 +202,7 @@ impl RouterServer {
                         let _ = router.finish(id, now);
                     }
                     Call::Route(call) => {
-                        let routed = route(router, prompts, &mut scratch, *call);
-                        if self.replies.send(routed).is_err() {
+                        if !route(router, prompts, &mut scratch, *call, &self.replies) {
                             return totals;
                         }
                     }
@@ -219,12 +218,17 @@ impl RouterServer {
     }
 }
 
+/// Routes `call` and sends the answer, then books the dispatch: the event loop waits only
+/// for the answer, and the booking (the ledger's work per prompt block) is done before the
+/// router takes its next call, so the router sees the same calls in the same order. False
+/// when the event loop is gone.
 fn route(
     router: &mut Router,
     prompts: &TracePrompts<'_>,
     scratch: &mut Vec<u32>,
     call: RouteCall,
-) -> Routed {
+    replies: &SyncSender<Routed>,
+) -> bool {
     let (prompt, tail) = match call.prompt {
         RoutePrompt::Blocked(prompt, tail) => (prompt, tail),
         RoutePrompt::Trace(i) => prompts.blocked(i, scratch),
@@ -236,16 +240,27 @@ fn route(
         exclude: None,
     };
     let outcome = router.route(&req);
-    let dispatch_refused = match &outcome {
-        RouteOutcome::Dispatch(sel) => router.dispatch(call.id, &req, sel, call.now).is_err(),
-        _ => false,
+    let booking = match &outcome {
+        RouteOutcome::Dispatch(sel) => Some(sel.clone()),
+        _ => None,
     };
-    Routed {
-        prompt,
+    let dispatch_refused = booking
+        .as_ref()
+        .is_some_and(|sel| router.check_dispatch(call.id, sel).is_err());
+    let routed = Routed {
+        prompt: prompt.clone(),
         tail,
         outcome,
         dispatch_refused,
+    };
+    if replies.send(routed).is_err() {
+        return false;
     }
+    if let (Some(sel), false) = (booking, dispatch_refused) {
+        let booked = router.dispatch(call.id, &req, &sel, call.now);
+        debug_assert!(booked.is_ok(), "a dispatch its check allowed was refused");
+    }
+    true
 }
 
 /// Receives; between empty polls it calls `idle` (work that can wait, bounded per call)

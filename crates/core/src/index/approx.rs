@@ -82,6 +82,11 @@ impl ApproxIndex {
         self.index.find_matches_seq(seqs)
     }
 
+    /// Whether [`ApproxIndex::insert`] for `worker` would succeed, changing nothing.
+    pub fn check_insert(&self, worker: WorkerId) -> Result<(), IndexError> {
+        self.index.check_slot(worker)
+    }
+
     /// Records that `worker` was sent the prompt with sequence hashes `seqs` at `now`: its
     /// blocks are assumed cached until `now + ttl` (refreshing earlier guesses), and the
     /// worker's oldest guesses are dropped past the size cap.

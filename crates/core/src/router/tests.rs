@@ -338,3 +338,39 @@ fn an_excluded_worker_is_never_chosen() {
     assert_ne!(other.worker, WorkerId(2));
     assert_eq!(other.matched_blocks, 0);
 }
+
+/// `check_dispatch` says no exactly when `dispatch` would fail, and changes nothing.
+#[test]
+fn check_dispatch_agrees_with_dispatch() {
+    let cfg = RouterConfig {
+        block_size: BS,
+        max_inflight: 2,
+        ..RouterConfig::default()
+    };
+    let mut r = Router::new(cfg).unwrap();
+    r.add_worker(WorkerId(1), WorkerCapacity::default())
+        .unwrap();
+    let p = prompt(&tokens(100, 1));
+    let RouteOutcome::Dispatch(sel) = r.route(&req(&p)) else {
+        panic!("one idle worker takes the request");
+    };
+    let other = Selection {
+        worker: WorkerId(9),
+        ..sel.clone()
+    };
+    let cases: [(RequestId, &Selection, bool); 5] = [
+        (RequestId(1), &other, false), // unknown worker
+        (RequestId(1), &sel, true),
+        (RequestId(1), &sel, false), // the same request again
+        (RequestId(2), &sel, true),
+        (RequestId(3), &sel, false), // two in flight at most
+    ];
+    for (id, s, ok) in cases {
+        let checked = r.check_dispatch(id, s);
+        let inflight = r.ledger().inflight();
+        assert_eq!(checked.is_ok(), ok, "check of {id:?} on {:?}", s.worker);
+        assert_eq!(r.ledger().inflight(), inflight, "a check changes nothing");
+        let done = r.dispatch(id, &req(&p), s, Time::ZERO);
+        assert_eq!(done.is_ok(), ok, "dispatch of {id:?} on {:?}", s.worker);
+    }
+}
