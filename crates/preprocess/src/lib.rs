@@ -57,8 +57,14 @@ static BUILTIN: LazyLock<Arc<Inner>> = LazyLock::new(|| {
         .expect("the embedded tokenizer.json is valid (covered by tests)");
     let chat = config::parse_tokenizer_config(BUILTIN_CONFIG, "builtin tokenizer_config.json")
         .expect("the embedded tokenizer_config.json is valid (covered by tests)");
-    let state = TokenizerState::new(tokenizer, chat, Source::Builtin, "builtin")
-        .expect("the embedded chat template compiles (covered by tests)");
+    let state = TokenizerState::new(
+        tokenizer,
+        BUILTIN_TOKENIZER,
+        chat,
+        Source::Builtin,
+        "builtin",
+    )
+    .expect("the embedded chat template compiles (covered by tests)");
     Arc::new(Inner::Tokenizer(Box::new(state)))
 });
 
@@ -98,8 +104,10 @@ struct TokenizerState {
 }
 
 impl TokenizerState {
+    /// `json` is the `tokenizer.json` that `tokenizer` was loaded from.
     fn new(
         tokenizer: Tokenizer,
+        json: &[u8],
         chat: config::ChatConfig,
         source: Source,
         origin: &str,
@@ -115,7 +123,7 @@ impl TokenizerState {
             Err(missing) => Err(missing),
         };
         Ok(Self {
-            pieces: pieces::PieceCoder::new(&tokenizer),
+            pieces: pieces::PieceCoder::new(&tokenizer, json),
             tokenizer,
             chat,
             eos_token,
@@ -162,6 +170,7 @@ impl Preprocessor {
         }
         let state = TokenizerState::new(
             tokenizer,
+            &tokenizer_bytes,
             chat,
             Source::Dir(dir.to_path_buf()),
             &config_origin,
@@ -200,6 +209,12 @@ impl Preprocessor {
     /// The cap on the text given to [`encode`](Self::encode), in bytes.
     pub fn max_input_bytes(&self) -> usize {
         self.max_input_bytes
+    }
+
+    /// Whether new text is encoded by the fast encoder (`fastokens`), which agreed with
+    /// the tokenizer on every probe text at load.
+    pub fn is_fast(&self) -> bool {
+        matches!(&*self.inner, Inner::Tokenizer(s) if s.pieces.is_fast())
     }
 
     /// Whether prompts are tokenized piece by piece between special tokens, with a cache of

@@ -504,6 +504,40 @@ mod piecewise {
         assert!(!Preprocessor::approximate().is_piecewise());
     }
 
+    #[test]
+    fn the_builtin_tokenizer_has_the_fast_encoder() {
+        assert!(Preprocessor::builtin().is_fast());
+        assert!(!Preprocessor::approximate().is_fast());
+    }
+
+    /// A tokenizer the fast encoder cannot load (a word-level model) is encoded by the
+    /// tokenizers crate, with the same ids as its own.
+    #[test]
+    fn a_model_the_fast_encoder_lacks_falls_back() {
+        let json = serde_json::json!({
+            "version": "1.0",
+            "added_tokens": [{"id": 0, "content": "<s>", "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "Whitespace"},
+            "post_processor": null,
+            "decoder": null,
+            "model": {"type": "WordLevel", "vocab": {"<s>": 0, "[UNK]": 1, "hello": 2, "world": 3},
+                "unk_token": "[UNK]"}
+        });
+        let dir = super::TempDir::new("wordlevel");
+        dir.write("tokenizer.json", json.to_string().as_bytes());
+        dir.write("tokenizer_config.json", b"{}");
+        let pre = Preprocessor::from_dir(dir.path()).unwrap();
+        assert!(!pre.is_fast());
+        let own = tokenizers::Tokenizer::from_bytes(json.to_string().as_bytes()).unwrap();
+        for text in ["hello world", "<s>hello there<s> world", ""] {
+            let want = own.encode_fast(text, false).unwrap().get_ids().to_vec();
+            assert_eq!(pre.encode(text).unwrap(), want, "{text:?}");
+        }
+        assert_eq!(pre.encode("hello world").unwrap(), vec![2, 3]);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
         #[test]
@@ -528,6 +562,22 @@ mod piecewise {
                 // From the cache this time.
                 prop_assert_eq!(pre.encode(&text).unwrap(), want);
             }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+        /// Any text, new to the cache: the fast encoder's ids are the tokenizer's.
+        #[test]
+        fn fast_ids_equal_the_tokenizers_own(
+            text in prop_oneof![
+                any::<String>(),
+                "\\PC{0,80}",
+                "[ \t\n\r0-9a-zA-Z'.,;:!?()\\-]{0,120}",
+            ],
+        ) {
+            let pre = Preprocessor::builtin();
+            prop_assert_eq!(pre.encode(&text).unwrap(), plain(&text));
         }
     }
 
