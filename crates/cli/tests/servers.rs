@@ -1,6 +1,7 @@
 //! `kvroute worker`, `kvroute serve` and `kvroute demo` as processes on 127.0.0.1: KV events
 //! over real ZMQ sockets between processes, and a clean stop on Ctrl-C (SIGINT).
 
+use kvroute_testkit::{eventually, get_json};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -139,27 +140,15 @@ async fn gateway_and_workers_as_processes_share_kv_events_over_zmq() {
     // The first turn's blocks reach the index over ZMQ (the subscription may still be
     // joining when the first events go out: poll the router's view).
     let client = reqwest::Client::new();
-    let mut indexed = false;
-    for _ in 0..300 {
-        let v: serde_json::Value = client
-            .get(format!("{url}/debug/workers"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if v["workers"]
+    let indexed = eventually(Duration::from_secs(15), async || {
+        let v = get_json(&client, &format!("{url}/debug/workers")).await;
+        v["workers"]
             .as_array()
             .unwrap()
             .iter()
             .any(|w| w["index_blocks"].as_u64() > Some(0))
-        {
-            indexed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     assert!(indexed, "no KV events reached the gateway");
     let (w2, answer2) = chat(&url, serde_json::Value::Array(turn2)).await;
     assert_eq!(w1, w2);
@@ -199,22 +188,13 @@ async fn the_demo_answers_and_stops_on_ctrl_c() {
         let r = reqwest::get(format!("{ui}{missing}")).await.unwrap();
         assert_eq!(r.status(), 404, "{missing}");
     }
-    let status: serde_json::Value = reqwest::get(format!("{ui}/api/status"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let client = reqwest::Client::new();
+    let status = get_json(&client, &format!("{ui}/api/status")).await;
     assert_eq!(status["running"], false, "the demo's load waits for Start");
     assert_eq!(status["concurrency"], 60);
     assert_eq!(status["target"], url.as_str());
     // This fleet is not the default one: no shipped baseline is shown for it.
-    let config: serde_json::Value = reqwest::get(format!("{ui}/api/config"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let config = get_json(&client, &format!("{ui}/api/config")).await;
     assert!(config["dashboard"]["baseline"].is_null(), "{config}");
     assert!(demo.interrupt(), "the demo did not stop cleanly");
 }
@@ -238,16 +218,7 @@ async fn loadgen_serves_its_control_api_until_ctrl_c() {
     let status = loadgen.value_after("control API ");
     let api = status.trim_end_matches("/api/status").to_string();
     let client = reqwest::Client::new();
-    let get = async |path: &str| -> serde_json::Value {
-        client
-            .get(format!("{api}{path}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    };
+    let get = async |path: &str| get_json(&client, &format!("{api}{path}")).await;
     assert_eq!(get("/api/status").await["running"], false);
     let r = client
         .post(format!("{api}/api/start"))
@@ -328,25 +299,12 @@ async fn every_metric_the_grafana_board_queries_is_exported() {
     let client = reqwest::Client::new();
     let r = client.post(format!("{ui}/api/start")).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let s: serde_json::Value = client
-            .get(format!("{ui}/api/status"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if s["window"]["summary"]["completed"].as_u64() >= Some(2) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no turn completed: {s}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let completed = eventually(Duration::from_secs(60), async || {
+        let s = get_json(&client, &format!("{ui}/api/status")).await;
+        s["window"]["summary"]["completed"].as_u64() >= Some(2)
+    })
+    .await;
+    assert!(completed, "no turn completed in 60 s");
     let mut exported = std::collections::BTreeSet::new();
     for url in [gateway.as_str(), worker.as_str(), ui] {
         let text = client

@@ -5,6 +5,7 @@ mod support;
 
 use futures_util::StreamExt;
 use kvroute_loadgen::{LoadgenConfig, Service, ServiceConfig};
+use kvroute_testkit::eventually;
 use serde_json::{json, Value};
 use std::time::Duration;
 use support::{fleet, small_chat};
@@ -33,18 +34,6 @@ async fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
     let r = req.send().await.unwrap();
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
-}
-
-/// Polls `f` every 20 ms until it holds, for at most `secs` seconds.
-async fn eventually(secs: u64, mut f: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while tokio::time::Instant::now() < deadline {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,20 +123,24 @@ async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
     assert_eq!((s, st["pending_concurrency"].as_u64()), (202, Some(5)));
     // Only the last of quick changes is applied.
     assert!(
-        eventually(10, async || {
+        eventually(Duration::from_secs(10), async || {
             let (_, st) = call("GET", &format!("{api}/api/status"), None).await;
             st["concurrency"] == 5 && st["pending_concurrency"].is_null()
         })
         .await
     );
     assert!(
-        eventually(20, async || service.stats().active_conversations >= 4).await,
+        eventually(Duration::from_secs(20), async || service
+            .stats()
+            .active_conversations
+            >= 4)
+        .await,
         "the new slots did not start conversations"
     );
 
     // Conversations: list, detail with per-turn figures and transcript, unknown ids.
     assert!(
-        eventually(20, async || {
+        eventually(Duration::from_secs(20), async || {
             let (_, l) = call("GET", &format!("{api}/api/conversations"), None).await;
             l["conversations"]
                 .as_array()
@@ -233,7 +226,7 @@ async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
     let (s, st) = call("POST", &format!("{api}/api/stop"), None).await;
     assert_eq!((s, st["running"].as_bool()), (200, Some(false)), "{st}");
     assert!(
-        eventually(10, async || {
+        eventually(Duration::from_secs(10), async || {
             let st = service.stats();
             !st.stopping && st.totals.in_flight == 0 && st.active_conversations == 0
         })

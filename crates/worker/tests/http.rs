@@ -5,6 +5,7 @@ mod common;
 
 use common::*;
 use futures_util::StreamExt;
+use kvroute_testkit::{eventually, sample};
 use kvroute_worker::WorkerConfig;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -310,14 +311,7 @@ async fn models_health_and_metrics() {
     bounded(async {
         let w = start(config(), None).await;
         let client = reqwest::Client::new();
-        let v: Value = client
-            .get(format!("{}/v1/models", w.url()))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = kvroute_testkit::get_json(&client, &format!("{}/v1/models", w.url())).await;
         assert_eq!(v["object"], "list");
         assert_eq!(v["data"][0]["id"], "kvroute-sim");
         let h = client

@@ -221,14 +221,7 @@ async fn scraped_metrics_pass_promtool() {
 
 /// The gateway's `/metrics` text.
 pub async fn scrape(url: &str) -> String {
-    client()
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    kvroute_testkit::get_text(&client(), &format!("{url}/metrics")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -130,28 +130,14 @@ pub async fn post(
     (status, worker, json)
 }
 
-/// Polls `f` every 20 ms until it is true, for at most `secs` seconds.
-pub async fn eventually(secs: u64, mut f: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while tokio::time::Instant::now() < deadline {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
+/// Checks `f` until it is true, for at most `secs` seconds.
+pub async fn eventually(secs: u64, f: impl AsyncFnMut() -> bool) -> bool {
+    kvroute_testkit::eventually(Duration::from_secs(secs), f).await
 }
 
 /// The gateway's `/debug/workers` answer.
 pub async fn debug_workers(url: &str) -> serde_json::Value {
-    client()
-        .get(format!("{url}/debug/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    kvroute_testkit::get_json(&client(), &format!("{url}/debug/workers")).await
 }
 
 /// Index blocks of the `i`-th worker as the gateway shows them.

@@ -36,24 +36,6 @@ pub async fn bounded<T>(f: impl Future<Output = T>) -> T {
         .expect("the test did not finish in time")
 }
 
-/// Polls `check` every 10 ms until it is true, for at most `limit`.
-pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if check().await {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// The events of a whole SSE body.
 pub fn sse_events(body: &[u8]) -> Vec<SseEvent> {
     let mut p = SseParser::new();
@@ -77,24 +59,9 @@ pub fn sse_json(body: &[u8]) -> (Vec<serde_json::Value>, bool) {
     (json, done)
 }
 
-/// The value of an unlabelled sample in a metrics text.
-pub fn sample(text: &str, name: &str) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        let (n, v) = l.rsplit_once(' ')?;
-        (n == name).then(|| v.parse().ok()).flatten()
-    })
-}
-
 /// Scrapes `/metrics`.
 pub async fn scrape(client: &reqwest::Client, url: &str) -> String {
-    client
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    kvroute_testkit::get_text(client, &format!("{url}/metrics")).await
 }
 
 /// A chat body.

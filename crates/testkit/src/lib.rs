@@ -1,0 +1,95 @@
+//! Helpers the integration tests of several crates share: reading a URL as JSON or text,
+//! polling until a condition holds, reading one sample of a Prometheus metrics text.
+//!
+//! A dev-dependency only. The HTTP helpers panic with the URL when a request fails, which is
+//! what a test wants.
+
+#![forbid(unsafe_code)]
+
+use std::time::Duration;
+
+/// How often [`eventually`] checks.
+const POLL: Duration = Duration::from_millis(10);
+
+/// `GET url`, the body parsed as JSON.
+pub async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value {
+    get(client, url)
+        .await
+        .json()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: body is not JSON: {e}"))
+}
+
+/// `GET url`, the body as text.
+pub async fn get_text(client: &reqwest::Client, url: &str) -> String {
+    get(client, url)
+        .await
+        .text()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: body is not text: {e}"))
+}
+
+async fn get(client: &reqwest::Client, url: &str) -> reqwest::Response {
+    client
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+}
+
+/// Checks `check` every 10 ms until it is true (true) or `limit` has passed (false).
+pub async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The value of the unlabelled sample `name` in a metrics text.
+pub fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (n, v) = l.rsplit_once(' ')?;
+        (n == name).then(|| v.parse().ok()).flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_are_found_by_exact_name() {
+        let text = "# HELP a x\n# TYPE a gauge\na 1.5\nab 2\na{l=\"v\"} 3\n";
+        assert_eq!(sample(text, "a"), Some(1.5));
+        assert_eq!(sample(text, "ab"), Some(2.0));
+        assert_eq!(sample(text, "b"), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn eventually_stops_at_true_or_at_the_limit() {
+        let mut n = 0;
+        assert!(
+            eventually(Duration::from_secs(1), async || {
+                n += 1;
+                n == 3
+            })
+            .await
+        );
+        assert_eq!(n, 3);
+        let mut calls = 0;
+        assert!(
+            !eventually(Duration::from_millis(100), async || {
+                calls += 1;
+                false
+            })
+            .await
+        );
+        assert!((10..=12).contains(&calls), "{calls} checks in 100 ms");
+    }
+}
