@@ -2,6 +2,7 @@
 //! command line, then checked by [`GatewayConfig::validate`]. Defaults are written once, here.
 
 use kvroute_core::{RouterConfig, WorkerCapacity};
+use kvroute_protocol::openai::Endpoint;
 use serde::{Deserialize, Serialize};
 
 /// Everything the gateway needs to know.
@@ -108,6 +109,9 @@ impl WorkerSpec {
                 "worker URL {:?} must start with http:// or https://",
                 self.url
             ));
+        }
+        if let Err(e) = crate::registry::endpoint_url(&self.url, Endpoint::Chat) {
+            return bad(format!("worker URL {:?} is not a valid URL: {e}", self.url));
         }
         for (what, ep) in [("events", &self.events), ("replay", &self.replay)] {
             if let Some(ep) = ep {
@@ -273,9 +277,21 @@ mod tests {
         assert_eq!(w.replay.as_deref(), Some("tcp://h:3"));
         assert_eq!(w.display_name(), "h:1");
         assert!(WorkerSpec::parse("http://h:1").unwrap().events.is_none());
-        for bad in ["h:1", "http://h:1=h:2", "http://h:1=tcp://h:2=udp://x"] {
+        for bad in [
+            "h:1",
+            "http://h:1=h:2",
+            "http://h:1=tcp://h:2=udp://x",
+            "http://[::1",
+            "http://h:99999",
+            "http://",
+        ] {
             assert!(WorkerSpec::parse(bad).is_err(), "{bad}");
         }
+        // The endpoints are parsed once, with or without a trailing slash.
+        let w = crate::registry::Registry::new(&[WorkerSpec::parse("http://h:1/").unwrap()]);
+        let entry = w.iter().next().unwrap();
+        let url = entry.url(kvroute_protocol::openai::Endpoint::Chat).unwrap();
+        assert_eq!(url.as_str(), "http://h:1/v1/chat/completions");
     }
 
     #[test]

@@ -113,11 +113,9 @@ async fn send(
         .registry
         .get(worker)
         .ok_or_else(|| GatewayError::Internal(format!("unknown worker {worker}")))?;
-    let url = format!(
-        "{}{}",
-        w.spec.url.trim_end_matches('/'),
-        call.view.endpoint.path()
-    );
+    let url = w
+        .url(call.view.endpoint)
+        .map_err(|e| GatewayError::Internal(format!("worker {} URL: {e}", w.name)))?;
     let req = gw
         .client
         .post(url)

@@ -4,6 +4,7 @@
 
 use crate::config::WorkerSpec;
 use kvroute_core::WorkerId;
+use kvroute_protocol::openai::Endpoint;
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
@@ -25,6 +26,9 @@ pub struct WorkerEntry {
     pub spec: WorkerSpec,
     /// Its display name (logs, labels).
     pub name: String,
+    /// Its chat and completions URLs, parsed once (None when the base URL does not parse;
+    /// configuration validation refuses such URLs).
+    urls: Option<[reqwest::Url; 2]>,
     up: AtomicBool,
     failures: AtomicU32,
     /// The KV event stream's state.
@@ -50,6 +54,15 @@ pub struct EventStats {
 }
 
 impl WorkerEntry {
+    /// The URL of `endpoint` on this worker.
+    pub fn url(&self, endpoint: Endpoint) -> Result<reqwest::Url, String> {
+        match (&self.urls, endpoint) {
+            (Some([chat, _]), Endpoint::Chat) => Ok(chat.clone()),
+            (Some([_, completions]), Endpoint::Completions) => Ok(completions.clone()),
+            (None, _) => endpoint_url(&self.spec.url, endpoint),
+        }
+    }
+
     /// Whether it is up.
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
@@ -103,6 +116,16 @@ pub struct WorkerReport {
     pub degraded: bool,
 }
 
+/// The URL of `endpoint` on the worker at `base`.
+pub fn endpoint_url(base: &str, endpoint: Endpoint) -> Result<reqwest::Url, String> {
+    let parsed = reqwest::Url::parse(base).map_err(|e| e.to_string())?;
+    if parsed.host().is_none() {
+        return Err("no host".into());
+    }
+    let url = format!("{}{}", base.trim_end_matches('/'), endpoint.path());
+    reqwest::Url::parse(&url).map_err(|e| e.to_string())
+}
+
 impl Registry {
     /// A registry of `specs`; every worker starts up.
     pub fn new(specs: &[WorkerSpec]) -> Self {
@@ -112,6 +135,9 @@ impl Registry {
             .map(|(i, spec)| WorkerEntry {
                 id: WorkerId(i as u64 + 1),
                 name: spec.display_name(),
+                urls: endpoint_url(&spec.url, Endpoint::Chat)
+                    .and_then(|c| Ok([c, endpoint_url(&spec.url, Endpoint::Completions)?]))
+                    .ok(),
                 spec: spec.clone(),
                 up: AtomicBool::new(true),
                 failures: AtomicU32::new(0),
