@@ -510,6 +510,27 @@ mod piecewise {
         assert!(!Preprocessor::approximate().is_fast());
     }
 
+    /// Truncation and padding in `tokenizer.json` apply to neither encoder: routing needs
+    /// every token.
+    #[test]
+    fn truncation_in_the_file_is_ignored_by_both_encoders() {
+        let mut json: serde_json::Value =
+            serde_json::from_slice(include_bytes!("../assets/tokenizer/tokenizer.json")).unwrap();
+        json["truncation"] = serde_json::json!({"direction": "Right", "max_length": 8,
+            "strategy": "LongestFirst", "stride": 0});
+        json["padding"] = serde_json::json!({"strategy": {"Fixed": 64}, "direction": "Right",
+            "pad_to_multiple_of": null, "pad_id": 0, "pad_type_id": 0, "pad_token": "<|endoftext|>"});
+        let dir = super::TempDir::new("truncation");
+        dir.write("tokenizer.json", json.to_string().as_bytes());
+        dir.write("tokenizer_config.json", b"{}");
+        let pre = Preprocessor::from_dir(dir.path()).unwrap();
+        assert!(pre.is_fast());
+        let text = "a sentence long enough to pass eight tokens by a good margin, twice over";
+        let ids = pre.encode(text).unwrap();
+        assert_eq!(ids, plain(text));
+        assert!(ids.len() > 8 && ids.len() < 64, "{} ids", ids.len());
+    }
+
     /// A tokenizer the fast encoder cannot load (a word-level model) is encoded by the
     /// tokenizers crate, with the same ids as its own.
     #[test]
