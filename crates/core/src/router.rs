@@ -347,7 +347,6 @@ impl Router {
         selection: &Selection,
         now: Time,
     ) -> Result<(), RouteError> {
-        self.check_dispatch(request, selection)?;
         let prompt = req.prompt;
         self.ledger.book(
             &Booking {

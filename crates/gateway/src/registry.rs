@@ -26,9 +26,9 @@ pub struct WorkerEntry {
     pub spec: WorkerSpec,
     /// Its display name (logs, labels).
     pub name: String,
-    /// Its chat and completions URLs, parsed once (None when the base URL does not parse;
-    /// configuration validation refuses such URLs).
-    urls: Option<[reqwest::Url; 2]>,
+    /// Its chat and completions URLs, parsed once (or why the base URL does not parse, which
+    /// configuration validation refuses).
+    urls: Result<[reqwest::Url; 2], String>,
     up: AtomicBool,
     failures: AtomicU32,
     /// The KV event stream's state.
@@ -56,11 +56,11 @@ pub struct EventStats {
 impl WorkerEntry {
     /// The URL of `endpoint` on this worker.
     pub fn url(&self, endpoint: Endpoint) -> Result<reqwest::Url, String> {
-        match (&self.urls, endpoint) {
-            (Some([chat, _]), Endpoint::Chat) => Ok(chat.clone()),
-            (Some([_, completions]), Endpoint::Completions) => Ok(completions.clone()),
-            (None, _) => endpoint_url(&self.spec.url, endpoint),
-        }
+        let [chat, completions] = self.urls.as_ref().map_err(Clone::clone)?;
+        Ok(match endpoint {
+            Endpoint::Chat => chat.clone(),
+            Endpoint::Completions => completions.clone(),
+        })
     }
 
     /// Whether it is up.
@@ -118,12 +118,13 @@ pub struct WorkerReport {
 
 /// The URL of `endpoint` on the worker at `base`.
 pub fn endpoint_url(base: &str, endpoint: Endpoint) -> Result<reqwest::Url, String> {
-    let parsed = reqwest::Url::parse(base).map_err(|e| e.to_string())?;
-    if parsed.host().is_none() {
+    let mut url = reqwest::Url::parse(base).map_err(|e| e.to_string())?;
+    if url.host().is_none() {
         return Err("no host".into());
     }
-    let url = format!("{}{}", base.trim_end_matches('/'), endpoint.path());
-    reqwest::Url::parse(&url).map_err(|e| e.to_string())
+    let path = format!("{}{}", url.path().trim_end_matches('/'), endpoint.path());
+    url.set_path(&path);
+    Ok(url)
 }
 
 impl Registry {
@@ -136,8 +137,7 @@ impl Registry {
                 id: WorkerId(i as u64 + 1),
                 name: spec.display_name(),
                 urls: endpoint_url(&spec.url, Endpoint::Chat)
-                    .and_then(|c| Ok([c, endpoint_url(&spec.url, Endpoint::Completions)?]))
-                    .ok(),
+                    .and_then(|c| Ok([c, endpoint_url(&spec.url, Endpoint::Completions)?])),
                 spec: spec.clone(),
                 up: AtomicBool::new(true),
                 failures: AtomicU32::new(0),

@@ -139,12 +139,7 @@ fn fast_encoder(
     let mut fast = fastokens::Tokenizer::from_json(value).ok()?;
     // The piece cache here does its job; the library's own caches stay off.
     fast.enable_segment_cache(0);
-    let agrees = |text: &str| {
-        let want = tokenizer
-            .encode_fast(text, false)
-            .map(|e| e.get_ids().to_vec());
-        matches!((want, fast.encode(text)), (Ok(a), Ok(b)) if a == b)
-    };
+    let agrees = |text: &str| matches!((whole(tokenizer, text), fast.encode(text)), (Ok(a), Ok(b)) if a == b);
     let all_agree = text_probes()
         .iter()
         .chain(&probes(specials))
@@ -163,48 +158,33 @@ impl PieceCoder {
             .collect();
         tokens.sort();
         let specials: Vec<String> = tokens.iter().map(|(_, c)| c.clone()).collect();
-        let fast = fast_encoder(tokenizer, json, &specials);
-        let off = Self {
+        let mut coder = Self {
             splitter: None,
             cache: Mutex::new(Generations::default()),
-            fast,
+            fast: fast_encoder(tokenizer, json, &specials),
         };
         if added.is_empty()
             || added
                 .values()
                 .any(|t| t.normalized || t.lstrip || t.rstrip || t.single_word)
         {
-            return off;
+            return coder;
         }
         let Ok(ac) = AhoCorasick::builder()
             .match_kind(MatchKind::LeftmostLongest)
             .build(&specials)
         else {
-            return off;
+            return coder;
         };
-        let coder = Self {
-            splitter: Some((ac, tokens.iter().map(|(id, _)| *id).collect())),
-            cache: Mutex::new(Generations::default()),
-            fast: off.fast,
-        };
-        for p in probes(&specials) {
-            let whole = tokenizer
-                .encode_fast(p.as_str(), false)
-                .map(|e| e.get_ids().to_vec());
-            let pieces = coder.encode(tokenizer, &p);
-            if whole.ok() != pieces.ok() {
-                return Self {
-                    splitter: None,
-                    ..coder
-                };
-            }
+        coder.splitter = Some((ac, tokens.iter().map(|(id, _)| *id).collect()));
+        let agrees = probes(&specials)
+            .iter()
+            .all(|p| whole(tokenizer, p).ok() == coder.encode(tokenizer, p).ok());
+        if !agrees {
+            coder.splitter = None;
         }
-        coder
-            .cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .current
-            .clear();
+        // The probes' pieces are not worth keeping.
+        *coder.cache.get_mut().unwrap_or_else(|e| e.into_inner()) = Generations::default();
         coder
     }
 
