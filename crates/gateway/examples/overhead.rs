@@ -1,11 +1,12 @@
 //! Gateway overhead: time to first token through the gateway versus straight to the worker,
 //! and the highest request rate the gateway sustains, against a zero-delay worker (a stub
-//! that answers every request at once). The gateway runs on its own two-thread runtime, as
-//! `kvroute serve` does, the stub and the client on a thread each (or, with `same-thread`,
-//! all on one thread). All share this machine's cores, so at high concurrency the figures
-//! are upper bounds.
+//! that answers every request at once). The gateway runs on its own runtime (two threads
+//! unless GATEWAY_THREADS says otherwise), as `kvroute serve` does, the stub and the client
+//! on a thread each (or, with `same-thread`, all on one thread). All share this machine's
+//! cores, so at high concurrency the figures are upper bounds. Direct and gateway requests
+//! alternate in ten rounds per cell, so both see the same spells of a shared machine.
 //!
-//! `cargo run --release -p kvroute-gateway --example overhead -- [REQUESTS] [SECONDS] [WORDS,...] [own-runtime|same-thread]`
+//! `cargo run --release -p kvroute-gateway --example overhead -- [REQUESTS] [SECONDS] [WORDS,...] [own-runtime|same-thread] [GATEWAY_THREADS]`
 //! (`bench/gateway-overhead.sh` runs it). Prints a Markdown table.
 
 use axum::response::IntoResponse;
@@ -125,12 +126,22 @@ async fn one(client: &reqwest::Client, url: &str, body: bytes::Bytes) -> f64 {
     first.unwrap_or_else(|| start.elapsed().as_secs_f64())
 }
 
-/// TTFTs of `n` requests at `concurrency`.
-async fn ttfts(url: &str, body: Bodies, n: usize, concurrency: usize) -> Vec<f64> {
-    let client = reqwest::Client::builder()
+/// A client that keeps enough idle connections for the highest concurrency.
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// TTFTs of `n` requests at `concurrency`.
+async fn ttfts(
+    client: &reqwest::Client,
+    url: &str,
+    body: Bodies,
+    n: usize,
+    concurrency: usize,
+) -> Vec<f64> {
     let next = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..concurrency)
         .map(|_| {
@@ -157,12 +168,34 @@ async fn ttfts(url: &str, body: Bodies, n: usize, concurrency: usize) -> Vec<f64
     all
 }
 
+/// TTFTs of `n` requests at `concurrency` straight to `direct` and through `via`, in ten
+/// alternating rounds, so both see the same spells of this shared machine.
+async fn interleaved(
+    direct: &str,
+    via: &str,
+    body: Bodies,
+    n: usize,
+    concurrency: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    const ROUNDS: usize = 10;
+    let (cd, cg) = (client(), client());
+    // Warm up connections and caches.
+    ttfts(&cd, direct, body.clone(), 200, 8).await;
+    ttfts(&cg, via, body.clone(), 200, 8).await;
+    let (mut d, mut g) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for round in 0..ROUNDS {
+        let k = n / ROUNDS + usize::from(round < n % ROUNDS);
+        d.extend(ttfts(&cd, direct, body.clone(), k, concurrency).await);
+        g.extend(ttfts(&cg, via, body.clone(), k, concurrency).await);
+    }
+    d.sort_by(f64::total_cmp);
+    g.sort_by(f64::total_cmp);
+    (d, g)
+}
+
 /// Requests completed per second in a closed loop at `concurrency` for `secs`.
 async fn rate(url: &str, body: Bodies, concurrency: usize, secs: f64) -> f64 {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(256)
-        .build()
-        .unwrap();
+    let client = client();
     let done = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let start = Instant::now();
@@ -198,7 +231,8 @@ async fn main() {
         .next()
         .map(|a| a.split(',').filter_map(|w| w.parse().ok()).collect())
         .unwrap_or_else(|| vec![30, 2000]);
-    let same_thread = std::env::args().nth(4).as_deref() == Some("same-thread");
+    let same_thread = args.next().as_deref() == Some("same-thread");
+    let gateway_threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
     let stub = start_stub(same_thread).await;
     let mut config = GatewayConfig {
         port: 0,
@@ -235,7 +269,7 @@ async fn main() {
     } else {
         Some(std::thread::spawn(move || {
             tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
+                .worker_threads(gateway_threads)
                 .enable_all()
                 .build()
                 .unwrap()
@@ -243,14 +277,11 @@ async fn main() {
         }))
     };
     let via = rx.await.unwrap();
-    println!(
-        "gateway on {}",
-        if same_thread {
-            "the client's thread"
-        } else {
-            "its own two-thread runtime"
-        }
-    );
+    if same_thread {
+        println!("gateway on the client's thread");
+    } else {
+        println!("gateway on its own runtime, {gateway_threads} thread(s)");
+    }
     println!();
 
     println!("| prompt | concurrency | direct TTFT p50 / p99 (ms) | via gateway p50 / p99 (ms) | added p50 / p99 (ms) |");
@@ -267,12 +298,8 @@ async fn main() {
     }
     for (label, path, b) in cases {
         let (stub_url, via_url) = (format!("{stub}{path}"), format!("{via}{path}"));
-        // Warm up connections and the tokenizer.
-        ttfts(&stub_url, b.clone(), 200, 8).await;
-        ttfts(&via_url, b.clone(), 200, 8).await;
         for c in [1, 64] {
-            let d = ttfts(&stub_url, b.clone(), requests, c).await;
-            let g = ttfts(&via_url, b.clone(), requests, c).await;
+            let (d, g) = interleaved(&stub_url, &via_url, b.clone(), requests, c).await;
             let ms = |x: f64| x * 1e3;
             println!(
                 "| {label} | {c} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} |",

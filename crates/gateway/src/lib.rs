@@ -148,6 +148,10 @@ pub async fn spawn(
         ))
         .pool_max_idle_per_host(256)
         .tcp_nodelay(true)
+        // Workers are peers reached directly: no proxy from the environment (`HTTP_PROXY`)
+        // and no redirects followed (a worker's 3xx goes back to the client as it is).
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
         .build()?;
     let gw = Arc::new(Gateway::new(
         config,

@@ -183,3 +183,55 @@ trait Pipe: Sized {
     }
 }
 impl<T> Pipe for T {}
+
+/// Starts an axum app on an ephemeral port of 127.0.0.1; returns its base URL.
+async fn serve_app(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_redirect_goes_back_to_the_client_unfollowed() {
+    use axum::routing::{get, post};
+    let elsewhere =
+        serve_app(axum::Router::new().route("/v1/chat/completions", post(|| async { "followed" })))
+            .await;
+    let target = format!("{elsewhere}/v1/chat/completions");
+    let redirecting = serve_app(
+        axum::Router::new()
+            .route(
+                "/v1/chat/completions",
+                post(move || async move {
+                    (
+                        axum::http::StatusCode::TEMPORARY_REDIRECT,
+                        [("location", target)],
+                        "",
+                    )
+                }),
+            )
+            .route("/health", get(|| async { "ok" })),
+    )
+    .await;
+    let mut cfg = config(&[], "kv");
+    cfg.workers = vec![kvroute_gateway::WorkerSpec {
+        url: redirecting,
+        ..kvroute_gateway::WorkerSpec::default()
+    }];
+    let gw = gateway_with_feeds(cfg, std::collections::BTreeMap::new()).await;
+    let no_follow = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = no_follow
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .json(&chat(&[("user", "hi")], false, 2))
+        .send()
+        .await
+        .unwrap();
+    // Had the gateway followed it, `elsewhere` would have answered 200 "followed".
+    assert_eq!(r.status().as_u16(), 307);
+    assert_ne!(r.text().await.unwrap(), "followed");
+    gw.shutdown().await;
+}

@@ -39,38 +39,58 @@ impl SseParser {
 
     /// Feeds bytes; pushes the events they complete onto `out`.
     pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), SseError> {
-        for &b in bytes {
-            if b == b'\n' {
-                self.end_line(out)?;
+        let mut rest = bytes;
+        while let Some(i) = memchr::memchr(b'\n', rest) {
+            let (head, tail) = (&rest[..i], &rest[i + 1..]);
+            if self.line.is_empty() {
+                // The whole line is in this chunk: no copy.
+                Self::check_len(head.len())?;
+                self.end_line(head, out)?;
             } else {
-                if self.line.len() >= MAX_SSE_LINE {
-                    return Err(SseError::LineTooLong);
-                }
-                self.line.push(b);
+                self.push(head)?;
+                let line = std::mem::take(&mut self.line);
+                let ended = self.end_line(&line, out);
+                self.line = line;
+                self.line.clear();
+                ended?;
             }
+            rest = tail;
         }
-        Ok(())
+        self.push(rest)
     }
 
     /// Ends the stream: an event not yet closed by a blank line is delivered.
     pub fn finish(&mut self, out: &mut Vec<SseEvent>) -> Result<(), SseError> {
         if !self.line.is_empty() {
-            self.end_line(out)?;
+            let line = std::mem::take(&mut self.line);
+            self.end_line(&line, out)?;
         }
         self.dispatch(out);
         Ok(())
     }
 
-    fn end_line(&mut self, out: &mut Vec<SseEvent>) -> Result<(), SseError> {
-        let mut line = std::mem::take(&mut self.line);
-        if line.last() == Some(&b'\r') {
-            line.pop();
+    fn check_len(len: usize) -> Result<(), SseError> {
+        if len > MAX_SSE_LINE {
+            return Err(SseError::LineTooLong);
         }
+        Ok(())
+    }
+
+    /// Appends the start of a line whose end has not come yet.
+    fn push(&mut self, bytes: &[u8]) -> Result<(), SseError> {
+        Self::check_len(self.line.len() + bytes.len())?;
+        self.line.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    /// One line, without its `\n`.
+    fn end_line(&mut self, line: &[u8], out: &mut Vec<SseEvent>) -> Result<(), SseError> {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
         if line.is_empty() {
             self.dispatch(out);
             return Ok(());
         }
-        let text = String::from_utf8(line).map_err(|_| SseError::NotUtf8)?;
+        let text = std::str::from_utf8(line).map_err(|_| SseError::NotUtf8)?;
         if let Some(rest) = text.strip_prefix("data:") {
             let rest = rest.strip_prefix(' ').unwrap_or(rest);
             match &mut self.data {
@@ -136,5 +156,98 @@ mod tests {
         let mut p = SseParser::new();
         let long = vec![b'a'; MAX_SSE_LINE + 1];
         assert_eq!(p.feed(&long, &mut out), Err(SseError::LineTooLong));
+    }
+
+    /// The events of a whole stream, line by line, as the format defines them.
+    fn reference(text: &str) -> Vec<SseEvent> {
+        let (mut out, mut data): (Vec<SseEvent>, Option<String>) = (Vec::new(), None);
+        let flush = |data: &mut Option<String>, out: &mut Vec<SseEvent>| {
+            if let Some(d) = data.take() {
+                out.push(if d.trim() == "[DONE]" {
+                    SseEvent::Done
+                } else {
+                    SseEvent::Data(d)
+                });
+            }
+        };
+        for line in text.split('\n') {
+            let line = line.strip_suffix('\r').unwrap_or(line);
+            if line.is_empty() {
+                flush(&mut data, &mut out);
+            } else if let Some(rest) = line.strip_prefix("data:") {
+                let rest = rest.strip_prefix(' ').unwrap_or(rest);
+                match &mut data {
+                    Some(d) => {
+                        d.push('\n');
+                        d.push_str(rest);
+                    }
+                    None => data = Some(rest.to_string()),
+                }
+            }
+        }
+        flush(&mut data, &mut out);
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_stream_cut_anywhere_gives_the_reference_events(
+            lines in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just(String::new()),
+                    "data: [a-z{}\":, ]{0,12}",
+                    "data:[DONE]",
+                    ": [a-z ]{0,6}",
+                    "event: [a-z]{1,4}",
+                    "\\PC{0,8}",
+                ],
+                0..24,
+            ),
+            crlf in proptest::collection::vec(proptest::bool::ANY, 24),
+            cuts in proptest::collection::vec(1usize..40, 1..12),
+        ) {
+            let mut text = String::new();
+            for (line, cr) in lines.iter().zip(&crlf) {
+                text.push_str(line);
+                text.push_str(if *cr { "\r\n" } else { "\n" });
+            }
+            let mut p = SseParser::new();
+            let mut out = Vec::new();
+            let mut rest = text.as_bytes();
+            for &c in cuts.iter().cycle() {
+                if rest.is_empty() {
+                    break;
+                }
+                let (head, tail) = rest.split_at(c.min(rest.len()));
+                p.feed(head, &mut out).unwrap();
+                rest = tail;
+            }
+            p.finish(&mut out).unwrap();
+            proptest::prop_assert_eq!(out, reference(&text));
+        }
+    }
+
+    #[test]
+    fn a_line_of_the_longest_length_passes_and_one_byte_more_fails_however_it_comes() {
+        let mut line = vec![b'a'; MAX_SSE_LINE];
+        line.push(b'\n');
+        let mut out = Vec::new();
+        assert_eq!(SseParser::new().feed(&line, &mut out), Ok(()));
+        let mut p = SseParser::new();
+        for piece in line.chunks(1 << 16) {
+            assert_eq!(p.feed(piece, &mut out), Ok(()));
+        }
+        let mut longer = vec![b'a'; MAX_SSE_LINE + 1];
+        longer.push(b'\n');
+        assert_eq!(
+            SseParser::new().feed(&longer, &mut out),
+            Err(SseError::LineTooLong)
+        );
+        let mut p = SseParser::new();
+        let failed = longer
+            .chunks(1 << 16)
+            .map(|piece| p.feed(piece, &mut out))
+            .find(Result::is_err);
+        assert_eq!(failed, Some(Err(SseError::LineTooLong)));
     }
 }
