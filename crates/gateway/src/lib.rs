@@ -175,11 +175,14 @@ pub async fn spawn(
     let app = api::routes(gw.clone());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = rx.await;
-            })
-            .await
+        axum::serve(
+            kvroute_protocol::openai::http::nodelay_listener(listener),
+            app,
+        )
+        .with_graceful_shutdown(async move {
+            let _ = rx.await;
+        })
+        .await
     });
     tracing::info!(%addr, policy = gw.policy, preprocessor = %gw.preprocessor.describe(), workers = gw.config.workers.len(), "gateway listening");
     Ok(GatewayHandle {

@@ -256,8 +256,11 @@ pub async fn spawn(
     tasks.push((
         "http",
         tokio::spawn(async move {
-            let serve = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { wait_shutdown(&mut stop).await });
+            let serve = axum::serve(
+                kvroute_protocol::openai::http::nodelay_listener(listener),
+                app,
+            )
+            .with_graceful_shutdown(async move { wait_shutdown(&mut stop).await });
             if let Err(e) = serve.await {
                 tracing::warn!(worker = %server_name, error = %e, "HTTP server failed");
             }

@@ -1,5 +1,5 @@
 //! The HTTP edge of the OpenAI API for axum servers (the gateway and the worker): an error as
-//! an answer, and a request body read under a size limit.
+//! an answer, a request body read under a size limit, and the listener they serve on.
 
 use super::ApiError;
 use axum::body::Body;
@@ -7,6 +7,21 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use tokio::net::{TcpListener, TcpStream};
+
+/// `listener` for `axum::serve`, with `TCP_NODELAY` on every accepted connection: a stream
+/// writes one small chunk per token, and Nagle's algorithm would hold a chunk back until the
+/// client acknowledged the one before (up to the client's delayed-ACK time, 40 ms on Linux).
+pub fn nodelay_listener(
+    listener: TcpListener,
+) -> axum::serve::TapIo<TcpListener, fn(&mut TcpStream)> {
+    use axum::serve::ListenerExt;
+    fn set_nodelay(stream: &mut TcpStream) {
+        // A connection that cannot take the option still works, only with Nagle's delays.
+        let _ = stream.set_nodelay(true);
+    }
+    listener.tap_io(set_nodelay as fn(&mut TcpStream))
+}
 
 /// An OpenAI error answer: its status, the JSON body, `Retry-After` when the error has a
 /// retry delay.
@@ -49,6 +64,23 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn served_connections_have_nodelay_and_plain_ones_do_not() {
+        use axum::serve::Listener;
+        for wrap in [false, true] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let client = tokio::spawn(TcpStream::connect(addr));
+            let accepted = if wrap {
+                nodelay_listener(listener).accept().await.0
+            } else {
+                Listener::accept(&mut { listener }).await.0
+            };
+            assert_eq!(accepted.nodelay().unwrap(), wrap);
+            drop(client.await.unwrap().unwrap());
+        }
+    }
 
     #[tokio::test]
     async fn bodies_over_the_limit_are_413_and_errors_carry_retry_after() {
