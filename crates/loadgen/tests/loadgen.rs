@@ -290,9 +290,7 @@ async fn flaky_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>
             }
         }),
     );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let url = kvroute_testkit::serve(app).await;
     (url, seen)
 }
 
@@ -402,9 +400,7 @@ async fn user_model() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) 
             },
         ),
     );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let url = kvroute_testkit::serve(app).await;
     (url, calls)
 }
 
@@ -463,9 +459,7 @@ async fn a_ramp_spreads_the_first_conversations() {
             }
         }),
     );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let url = kvroute_testkit::serve(app).await;
     let result = run(LoadgenConfig {
         target: url,
         concurrency: 4,

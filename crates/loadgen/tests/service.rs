@@ -11,14 +11,7 @@ use std::time::Duration;
 use support::{fleet, small_chat};
 
 async fn serve(service: Service) -> String {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move {
-        axum::serve(l, kvroute_loadgen::api::router(service))
-            .await
-            .unwrap();
-    });
-    url
+    kvroute_testkit::serve(kvroute_loadgen::api::router(service)).await
 }
 
 async fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {

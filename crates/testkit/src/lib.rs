@@ -1,5 +1,6 @@
-//! Helpers the integration tests of several crates share: reading a URL as JSON or text,
-//! polling until a condition holds, reading one sample of a Prometheus metrics text.
+//! Helpers the integration tests of several crates share: serving a stub app, reading a URL
+//! as JSON or text, polling until a condition holds, reading one sample of a Prometheus
+//! metrics text.
 //!
 //! A dev-dependency only. The HTTP helpers panic with the URL when a request fails, which is
 //! what a test wants.
@@ -10,6 +11,16 @@ use std::time::Duration;
 
 /// How often [`eventually`] checks.
 const POLL: Duration = Duration::from_millis(10);
+
+/// Serves `app` on an ephemeral port of 127.0.0.1 until the runtime stops; its base URL.
+pub async fn serve(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binding 127.0.0.1:0");
+    let url = format!("http://{}", listener.local_addr().expect("a bound address"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
 
 /// `GET url`, the body parsed as JSON.
 pub async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value {

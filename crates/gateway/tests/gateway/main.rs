@@ -184,22 +184,15 @@ trait Pipe: Sized {
 }
 impl<T> Pipe for T {}
 
-/// Starts an axum app on an ephemeral port of 127.0.0.1; returns its base URL.
-async fn serve_app(app: axum::Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workers_redirect_goes_back_to_the_client_unfollowed() {
     use axum::routing::{get, post};
-    let elsewhere =
-        serve_app(axum::Router::new().route("/v1/chat/completions", post(|| async { "followed" })))
-            .await;
+    let elsewhere = kvroute_testkit::serve(
+        axum::Router::new().route("/v1/chat/completions", post(|| async { "followed" })),
+    )
+    .await;
     let target = format!("{elsewhere}/v1/chat/completions");
-    let redirecting = serve_app(
+    let redirecting = kvroute_testkit::serve(
         axum::Router::new()
             .route(
                 "/v1/chat/completions",
