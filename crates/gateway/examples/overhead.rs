@@ -5,6 +5,8 @@
 //! on a thread each (or, with `same-thread`, all on one thread). All share this machine's
 //! cores, so at high concurrency the figures are upper bounds. Direct and gateway requests
 //! alternate in ten rounds per cell, so both see the same spells of a shared machine.
+//! It first prints what waking a sleeping thread costs here, on the same core and across
+//! cores: the price of each hand-over the gateway adds to a request's path.
 //!
 //! `cargo run --release -p kvroute-gateway --example overhead -- [REQUESTS] [SECONDS] [WORDS,...] [own-runtime|same-thread] [GATEWAY_THREADS]`
 //! (`bench/gateway-overhead.sh` runs it). Prints a Markdown table.
@@ -217,6 +219,71 @@ async fn rate(url: &str, body: Bodies, concurrency: usize, secs: f64) -> f64 {
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
+/// Round trips between two threads pinned to cores `a` and `b`, each sleeping in a blocking
+/// receive until the other wakes it (as an idle gateway, worker or client does): p50 and p99
+/// in microseconds. None when a thread cannot be pinned. Every request through the gateway
+/// adds two such hand-overs to the path of a direct request; where they cross cores, their
+/// cost on this machine is part of the added TTFT.
+fn wake_round_trip(a: core_affinity::CoreId, b: core_affinity::CoreId) -> Option<(f64, f64)> {
+    const TRIPS: usize = 1000;
+    std::thread::spawn(move || {
+        if !core_affinity::set_for_current(a) {
+            return None;
+        }
+        let (to_tx, to_rx) = std::sync::mpsc::channel::<()>();
+        let (back_tx, back_rx) = std::sync::mpsc::channel::<()>();
+        let peer = std::thread::spawn(move || {
+            let pinned = core_affinity::set_for_current(b);
+            while to_rx.recv().is_ok() {
+                if back_tx.send(()).is_err() {
+                    break;
+                }
+            }
+            pinned
+        });
+        let mut trips = Vec::with_capacity(TRIPS);
+        for _ in 0..TRIPS {
+            // Long enough for both threads to have gone to sleep.
+            std::thread::sleep(Duration::from_micros(200));
+            let start = Instant::now();
+            to_tx.send(()).ok()?;
+            back_rx.recv().ok()?;
+            trips.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+        drop(to_tx);
+        if !peer.join().ok()? {
+            return None;
+        }
+        trips.sort_by(f64::total_cmp);
+        Some((pct(&trips, 0.5), pct(&trips, 0.99)))
+    })
+    .join()
+    .ok()
+    .flatten()
+}
+
+/// One line on the cost of waking a sleeping thread on this machine, on the same core and
+/// across cores.
+fn print_wake_costs() {
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let Some(&first) = cores.first() else {
+        return;
+    };
+    let show = |r: Option<(f64, f64)>| {
+        r.map_or("n/a".to_string(), |(p50, p99)| {
+            format!("p50 {p50:.1} / p99 {p99:.1} us")
+        })
+    };
+    let same = show(wake_round_trip(first, first));
+    let across = cores
+        .get(1)
+        .map_or("n/a (one core)".to_string(), |&second| {
+            show(wake_round_trip(first, second))
+        });
+    println!("thread wake round trip (sleeping threads): same core {same}; across cores {across}");
+    println!();
+}
+
 fn pct(sorted: &[f64], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -233,6 +300,7 @@ async fn main() {
         .unwrap_or_else(|| vec![30, 2000]);
     let same_thread = args.next().as_deref() == Some("same-thread");
     let gateway_threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
+    print_wake_costs();
     let stub = start_stub(same_thread).await;
     let mut config = GatewayConfig {
         port: 0,
