@@ -74,8 +74,8 @@ impl EngineConfig {
         if self.block_size == 0 || self.block_size > kvroute_core::BlockSize::MAX {
             return bad("block_size out of range");
         }
-        if self.num_gpu_blocks == 0 || self.num_gpu_blocks >= u32::MAX as usize {
-            return bad("num_gpu_blocks must be between 1 and 2^32 - 2");
+        if self.num_gpu_blocks == 0 || self.num_gpu_blocks > crate::pool::MAX_BLOCKS {
+            return bad("num_gpu_blocks must be between 1 and 2^30 - 1");
         }
         if self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 || self.max_waiting == 0 {
             return bad("max_num_seqs, max_num_batched_tokens and max_waiting must be > 0");

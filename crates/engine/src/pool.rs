@@ -16,60 +16,96 @@
 //! (`StoredHashed`) name each block by its index in the pool instead, so the router can keep
 //! them in an array (`PrefixIndex::use_block_ids`).
 
-use hashbrown::hash_table::Entry;
-use hashbrown::HashTable;
 use kvroute_core::{EngineHash, KvEvent, Namespace, SequenceHash, StoredBlocks, StoredHashed};
-use std::hash::BuildHasher;
 
 type Map<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Index of a block in the pool.
 pub type BlockId = u32;
 
-const NIL: u32 = u32::MAX;
+/// Most blocks in a pool: ids and links take 30 bits, so two flag bits fit beside them.
+pub const MAX_BLOCKS: usize = NIL as usize;
+
+/// No block (the end of a list or chain).
+const NIL: u32 = (1 << 30) - 1;
+/// In [`Block::chain`]: the block holds a cached hash.
+const HAS_SEQ: u32 = 1 << 31;
+/// In [`Block::chain`]: the block is the first cached copy of its hash (linked in its bucket).
+const FIRST: u32 = 1 << 30;
+/// In [`Block::link`]: the block is on the free list.
+const FREE: u32 = 1 << 31;
+const ID: u32 = NIL;
 
 /// The engine's own hash of a cached block (opaque to the router).
 pub fn engine_hash(seq: SequenceHash) -> EngineHash {
     EngineHash(seq.0.rotate_left(29) ^ 0x5eed_cafe_f00d_d00d)
 }
 
-/// A pool block: 24 bytes (the hash is kept beside a flag rather than in an `Option`, which
-/// would take 32), so that eight engines' pools stay small next to the router's tables.
-#[derive(Clone, Debug)]
+/// A pool block: 16 bytes, so that eight engines' pools stay small next to the router's
+/// tables (the pools are read at random: every eviction takes the least recently used block).
+#[derive(Clone, Copy, Debug)]
 struct Block {
-    /// The sequence hash of its cached content, when `has_seq`.
+    /// The sequence hash of its cached content, when `chain & HAS_SEQ`.
     seq: SequenceHash,
-    refs: u32,
-    prev: u32,
-    next: u32,
-    has_seq: bool,
-    free: bool,
+    /// The next first copy in its cache bucket (`& ID`, NIL at the end), with the flags
+    /// `HAS_SEQ` and `FIRST`.
+    chain: u32,
+    /// On the free list (`FREE` set): the previous free block (`& ID`). Otherwise its
+    /// reference count.
+    link: u32,
 }
 
 impl Block {
+    const EMPTY: Self = Self {
+        seq: SequenceHash(0),
+        chain: NIL,
+        link: 0,
+    };
+
     /// The hash of the cached content, if any.
     #[inline]
     fn seq(&self) -> Option<SequenceHash> {
-        self.has_seq.then_some(self.seq)
+        (self.chain & HAS_SEQ != 0).then_some(self.seq)
+    }
+
+    #[inline]
+    fn has_seq(&self) -> bool {
+        self.chain & HAS_SEQ != 0
+    }
+
+    #[inline]
+    fn free(&self) -> bool {
+        self.link & FREE != 0
+    }
+
+    /// The next first copy in the bucket.
+    #[inline]
+    fn next_in_bucket(&self) -> u32 {
+        self.chain & ID
     }
 }
 
-const _: () = assert!(std::mem::size_of::<Block>() == 24);
-
-/// The hash-table hash of a sequence hash.
-#[inline]
-fn table_hash(seq: SequenceHash) -> u64 {
-    foldhash::fast::FixedState::with_seed(0x6b76_726f_7574_6521).hash_one(seq.0)
-}
+const _: () = assert!(std::mem::size_of::<Block>() == 16);
 
 /// The block pool. See the module documentation.
+///
+/// The cache finds each hash's first cached copy by hashing into buckets whose first copies
+/// are chained through the blocks themselves (`Block::chain`): a lookup reads a bucket head
+/// and the blocks of its chain (with at least twice as many buckets as blocks, chains are
+/// short), and nothing but the heads lives outside the blocks.
 #[derive(Clone, Debug)]
 pub struct BlockPool {
     block_size: usize,
     blocks: Vec<Block>,
-    /// The first cached copy of each hash, found by the hash its block holds: four bytes per
-    /// entry where a map from hash to block would take sixteen.
-    cached: HashTable<BlockId>,
+    /// Free-list successors, by block (meaningful for free blocks): the eviction walk reads
+    /// this dense array rather than whole blocks.
+    next: Vec<u32>,
+    /// The first first-copy of each cache bucket (NIL when empty); a power of two long.
+    heads: Vec<u32>,
+    /// `64 - log2(heads.len())`.
+    shift: u32,
+    /// Distinct hashes cached.
+    cached_len: usize,
     /// Further copies of a hash (rare: concurrent computation of one prefix).
     copies: Map<SequenceHash, Vec<BlockId>>,
     head: u32,
@@ -96,26 +132,17 @@ pub struct FullBlock<'a> {
 }
 
 impl BlockPool {
-    /// A pool of `num_blocks` free, empty blocks.
+    /// A pool of `num_blocks` free, empty blocks (at most [`MAX_BLOCKS`]).
     pub fn new(num_blocks: usize, block_size: usize) -> Self {
-        let n = num_blocks.min(NIL as usize - 1);
+        let n = num_blocks.min(MAX_BLOCKS);
+        let buckets = (2 * n).max(2).next_power_of_two();
         let mut pool = Self {
             block_size,
-            blocks: vec![
-                Block {
-                    seq: SequenceHash(0),
-                    refs: 0,
-                    prev: NIL,
-                    next: NIL,
-                    has_seq: false,
-                    free: false,
-                };
-                n
-            ],
-            // At most one first copy per block. Removals leave tombstones that a rehash
-            // clears, and hashbrown doubles a table instead when it is over half full: room
-            // for 2n keeps every rehash in place, so the table is allocated once.
-            cached: HashTable::with_capacity(2 * n),
+            blocks: vec![Block::EMPTY; n],
+            next: vec![NIL; n],
+            heads: vec![NIL; buckets],
+            shift: 64 - buckets.trailing_zeros(),
+            cached_len: 0,
             copies: Map::default(),
             head: NIL,
             tail: NIL,
@@ -159,7 +186,7 @@ impl BlockPool {
 
     /// Distinct hashes cached (referenced or not; copies count once).
     pub fn cached_count(&self) -> usize {
-        self.cached.len()
+        self.cached_len
     }
 
     /// Whether a block with this sequence hash is cached.
@@ -170,10 +197,21 @@ impl BlockPool {
     /// The first cached copy of `seq`.
     #[inline]
     fn first_copy(&self, seq: SequenceHash) -> Option<BlockId> {
-        let blocks = &self.blocks;
-        self.cached
-            .find(table_hash(seq), |&b| blocks[b as usize].seq == seq)
-            .copied()
+        let mut b = self.heads[self.bucket(seq)];
+        while b != NIL {
+            let block = &self.blocks[b as usize];
+            if block.seq == seq {
+                return Some(b);
+            }
+            b = block.next_in_bucket();
+        }
+        None
+    }
+
+    /// The cache bucket of `seq` (multiplicative hashing: the top bits of the product).
+    #[inline]
+    fn bucket(&self, seq: SequenceHash) -> usize {
+        (seq.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
     }
 
     /// How many leading blocks of `seqs` are cached.
@@ -192,10 +230,10 @@ impl BlockPool {
             .map(|&s| self.first_copy(s))
             .collect::<Option<_>>()?;
         for &b in &ids {
-            if self.blocks[b as usize].free {
+            if self.blocks[b as usize].free() {
                 self.unlink(b);
             }
-            self.blocks[b as usize].refs += 1;
+            self.blocks[b as usize].link += 1;
         }
         Some(ids)
     }
@@ -220,9 +258,8 @@ impl BlockPool {
             scratch.clear();
             let mut b = self.head;
             for _ in 0..n {
-                let block = &self.blocks[b as usize];
-                scratch.extend(block.seq());
-                b = block.next;
+                scratch.extend(self.blocks[b as usize].seq());
+                b = self.next[b as usize];
             }
             self.warm(&scratch);
             self.scratch = scratch;
@@ -233,10 +270,10 @@ impl BlockPool {
             self.unlink(b);
             if let Some(seq) = self.blocks[b as usize].seq() {
                 self.uncache(seq, b);
-                self.blocks[b as usize].has_seq = false;
+                self.blocks[b as usize].chain = NIL;
                 evicted.push(self.event_name(seq, b));
             }
-            self.blocks[b as usize].refs = 1;
+            self.blocks[b as usize].link = 1;
             out.push(b);
         }
         if !evicted.is_empty() {
@@ -247,45 +284,66 @@ impl BlockPool {
         true
     }
 
-    /// Reads the cache entries of `seqs` before a batch of changes to them. The reads do not
+    /// Reads the cache buckets of `seqs` before a batch of changes to them. The reads do not
     /// depend on one another, so their cache misses overlap instead of coming one after
     /// another inside the changes.
     fn warm(&self, seqs: &[SequenceHash]) {
         let mut acc = 0u32;
         for s in seqs {
-            acc ^= self.first_copy(*s).unwrap_or(0);
+            acc ^= self.heads[self.bucket(*s)];
         }
         std::hint::black_box(acc);
     }
 
     /// Drops the cache entry of copy `b` of `seq` (block `b` still holds `seq`).
     fn uncache(&mut self, seq: SequenceHash, b: BlockId) {
-        let blocks = &self.blocks;
-        let Ok(first) = self
-            .cached
-            .find_entry(table_hash(seq), |&x| blocks[x as usize].seq == seq)
-        else {
-            debug_assert!(false, "evicting a block the cache does not name");
-            return;
-        };
+        let first = self.blocks[b as usize].chain & FIRST != 0;
         match self.copies.get_mut(&seq) {
             Some(list) => {
-                if *first.get() == b {
-                    // The first copy goes: promote another (it holds the same hash, so the
-                    // entry stays where it is).
-                    let mut first = first;
-                    *first.get_mut() = list.pop().expect("copy lists are never empty");
+                if first {
+                    // The first copy goes: another takes its place in the chain.
+                    let c = list.pop().expect("copy lists are never empty");
+                    if list.is_empty() {
+                        self.copies.remove(&seq);
+                    }
+                    let rest = self.blocks[b as usize].chain & ID;
+                    self.blocks[c as usize].chain = HAS_SEQ | FIRST | rest;
+                    self.relink(seq, b, c);
                 } else {
                     list.retain(|&x| x != b);
-                }
-                if list.is_empty() {
-                    self.copies.remove(&seq);
+                    if list.is_empty() {
+                        self.copies.remove(&seq);
+                    }
                 }
             }
             None => {
-                first.remove();
+                debug_assert!(first, "evicting a block the cache does not name");
+                let rest = self.blocks[b as usize].chain & ID;
+                self.relink(seq, b, rest);
+                self.cached_len -= 1;
             }
         }
+    }
+
+    /// Points whatever names first copy `b` in the bucket of `seq` (the head or the block
+    /// before it) at `to` instead.
+    fn relink(&mut self, seq: SequenceHash, b: BlockId, to: u32) {
+        let bucket = self.bucket(seq);
+        let mut x = self.heads[bucket];
+        if x == b {
+            self.heads[bucket] = to;
+            return;
+        }
+        while x != NIL {
+            let block = &mut self.blocks[x as usize];
+            let next = block.next_in_bucket();
+            if next == b {
+                block.chain = (block.chain & !ID) | to;
+                return;
+            }
+            x = next;
+        }
+        debug_assert!(false, "a first copy missing from its bucket");
     }
 
     /// The name of cached block `b` (holding `seq`) in events.
@@ -370,26 +428,22 @@ impl BlockPool {
 
     /// Marks `fb`'s block as a cached copy of its hash; false when it already holds one.
     fn claim(&mut self, fb: &FullBlock<'_>) -> bool {
-        if self.blocks[fb.block as usize].has_seq {
+        if self.blocks[fb.block as usize].has_seq() {
             return false;
         }
-        let blocks = &self.blocks;
         let seq = fb.seq;
-        match self.cached.entry(
-            table_hash(seq),
-            |&x| blocks[x as usize].seq == seq,
-            |&x| table_hash(blocks[x as usize].seq),
-        ) {
-            Entry::Occupied(_) => {
-                self.copies.entry(seq).or_default().push(fb.block);
-            }
-            Entry::Vacant(v) => {
-                v.insert(fb.block);
-            }
-        }
+        let chain = if self.first_copy(seq).is_some() {
+            self.copies.entry(seq).or_default().push(fb.block);
+            HAS_SEQ | NIL
+        } else {
+            let bucket = self.bucket(seq);
+            let rest = std::mem::replace(&mut self.heads[bucket], fb.block);
+            self.cached_len += 1;
+            HAS_SEQ | FIRST | rest
+        };
         let block = &mut self.blocks[fb.block as usize];
         block.seq = seq;
-        block.has_seq = true;
+        block.chain = chain;
         true
     }
 
@@ -398,9 +452,13 @@ impl BlockPool {
     pub fn release(&mut self, blocks: &[BlockId]) {
         for &b in blocks {
             let block = &mut self.blocks[b as usize];
-            debug_assert!(block.refs > 0, "release of an unreferenced block");
-            block.refs = block.refs.saturating_sub(1);
-            if block.refs == 0 && !block.free {
+            if block.free() {
+                debug_assert!(false, "release of an unreferenced block");
+                continue;
+            }
+            debug_assert!(block.link > 0, "release of an unreferenced block");
+            block.link = block.link.saturating_sub(1);
+            if block.link == 0 {
                 self.push_tail(b);
             }
         }
@@ -409,9 +467,10 @@ impl BlockPool {
     /// Forgets every cached hash (blocks in use keep their data but are no longer shared).
     pub fn clear(&mut self) {
         for b in &mut self.blocks {
-            b.has_seq = false;
+            b.chain = NIL;
         }
-        self.cached.clear();
+        self.heads.fill(NIL);
+        self.cached_len = 0;
         self.copies.clear();
         self.events.push(KvEvent::Cleared);
     }
@@ -427,34 +486,32 @@ impl BlockPool {
     }
 
     fn push_tail(&mut self, b: u32) {
-        let block = &mut self.blocks[b as usize];
-        block.free = true;
-        block.prev = self.tail;
-        block.next = NIL;
+        self.blocks[b as usize].link = FREE | self.tail;
+        self.next[b as usize] = NIL;
         if self.tail == NIL {
             self.head = b;
         } else {
-            self.blocks[self.tail as usize].next = b;
+            self.next[self.tail as usize] = b;
         }
         self.tail = b;
         self.free_len += 1;
     }
 
+    /// Takes free block `b` off the free list (its reference count is then 0).
     fn unlink(&mut self, b: u32) {
-        let (prev, next) = {
-            let block = &mut self.blocks[b as usize];
-            block.free = false;
-            (block.prev, block.next)
-        };
+        let prev = self.blocks[b as usize].link & ID;
+        let next = self.next[b as usize];
+        self.blocks[b as usize].link = 0;
         if prev == NIL {
             self.head = next;
         } else {
-            self.blocks[prev as usize].next = next;
+            self.next[prev as usize] = next;
         }
         if next == NIL {
             self.tail = prev;
         } else {
-            self.blocks[next as usize].prev = prev;
+            let n = &mut self.blocks[next as usize].link;
+            *n = FREE | prev;
         }
         self.free_len -= 1;
     }
@@ -466,7 +523,7 @@ impl BlockPool {
         let mut prev = NIL;
         while b != NIL {
             let block = &self.blocks[b as usize];
-            if !block.free || block.refs != 0 || block.prev != prev {
+            if !block.free() || block.link & ID != prev {
                 return Err(format!("free list broken at block {b}"));
             }
             walked += 1;
@@ -474,7 +531,7 @@ impl BlockPool {
                 return Err("free list has a cycle".into());
             }
             prev = b;
-            b = block.next;
+            b = self.next[b as usize];
         }
         if walked != self.free_len || prev != self.tail {
             return Err(format!(
@@ -482,35 +539,57 @@ impl BlockPool {
                 self.free_len
             ));
         }
-        let unreferenced = self.blocks.iter().filter(|b| b.refs == 0).count();
+        let unreferenced = self.blocks.iter().filter(|b| b.free()).count();
         if unreferenced != self.free_len {
             return Err(format!(
                 "{unreferenced} unreferenced blocks, {} free",
                 self.free_len
             ));
         }
-        let mut count = 0;
-        for &b in &self.cached {
-            count += 1;
-            let Some(seq) = self.blocks[b as usize].seq() else {
-                return Err(format!("cache names block {b}, which holds no hash"));
-            };
-            if self.first_copy(seq) != Some(b) {
-                return Err(format!("block {b} is not found under its hash"));
+        if let Some(b) = self.blocks.iter().position(|b| !b.free() && b.link == 0) {
+            return Err(format!("block {b} is neither referenced nor free"));
+        }
+        let mut firsts = 0;
+        for (bucket, &head) in self.heads.iter().enumerate() {
+            let mut b = head;
+            while b != NIL {
+                firsts += 1;
+                if firsts > self.blocks.len() {
+                    return Err("a cache chain has a cycle".into());
+                }
+                let block = &self.blocks[b as usize];
+                let Some(seq) = block.seq() else {
+                    return Err(format!("cache names block {b}, which holds no hash"));
+                };
+                if block.chain & FIRST == 0 || self.bucket(seq) != bucket {
+                    return Err(format!("block {b} is chained in the wrong bucket"));
+                }
+                if self.first_copy(seq) != Some(b) {
+                    return Err(format!("block {b} is not found under its hash"));
+                }
+                b = block.next_in_bucket();
             }
         }
+        if firsts != self.cached_len {
+            return Err(format!(
+                "{firsts} first copies chained, {} counted",
+                self.cached_len
+            ));
+        }
+        let mut count = firsts;
         for (seq, list) in &self.copies {
             for &b in list {
                 count += 1;
-                if self.blocks[b as usize].seq() != Some(*seq) {
+                let block = &self.blocks[b as usize];
+                if block.seq() != Some(*seq) || block.chain & FIRST != 0 {
                     return Err(format!("cache names block {b} for a hash it does not hold"));
                 }
             }
-            if self.first_copy(*seq).is_none() {
+            if list.is_empty() || self.first_copy(*seq).is_none() {
                 return Err("a copy list without a first copy".into());
             }
         }
-        let with_hash = self.blocks.iter().filter(|b| b.has_seq).count();
+        let with_hash = self.blocks.iter().filter(|b| b.has_seq()).count();
         if with_hash != count {
             return Err(format!(
                 "{with_hash} blocks hold hashes, {count} named by the cache"

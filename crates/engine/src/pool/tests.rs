@@ -141,6 +141,39 @@ fn copies_are_cached_and_evicted_one_by_one_and_clear_forgets_all() {
     pool.check_invariants().unwrap();
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Copies of hashes that share cache buckets (a pool of 8 blocks has 16 buckets): every
+    /// hash stays found through its remaining copies, whichever copy goes first.
+    #[test]
+    fn copies_in_shared_buckets_stay_found_until_the_last_goes(
+        hashes in prop::collection::vec(0u64..6, 8),
+        order in Just((0..8u32).collect::<Vec<_>>()).prop_shuffle(),
+    ) {
+        let mut pool = BlockPool::new(8, BS);
+        let ids = pool.allocate(8).unwrap();
+        for (&b, &h) in ids.iter().zip(&hashes) {
+            let fb = FullBlock { block: b, seq: SequenceHash(h), tokens: &[0, 0] };
+            pool.cache(None, &[fb], Namespace::default());
+        }
+        pool.check_invariants().map_err(TestCaseError::fail)?;
+        // Release in the shuffled order, then evict one block at a time in that order.
+        let rev: Vec<BlockId> = order.iter().map(|&i| ids[i as usize]).collect();
+        pool.release(&rev);
+        let mut left = hashes.clone();
+        for &i in &order {
+            pool.allocate(1).unwrap();
+            let h = hashes[ids.iter().position(|&b| b == ids[i as usize]).unwrap()];
+            let at = left.iter().position(|&x| x == h).unwrap();
+            left.swap_remove(at);
+            pool.check_invariants().map_err(TestCaseError::fail)?;
+            prop_assert_eq!(pool.is_cached(SequenceHash(h)), left.contains(&h));
+        }
+        prop_assert_eq!(pool.cached_count(), 0);
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Start(Vec<[u32; BS]>),
@@ -234,7 +267,7 @@ proptest! {
             }
             prop_assert_eq!(&cached, &mirror);
             let held: usize = active.iter().map(|a| a.len()).sum();
-            let refs: u32 = pool.blocks.iter().map(|b| b.refs).sum();
+            let refs: u32 = pool.blocks.iter().map(|b| if b.free() { 0 } else { b.link }).sum();
             prop_assert_eq!(refs as usize, held);
         }
         for ids in active.drain(..) {
