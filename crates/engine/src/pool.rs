@@ -100,7 +100,8 @@ pub struct BlockPool {
     /// Free-list successors, by block (meaningful for free blocks): the eviction walk reads
     /// this dense array rather than whole blocks.
     next: Vec<u32>,
-    /// The first first-copy of each cache bucket (NIL when empty); a power of two long.
+    /// The head of each cache bucket's chain of first copies (NIL when empty); a power of
+    /// two long.
     heads: Vec<u32>,
     /// `64 - log2(heads.len())`.
     shift: u32,
