@@ -382,6 +382,13 @@ impl Router {
         self.ledger.finish(request, now)
     }
 
+    /// Reads the index entries a route of `prompt` would read now, changing nothing, so
+    /// that a route of it soon after finds them in the processor's caches (a caller with
+    /// idle time before a route it can foresee: the fleet simulator's router thread).
+    pub fn warm(&self, prompt: &BlockedPrompt) {
+        std::hint::black_box(self.matches(prompt));
+    }
+
     fn matches(&self, prompt: &BlockedPrompt) -> Matches {
         self.index().find_matches_seq(&prompt.sequence)
     }

@@ -12,7 +12,9 @@
 //! A waiting side spins a little before it blocks: the answer to a route usually comes
 //! within microseconds, much sooner than a thread could be put to sleep and woken again.
 //! The router thread also cuts trace prompts into blocks ([`TracePrompts`]); both sides
-//! hash the blocks of prompts still to come while they wait.
+//! hash the blocks of prompts still to come while they wait. Before that, the router thread
+//! prepares the next trace prompt while idle: cuts it and reads the index entries its route
+//! will read ([`Router::warm`]), so the event loop, which waits for that route, waits less.
 
 use crate::trace_prompts::TracePrompts;
 
@@ -185,7 +187,15 @@ impl RouterServer {
     pub fn serve(self, router: &mut Router, prompts: &TracePrompts<'_>) -> RouterTotals {
         let mut totals = RouterTotals::default();
         let mut scratch = Vec::new();
-        while let Ok(mut batch) = spin_recv(&self.calls, || prompts.hash_ahead(&mut scratch)) {
+        let mut next = Prepared::default();
+        loop {
+            // While no call waits: the next trace prompt cut and its index entries read
+            // (trace requests arrive in order), then the ids of later prompts hashed.
+            let idle =
+                || next.prepare(router, prompts, &mut scratch) || prompts.hash_ahead(&mut scratch);
+            let Ok(mut batch) = spin_recv(&self.calls, idle) else {
+                break;
+            };
             let mut buffers = Vec::new();
             for call in batch.drain(..) {
                 match call {
@@ -202,7 +212,14 @@ impl RouterServer {
                         let _ = router.finish(id, now);
                     }
                     Call::Route(call) => {
-                        if !route(router, prompts, &mut scratch, *call, &self.replies) {
+                        if !route(
+                            router,
+                            prompts,
+                            &mut scratch,
+                            &mut next,
+                            *call,
+                            &self.replies,
+                        ) {
                             return totals;
                         }
                     }
@@ -226,12 +243,13 @@ fn route(
     router: &mut Router,
     prompts: &TracePrompts<'_>,
     scratch: &mut Vec<u32>,
+    next: &mut Prepared,
     call: RouteCall,
     replies: &SyncSender<Routed>,
 ) -> bool {
     let (prompt, tail) = match call.prompt {
         RoutePrompt::Blocked(prompt, tail) => (prompt, tail),
-        RoutePrompt::Trace(i) => prompts.blocked(i, scratch),
+        RoutePrompt::Trace(i) => next.take(i, prompts, scratch),
     };
     let req = RouteRequest {
         prompt: &prompt,
@@ -263,6 +281,61 @@ fn route(
     true
 }
 
+/// The trace prompt the router thread expects to route next, cut ahead in its idle time.
+#[derive(Default)]
+struct Prepared {
+    /// The index of the next trace prompt.
+    index: usize,
+    /// It, cut into blocks, with its tail.
+    cut: Option<(BlockedPrompt, Vec<u32>)>,
+    /// Its index entries have been read since the router last changed.
+    warm: bool,
+}
+
+impl Prepared {
+    /// One step of preparing the next trace prompt (cutting it, then reading the index
+    /// entries its route will read); false when there is nothing left to do.
+    fn prepare(
+        &mut self,
+        router: &Router,
+        prompts: &TracePrompts<'_>,
+        scratch: &mut Vec<u32>,
+    ) -> bool {
+        if self.index >= prompts.len() {
+            return false;
+        }
+        match &self.cut {
+            None => {
+                self.cut = Some(prompts.blocked(self.index, scratch));
+                self.warm = false;
+                true
+            }
+            Some((prompt, _)) if !self.warm => {
+                router.warm(prompt);
+                self.warm = true;
+                true
+            }
+            Some(_) => false,
+        }
+    }
+
+    /// Trace prompt `i` cut into blocks (the one prepared, when it is the one); the next
+    /// one is expected after it.
+    fn take(
+        &mut self,
+        i: usize,
+        prompts: &TracePrompts<'_>,
+        scratch: &mut Vec<u32>,
+    ) -> (BlockedPrompt, Vec<u32>) {
+        let cut = match self.cut.take() {
+            Some(cut) if self.index == i => cut,
+            _ => prompts.blocked(i, scratch),
+        };
+        self.index = i + 1;
+        cut
+    }
+}
+
 /// Receives; between empty polls it calls `idle` (work that can wait, bounded per call)
 /// until that says it has nothing left, then spins through a bounded number of empty polls
 /// before it blocks.
@@ -281,4 +354,52 @@ fn spin_recv<T>(rx: &Receiver<T>, mut idle: impl FnMut() -> bool) -> Result<T, R
         }
     }
     rx.recv()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvroute_core::{BlockSize, Namespace, RouterConfig};
+    use kvroute_workload::{Prompt, TraceRequest};
+
+    #[test]
+    fn a_prepared_prompt_is_the_prompt_cut_when_routed_and_only_used_for_its_index() {
+        let trace: Vec<TraceRequest> = (0..4u64)
+            .map(|i| TraceRequest {
+                arrival: Time::ZERO,
+                prompt: Prompt::hash_blocks(vec![0, 1 + i], 512, 1000).unwrap(),
+                max_tokens: 1,
+            })
+            .collect();
+        let b = BlockSize::new(64).unwrap();
+        let prompts = TracePrompts::new(&trace, b, Namespace::default());
+        let plain = TracePrompts::new(&trace, b, Namespace::default());
+        let router = Router::new(RouterConfig::default()).unwrap();
+        let (mut scratch, mut other) = (Vec::new(), Vec::new());
+        let mut next = Prepared::default();
+        // Cut, then warmed, then nothing left to do until the prompt is taken.
+        assert!(next.prepare(&router, &prompts, &mut scratch));
+        assert!(next.prepare(&router, &prompts, &mut scratch));
+        assert!(!next.prepare(&router, &prompts, &mut scratch));
+        assert_eq!(
+            next.take(0, &prompts, &mut scratch),
+            plain.blocked(0, &mut other)
+        );
+        // Prepared for 1, asked for 2 (1 never came): 2 is cut then, 3 expected next.
+        assert!(next.prepare(&router, &prompts, &mut scratch));
+        assert_eq!(
+            next.take(2, &prompts, &mut scratch),
+            plain.blocked(2, &mut other)
+        );
+        assert_eq!(next.index, 3);
+        while next.prepare(&router, &prompts, &mut scratch) {}
+        assert_eq!(
+            next.take(3, &prompts, &mut scratch),
+            plain.blocked(3, &mut other)
+        );
+        assert!(
+            !next.prepare(&router, &prompts, &mut scratch),
+            "past the trace"
+        );
+    }
 }

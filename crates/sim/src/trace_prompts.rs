@@ -81,6 +81,11 @@ impl<'a> TracePrompts<'a> {
         }
     }
 
+    /// Prompts in the trace.
+    pub fn len(&self) -> usize {
+        self.trace.len()
+    }
+
     /// Hashes the blocks of one hash id of the prompts ahead; false when there is none left
     /// to hash within the horizon. `scratch` holds tokens meanwhile.
     pub fn hash_ahead(&self, scratch: &mut Vec<u32>) -> bool {
