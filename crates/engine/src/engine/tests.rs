@@ -196,6 +196,13 @@ fn bad_requests_are_refused() {
     let mut bad = tiny();
     bad.num_gpu_blocks = 0;
     assert!(Engine::new(bad).is_err());
+    // Pool links take 30 bits: a larger pool is refused, not truncated.
+    let mut bad = tiny();
+    bad.num_gpu_blocks = crate::pool::MAX_BLOCKS + 1;
+    assert!(matches!(
+        Engine::new(bad),
+        Err(EngineError::InvalidConfig(m)) if m.contains("2^30")
+    ));
 }
 
 #[test]
