@@ -34,6 +34,7 @@ const HAS_SEQ: u32 = 1 << 31;
 const FIRST: u32 = 1 << 30;
 /// In [`Block::link`]: the block is on the free list.
 const FREE: u32 = 1 << 31;
+/// The block id bits of a link (`chain` or `link`).
 const ID: u32 = NIL;
 
 /// The engine's own hash of a cached block (opaque to the router).
@@ -299,30 +300,27 @@ impl BlockPool {
     /// Drops the cache entry of copy `b` of `seq` (block `b` still holds `seq`).
     fn uncache(&mut self, seq: SequenceHash, b: BlockId) {
         let first = self.blocks[b as usize].chain & FIRST != 0;
-        match self.copies.get_mut(&seq) {
-            Some(list) => {
-                if first {
-                    // The first copy goes: another takes its place in the chain.
-                    let c = list.pop().expect("copy lists are never empty");
-                    if list.is_empty() {
-                        self.copies.remove(&seq);
-                    }
-                    let rest = self.blocks[b as usize].chain & ID;
-                    self.blocks[c as usize].chain = HAS_SEQ | FIRST | rest;
-                    self.relink(seq, b, c);
-                } else {
-                    list.retain(|&x| x != b);
-                    if list.is_empty() {
-                        self.copies.remove(&seq);
-                    }
-                }
-            }
-            None => {
-                debug_assert!(first, "evicting a block the cache does not name");
-                let rest = self.blocks[b as usize].chain & ID;
-                self.relink(seq, b, rest);
-                self.cached_len -= 1;
-            }
+        let rest = self.blocks[b as usize].chain & ID;
+        let Some(list) = self.copies.get_mut(&seq) else {
+            debug_assert!(first, "evicting a block the cache does not name");
+            self.relink(seq, b, rest);
+            self.cached_len -= 1;
+            return;
+        };
+        // With other copies left, the hash stays cached: when the first copy goes, another
+        // takes its place in the chain.
+        let promoted = if first {
+            Some(list.pop().expect("copy lists are never empty"))
+        } else {
+            list.retain(|&x| x != b);
+            None
+        };
+        if list.is_empty() {
+            self.copies.remove(&seq);
+        }
+        if let Some(c) = promoted {
+            self.blocks[c as usize].chain = HAS_SEQ | FIRST | rest;
+            self.relink(seq, b, c);
         }
     }
 

@@ -1,7 +1,7 @@
 //! Gateway overhead: time to first token through the gateway versus straight to the worker,
 //! and the highest request rate the gateway sustains, against a zero-delay worker (a stub
 //! that answers every request at once). The gateway runs on its own runtime (two threads
-//! unless GATEWAY_THREADS says otherwise), as `kvroute serve` does, the stub and the client
+//! unless the fifth argument says otherwise), as `kvroute serve` does, the stub and the client
 //! on a thread each (or, with `same-thread`, all on one thread). All share this machine's
 //! cores, so at high concurrency the figures are upper bounds. Direct and gateway requests
 //! alternate in ten rounds per cell, so both see the same spells of a shared machine.

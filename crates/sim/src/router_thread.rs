@@ -288,7 +288,8 @@ struct Prepared {
     index: usize,
     /// It, cut into blocks, with its tail.
     cut: Option<(BlockedPrompt, Vec<u32>)>,
-    /// Its index entries have been read since the router last changed.
+    /// Its index entries have been read (once: reading them again after every batch the
+    /// router applies was measured slower).
     warm: bool,
 }
 
