@@ -19,6 +19,7 @@
 mod approx;
 mod engine_table;
 mod event;
+mod node_table;
 mod table;
 
 pub use approx::{ApproxConfig, ApproxIndex};
@@ -38,7 +39,8 @@ use std::collections::BinaryHeap;
 type Map<K, V> = hashbrown::HashMap<K, V, RandomState>;
 
 use engine_table::EngineTable;
-use table::{clear_bit, has_bit, node_key, set_bit, table_bytes, warm};
+use node_table::{node_key, NodeTable};
+use table::table_bytes;
 
 /// What [`PrefixIndex::apply_batch`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -129,7 +131,7 @@ pub struct PrefixIndex {
     block_size: BlockSize,
     max_workers: usize,
     /// `(sequence hash, word)` -> bits of the workers of that word holding the block.
-    nodes: Map<u64, u64>,
+    nodes: NodeTable,
     slots: Vec<Option<Slot>>,
     slot_of: Map<WorkerId, usize>,
     free_slots: BinaryHeap<Reverse<usize>>,
@@ -147,7 +149,7 @@ impl PrefixIndex {
         Self {
             block_size,
             max_workers,
-            nodes: Map::default(),
+            nodes: NodeTable::default(),
             slots: Vec::new(),
             slot_of: Map::default(),
             free_slots: BinaryHeap::new(),
@@ -225,7 +227,7 @@ impl PrefixIndex {
         // only extra probes.
         if seqs.len() > 2 {
             let word = slot_ix / 64;
-            warm(&self.nodes, seqs.iter().map(|&q| node_key(q, word)));
+            self.nodes.warm(seqs.iter().map(|&q| node_key(q, word)));
             slot.blocks.warm(s.block_hashes.iter().map(|h| h.0));
         }
         for (h, &seq) in s.block_hashes.iter().zip(&seqs) {
@@ -261,10 +263,8 @@ impl PrefixIndex {
         }
         if s.block_hashes.len() > 2 {
             let word = slot_ix / 64;
-            warm(
-                &self.nodes,
-                s.sequence_hashes.iter().map(|q| node_key(q.0, word)),
-            );
+            self.nodes
+                .warm(s.sequence_hashes.iter().map(|q| node_key(q.0, word)));
             slot.blocks.warm(s.block_hashes.iter().map(|h| h.0));
         }
         for (h, seq) in s.block_hashes.iter().zip(&s.sequence_hashes) {
@@ -314,7 +314,7 @@ impl PrefixIndex {
         };
         let seqs: Vec<u64> = engine.filter_map(|h| slot.blocks.get(h)).collect();
         let word = slot_ix / 64;
-        warm(&self.nodes, seqs.iter().map(|&q| node_key(q, word)));
+        self.nodes.warm(seqs.iter().map(|&q| node_key(q, word)));
     }
 
     /// Applies the events of one batch of `worker` in order (engines publish one batch per
@@ -449,7 +449,7 @@ impl PrefixIndex {
         };
         let slot = self.slots[ix].as_mut().expect("mapped slots are live");
         for (_, seq) in slot.blocks.iter() {
-            clear_bit(&mut self.nodes, seq, ix);
+            self.nodes.clear_bit(node_key(seq, ix / 64), bit(ix));
         }
         slot.blocks.clear();
         slot.dups = Map::default();
@@ -488,7 +488,7 @@ impl PrefixIndex {
     pub fn contains(&self, worker: WorkerId, seq: SequenceHash) -> bool {
         self.slot_of
             .get(&worker)
-            .is_some_and(|&ix| has_bit(&self.nodes, seq.0, ix))
+            .is_some_and(|&ix| self.nodes.get(node_key(seq.0, ix / 64)) & bit(ix) != 0)
     }
 
     /// Event counters.
@@ -498,7 +498,7 @@ impl PrefixIndex {
 
     /// Bytes held by the index's tables (hash tables at their allocated size).
     pub fn memory_bytes(&self) -> usize {
-        let mut total = table_bytes::<u64, u64>(self.nodes.capacity())
+        let mut total = self.nodes.bytes()
             + table_bytes::<WorkerId, usize>(self.slot_of.capacity())
             + self.slots.capacity() * std::mem::size_of::<Option<Slot>>()
             + self.free_slots.capacity() * std::mem::size_of::<usize>();
@@ -564,7 +564,7 @@ impl PrefixIndex {
 
     #[inline]
     fn word(&self, seq: u64, word: usize) -> u64 {
-        self.nodes.get(&node_key(seq, word)).copied().unwrap_or(0)
+        self.nodes.get(node_key(seq, word))
     }
 
     #[inline]
@@ -579,10 +579,16 @@ impl PrefixIndex {
     }
 }
 
+/// The bit of slot `ix` in its word of a node.
+#[inline]
+fn bit(ix: usize) -> u64 {
+    1 << (ix % 64)
+}
+
 /// Records that the slot holds block `seq` under `engine`. A repeated store of the same
 /// block counts as one more copy when `count_copies` (engine events), else it is a refresh.
 fn store(
-    nodes: &mut Map<u64, u64>,
+    nodes: &mut NodeTable,
     slot: &mut Slot,
     ix: usize,
     engine: u64,
@@ -604,7 +610,7 @@ fn store(
         }
         None => {}
     }
-    if set_bit(nodes, seq, ix) {
+    if nodes.set_bit(node_key(seq, ix / 64), bit(ix)) {
         slot.held += 1;
     } else {
         *slot.dups.entry(seq).or_insert(0) += 1;
@@ -612,7 +618,7 @@ fn store(
 }
 
 /// Drops one copy of the slot's block stored under `engine`; false when there is none.
-fn unstore(nodes: &mut Map<u64, u64>, slot: &mut Slot, ix: usize, engine: u64) -> bool {
+fn unstore(nodes: &mut NodeTable, slot: &mut Slot, ix: usize, engine: u64) -> bool {
     if !slot.copies.is_empty() {
         if let Entry::Occupied(mut c) = slot.copies.entry(engine) {
             *c.get_mut() -= 1;
@@ -632,7 +638,7 @@ fn unstore(nodes: &mut Map<u64, u64>, slot: &mut Slot, ix: usize, engine: u64) -
 }
 
 /// Drops the slot's hold on node `seq` (one engine hash's worth of it).
-fn release(nodes: &mut Map<u64, u64>, slot: &mut Slot, ix: usize, seq: u64) {
+fn release(nodes: &mut NodeTable, slot: &mut Slot, ix: usize, seq: u64) {
     if let Some(c) = (!slot.dups.is_empty())
         .then(|| slot.dups.get_mut(&seq))
         .flatten()
@@ -643,7 +649,7 @@ fn release(nodes: &mut Map<u64, u64>, slot: &mut Slot, ix: usize, seq: u64) {
         }
         return;
     }
-    if clear_bit(nodes, seq, ix) {
+    if nodes.clear_bit(node_key(seq, ix / 64), bit(ix)) {
         slot.held -= 1;
     }
 }

@@ -286,13 +286,17 @@ impl BlockPool {
         true
     }
 
-    /// Reads the cache buckets of `seqs` before a batch of changes to them. The reads do not
-    /// depend on one another, so their cache misses overlap instead of coming one after
-    /// another inside the changes.
+    /// Reads the cache buckets of `seqs`, and the first block of each bucket's chain, before
+    /// a batch of changes to them. The reads for one hash do not depend on those for
+    /// another, so their cache misses overlap instead of coming one after another inside the
+    /// changes (which walk the chains from their first block).
     fn warm(&self, seqs: &[SequenceHash]) {
         let mut acc = 0u32;
         for s in seqs {
-            acc ^= self.heads[self.bucket(*s)];
+            let head = self.heads[self.bucket(*s)];
+            if let Some(block) = self.blocks.get(head as usize) {
+                acc ^= block.chain;
+            }
         }
         std::hint::black_box(acc);
     }
@@ -364,6 +368,13 @@ impl BlockPool {
         run: &[FullBlock<'_>],
         ns: Namespace,
     ) {
+        if run.len() > 2 {
+            let mut scratch = std::mem::take(&mut self.scratch);
+            scratch.clear();
+            scratch.extend(run.iter().map(|fb| fb.seq));
+            self.warm(&scratch);
+            self.scratch = scratch;
+        }
         // Split the run into stretches of newly cached blocks, one event each.
         let mut start: Option<usize> = None;
         for (i, fb) in run.iter().enumerate() {
