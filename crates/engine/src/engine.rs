@@ -13,8 +13,10 @@
 
 mod request;
 mod silent;
+mod token_runs;
 
 pub use request::{EngineError, EnginePrompt, EngineRequest, Finished, Sampled, StepOutput};
+pub use token_runs::TokenRuns;
 
 use crate::pool::{BlockPool, FullBlock};
 use crate::profile::Profile;
@@ -140,8 +142,12 @@ pub struct Engine {
     silent: silent::Plan,
     /// Tokens of silent steps run outside [`Engine::step_into`], not reported yet.
     sampled: Vec<Sampled>,
+    /// The same, by run (see [`Engine::set_token_runs`]).
+    sampled_runs: TokenRuns,
     /// Fast paths off (see [`Engine::set_fast_paths`]).
     plain: bool,
+    /// Silent steps' tokens reported by run (see [`Engine::set_token_runs`]).
+    token_runs: bool,
 }
 
 /// Buffers the scheduler reuses from step to step.
@@ -171,7 +177,9 @@ impl Engine {
             scratch: Scratch::default(),
             silent: silent::Plan::default(),
             sampled: Vec::new(),
+            sampled_runs: TokenRuns::default(),
             plain: false,
+            token_runs: false,
         })
     }
 
@@ -180,6 +188,14 @@ impl Engine {
     pub fn set_fast_paths(&mut self, on: bool) {
         self.plain = !on;
         self.silent.invalidate();
+    }
+
+    /// Reports the tokens of silent steps by run, in [`StepOutput::runs`], rather than one
+    /// by one in [`StepOutput::tokens`] (off by default). A run's tokens carry their request
+    /// and time, not their token id (a request's tokens are still all in its
+    /// [`Finished::output`]).
+    pub fn set_token_runs(&mut self, on: bool) {
+        self.token_runs = on;
     }
 
     /// The settings.
@@ -289,6 +305,7 @@ impl Engine {
         self.now = self.now.max(now);
         out.time = self.now;
         out.tokens.clear();
+        out.runs.clear();
         out.finished.clear();
         out.events.clear();
         self.catch_up(now, out);

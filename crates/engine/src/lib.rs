@@ -18,7 +18,7 @@ pub mod timing;
 
 pub use engine::{
     Engine, EngineConfig, EngineError, EngineMetrics, EnginePrompt, EngineRequest, Finished,
-    StepOutput,
+    StepOutput, TokenRuns,
 };
 pub use pool::BlockPool;
 pub use profile::{Profile, ProfileError};

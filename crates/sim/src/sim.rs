@@ -84,6 +84,8 @@ struct Sim<'a> {
     block_hashes: BlockHashCache,
     /// Engine output buffers, reused from step to step.
     out: StepOutput,
+    /// The gaps between a token run's steps, run-length encoded (reused).
+    gaps: Vec<(f64, u32)>,
 }
 
 /// Runs a simulation to its end.
@@ -117,6 +119,8 @@ fn simulate_with(
         ecfg.kv_events_with_tokens = false;
         let mut engine = Engine::new(ecfg).map_err(|e| SimError::Config(e.to_string()))?;
         engine.set_fast_paths(fast_paths);
+        // Only each token's request and time matter here: silent steps' tokens by run.
+        engine.set_token_runs(true);
         engines.push(engine);
     }
     // The trace's requests move out of the workload: the event loop and the router thread
@@ -200,6 +204,7 @@ fn run_loop<'a>(
             1 << 18,
         ),
         out: StepOutput::default(),
+        gaps: Vec::new(),
     };
     sim.trace = sim.driver.trace_arrivals().into();
     // Closed-loop clients start evenly spread over the ramp (all at once without one).
@@ -318,6 +323,7 @@ impl<'a> Sim<'a> {
         let mut out = std::mem::take(&mut self.out);
         for w in 0..self.engines.len() {
             out.tokens.clear();
+            out.runs.clear();
             self.engines[w].catch_up(end, &mut out);
             out.time = end;
             self.handle(w, &mut out);
@@ -460,6 +466,9 @@ impl<'a> Sim<'a> {
         let t = out.time;
         // First tokens and finishes release booked load: queued requests may go then.
         let mut released = !out.finished.is_empty();
+        for (ids, times) in out.runs.runs() {
+            released |= self.token_run(ids, times);
+        }
         for tok in &out.tokens {
             let i = tok.id.0 as usize;
             let rec = &mut self.records[i];
@@ -493,6 +502,42 @@ impl<'a> Sim<'a> {
         if released && !self.queue.is_empty() {
             self.drain_queue(t);
         }
+    }
+
+    /// Records a run of tokens (each of `ids` got one at each of `times`) as
+    /// one token at a time would be; true when one was a first token.
+    fn token_run(&mut self, ids: &[RequestId], times: &[Time]) -> bool {
+        let (Some(&first), Some(&last)) = (times.first(), times.last()) else {
+            return false;
+        };
+        // The gaps after the first token are the same for every request of the run.
+        let gaps = &mut self.gaps;
+        gaps.clear();
+        for w in times.windows(2) {
+            let gap = w[1].since(w[0]).as_secs_f64();
+            match gaps.last_mut() {
+                Some((g, c)) if *g == gap => *c += 1,
+                _ => gaps.push((gap, 1)),
+            }
+        }
+        let mut released = false;
+        for &id in ids {
+            let i = id.0 as usize;
+            let rec = &mut self.records[i];
+            if rec.first_token.is_none() {
+                // Not expected (a run's steps are decode steps), but kept exact.
+                rec.first_token = Some(first);
+                released = true;
+                self.router.first_token(id, first);
+            } else {
+                rec.push_gaps(first.since(self.last_token[i]).as_secs_f64(), 1);
+            }
+            for &(gap, count) in self.gaps.iter() {
+                rec.push_gaps(gap, count);
+            }
+            self.last_token[i] = last;
+        }
+        released
     }
 
     /// A request ended: close its record and let a closed-loop client go on.

@@ -141,6 +141,9 @@ pub struct StepOutput {
     pub time: Time,
     /// Tokens sampled, in time order.
     pub tokens: Vec<Sampled>,
+    /// Tokens of silent steps, by run, when the engine reports them so
+    /// ([`crate::Engine::set_token_runs`]); they all come before `tokens`.
+    pub runs: super::TokenRuns,
     /// Requests completed.
     pub finished: Vec<Finished>,
     /// KV events, in order.

@@ -11,7 +11,7 @@
 //! The plan is a cache of the ends of the silent steps ahead. Anything that can change it
 //! (scheduling, a new request, an abort) drops it; it is rebuilt on demand.
 
-use super::{Engine, Sampled, StepOutput};
+use super::{Engine, Sampled, StepOutput, TokenRuns};
 use crate::timing::StepShape;
 use kvroute_core::Time;
 use std::collections::VecDeque;
@@ -54,22 +54,38 @@ impl Engine {
     /// run earlier by a submit or an abort).
     pub fn catch_up(&mut self, now: Time, out: &mut StepOutput) {
         out.tokens.append(&mut self.sampled);
+        out.runs.append(&mut self.sampled_runs);
         let mut tokens = std::mem::take(&mut out.tokens);
-        self.run_silent(|end| end <= now, &mut tokens);
+        let mut runs = std::mem::take(&mut out.runs);
+        self.run_silent(|end| end <= now, &mut tokens, &mut runs);
         out.tokens = tokens;
+        out.runs = runs;
     }
 
     /// Runs the silent steps that end before `now` (a request arriving at the very end of a
     /// step is seen by the scheduling at that end), keeping their tokens for the next output.
     pub(super) fn run_silent_before(&mut self, now: Time) {
         let mut tokens = std::mem::take(&mut self.sampled);
-        self.run_silent(|end| end < now, &mut tokens);
+        let mut runs = std::mem::take(&mut self.sampled_runs);
+        self.run_silent(|end| end < now, &mut tokens, &mut runs);
         self.sampled = tokens;
+        self.sampled_runs = runs;
     }
 
-    fn run_silent(&mut self, due: impl Fn(Time) -> bool, tokens: &mut Vec<Sampled>) {
+    /// Runs the silent steps that are `due`, their tokens going to `tokens` one by one or,
+    /// with token runs on, to `runs` as one run.
+    fn run_silent(
+        &mut self,
+        due: impl Fn(Time) -> bool,
+        tokens: &mut Vec<Sampled>,
+        runs: &mut TokenRuns,
+    ) {
         self.plan();
         let bs = self.cfg.block_size;
+        let by_run = self.token_runs;
+        if by_run {
+            runs.begin(self.running.iter().map(|s| s.id));
+        }
         let mut done = 0;
         while let Some(&(secs, end)) = self.silent.steps.get(done) {
             let Some(f) = &mut self.inflight else {
@@ -85,11 +101,16 @@ impl Engine {
                 s.computed += 1;
                 let token = super::request::output_token(s.id, s.generated);
                 s.push_output(token, bs);
-                tokens.push(Sampled {
-                    id: s.id,
-                    token,
-                    time: at,
-                });
+                if !by_run {
+                    tokens.push(Sampled {
+                        id: s.id,
+                        token,
+                        time: at,
+                    });
+                }
+            }
+            if by_run {
+                runs.push_step(at);
             }
             self.metrics.generated_tokens_total += self.running.len() as u64;
             self.metrics.busy_secs_total += secs;
@@ -97,6 +118,9 @@ impl Engine {
             done += 1;
         }
         self.silent.steps.drain(..done);
+        if by_run {
+            runs.end();
+        }
     }
 
     /// Builds the plan when it was dropped.

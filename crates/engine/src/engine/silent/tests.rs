@@ -15,11 +15,15 @@ enum Mode {
     EveryStep,
     /// Fast paths on, stepped only when the engine reports more than tokens.
     Reports,
+    /// As `Reports`, with silent steps' tokens reported by run.
+    Runs,
 }
 
 #[derive(Debug, PartialEq)]
 struct Run {
     tokens: Vec<Sampled>,
+    /// Every token's request and time (from runs too).
+    timed: Vec<(RequestId, Time)>,
     events: Vec<(Time, Vec<KvEvent>)>,
     finished: Vec<Finished>,
     metrics: EngineMetrics,
@@ -29,9 +33,11 @@ struct Run {
 fn run(cfg: &EngineConfig, arrivals: &[(u64, EngineRequest)], mode: Mode) -> Run {
     let mut e = Engine::new(cfg.clone()).unwrap();
     e.set_fast_paths(mode != Mode::Plain);
+    e.set_token_runs(mode == Mode::Runs);
     let mut arrivals: std::collections::VecDeque<_> = arrivals.iter().cloned().collect();
     let mut r = Run {
         tokens: Vec::new(),
+        timed: Vec::new(),
         events: Vec::new(),
         finished: Vec::new(),
         metrics: EngineMetrics::default(),
@@ -40,7 +46,7 @@ fn run(cfg: &EngineConfig, arrivals: &[(u64, EngineRequest)], mode: Mode) -> Run
     for _ in 0..1_000_000 {
         let next_arrival = arrivals.front().map(|a| Time::from_millis(a.0));
         let next_step = match mode {
-            Mode::Reports => e.next_report_time(),
+            Mode::Reports | Mode::Runs => e.next_report_time(),
             _ => e.next_event_time(),
         };
         let t = match (next_arrival, next_step) {
@@ -59,6 +65,8 @@ fn run(cfg: &EngineConfig, arrivals: &[(u64, EngineRequest)], mode: Mode) -> Run
         }
         let out = e.step(t);
         r.calls += 1;
+        r.timed.extend(out.runs.tokens());
+        r.timed.extend(out.tokens.iter().map(|t| (t.id, t.time)));
         r.tokens.extend(out.tokens);
         if !out.events.is_empty() {
             r.events.push((out.time, out.events));
@@ -121,14 +129,19 @@ proptest! {
         let plain = run(&cfg, &arrivals, Mode::Plain);
         let every = run(&cfg, &arrivals, Mode::EveryStep);
         let reports = run(&cfg, &arrivals, Mode::Reports);
+        let runs = run(&cfg, &arrivals, Mode::Runs);
         prop_assert_eq!(&plain.tokens, &every.tokens);
         prop_assert_eq!(&plain.tokens, &reports.tokens);
+        prop_assert_eq!(&plain.timed, &runs.timed);
         prop_assert_eq!(&plain.events, &every.events);
         prop_assert_eq!(&plain.events, &reports.events);
+        prop_assert_eq!(&plain.events, &runs.events);
         prop_assert_eq!(&plain.finished, &every.finished);
         prop_assert_eq!(&plain.finished, &reports.finished);
+        prop_assert_eq!(&plain.finished, &runs.finished);
         prop_assert_eq!(&plain.metrics, &every.metrics);
         prop_assert_eq!(&plain.metrics, &reports.metrics);
+        prop_assert_eq!(&plain.metrics, &runs.metrics);
     }
 }
 
@@ -140,7 +153,14 @@ fn a_long_decode_is_reported_in_few_calls() {
     let arrivals = requests(&[(0, 0, 8, 200)]);
     let plain = run(&cfg, &arrivals, Mode::Plain);
     let reports = run(&cfg, &arrivals, Mode::Reports);
+    let runs = run(&cfg, &arrivals, Mode::Runs);
     assert_eq!(plain.tokens, reports.tokens);
+    assert_eq!(plain.timed, runs.timed);
+    assert!(
+        runs.tokens.len() < 60,
+        "{} tokens one by one",
+        runs.tokens.len()
+    );
     assert_eq!(plain.tokens.len(), 200);
     assert!(plain.calls > 200, "{} calls", plain.calls);
     assert!(reports.calls <= 60, "{} calls", reports.calls);
