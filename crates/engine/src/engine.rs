@@ -448,8 +448,13 @@ impl Engine {
     /// The seconds of a step of `shape` starting at `start`, and its end. At least a
     /// microsecond, so that time always moves forward.
     fn step_end(&self, shape: &StepShape, start: Time) -> (f64, Time) {
-        let secs = self.cfg.model.step_secs(shape).max(1e-6);
+        let secs = self.step_secs(shape);
         (secs, start.plus(Duration::from_secs_f64(secs)))
+    }
+
+    /// The seconds of a step of `shape` (at least a microsecond).
+    fn step_secs(&self, shape: &StepShape) -> f64 {
+        self.cfg.model.step_secs(shape).max(1e-6)
     }
 
     /// The step [`Engine::schedule_general`] would pick when every running sequence decodes,

@@ -36,6 +36,15 @@ pub enum StepModel {
 }
 
 impl StepModel {
+    /// Whether a step's time depends on its decoding sequences' contexts: when not, decode
+    /// steps of the same sequences at the same KV usage all take the same time.
+    pub fn uses_decode_context(&self) -> bool {
+        match self {
+            StepModel::Roofline(_) => true,
+            StepModel::Polynomial(_) => false,
+        }
+    }
+
     /// Seconds the step takes (0 for an empty step).
     pub fn step_secs(&self, s: &StepShape) -> f64 {
         if s.is_empty() {
@@ -97,6 +106,12 @@ mod tests {
         };
         assert!((m.step_secs(&both) * 1e3 - (32.105_858_9 + 26.31)).abs() < 1e-6);
         assert_eq!(m.step_secs(&StepShape::default()), 0.0);
+        let longer = StepShape {
+            decode_context: 10_000,
+            ..decode
+        };
+        assert!(!m.uses_decode_context());
+        assert_eq!(m.step_secs(&decode), m.step_secs(&longer));
     }
 
     #[test]
@@ -125,5 +140,11 @@ mod tests {
         };
         let (a, b) = (m.step_secs(&pf(8_192)), m.step_secs(&pf(16_384)));
         assert!(b > 1.8 * a && b < 2.4 * a, "{a} {b}");
+        let longer = StepShape {
+            decode_context: 64 * 4_096,
+            ..decode
+        };
+        assert!(m.uses_decode_context());
+        assert!(m.step_secs(&longer) > m.step_secs(&decode));
     }
 }

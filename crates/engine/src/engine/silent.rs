@@ -15,6 +15,7 @@ use super::{Engine, Sampled, StepOutput, TokenRuns};
 use crate::timing::StepShape;
 use kvroute_core::Time;
 use std::collections::VecDeque;
+use std::time::Duration;
 
 /// Silent steps planned after the step in flight.
 #[derive(Default)]
@@ -164,13 +165,23 @@ impl Engine {
             ..StepShape::default()
         };
         let mut end = f.ended;
+        // Without a dependence on context, every step of the run takes the same time.
+        let same = (!self.cfg.model.uses_decode_context()).then(|| {
+            let secs = self.step_secs(&shape);
+            (secs, Duration::from_secs_f64(secs))
+        });
         for _ in 0..silent {
             if admits_from.is_some_and(|r| r <= end) {
                 break;
             }
-            context += n as u64;
-            shape.decode_context = context;
-            let (secs, next) = self.step_end(&shape, end);
+            let (secs, next) = match same {
+                Some((secs, d)) => (secs, end.plus(d)),
+                None => {
+                    context += n as u64;
+                    shape.decode_context = context;
+                    self.step_end(&shape, end)
+                }
+            };
             end = next;
             self.silent.steps.push_back((secs, end));
         }
