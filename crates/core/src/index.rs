@@ -19,7 +19,6 @@
 mod approx;
 mod engine_table;
 mod event;
-mod node_table;
 mod table;
 
 pub use approx::{ApproxConfig, ApproxIndex};
@@ -39,8 +38,7 @@ use std::collections::BinaryHeap;
 type Map<K, V> = hashbrown::HashMap<K, V, RandomState>;
 
 use engine_table::EngineTable;
-use node_table::{node_key, NodeTable};
-use table::table_bytes;
+use table::{clear_bit, has_bit, node_key, set_bit, table_bytes, NodeTable};
 
 /// What [`PrefixIndex::apply_batch`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -449,7 +447,7 @@ impl PrefixIndex {
         };
         let slot = self.slots[ix].as_mut().expect("mapped slots are live");
         for (_, seq) in slot.blocks.iter() {
-            self.nodes.clear_bit(node_key(seq, ix / 64), bit(ix));
+            clear_bit(&mut self.nodes, seq, ix);
         }
         slot.blocks.clear();
         slot.dups = Map::default();
@@ -488,7 +486,7 @@ impl PrefixIndex {
     pub fn contains(&self, worker: WorkerId, seq: SequenceHash) -> bool {
         self.slot_of
             .get(&worker)
-            .is_some_and(|&ix| self.nodes.get(node_key(seq.0, ix / 64)) & bit(ix) != 0)
+            .is_some_and(|&ix| has_bit(&self.nodes, seq.0, ix))
     }
 
     /// Event counters.
@@ -564,7 +562,7 @@ impl PrefixIndex {
 
     #[inline]
     fn word(&self, seq: u64, word: usize) -> u64 {
-        self.nodes.get(node_key(seq, word))
+        self.nodes.get(node_key(seq, word)).unwrap_or(0)
     }
 
     #[inline]
@@ -577,12 +575,6 @@ impl PrefixIndex {
             }
         }
     }
-}
-
-/// The bit of slot `ix` in its word of a node.
-#[inline]
-fn bit(ix: usize) -> u64 {
-    1 << (ix % 64)
 }
 
 /// Records that the slot holds block `seq` under `engine`. A repeated store of the same
@@ -610,7 +602,7 @@ fn store(
         }
         None => {}
     }
-    if nodes.set_bit(node_key(seq, ix / 64), bit(ix)) {
+    if set_bit(nodes, seq, ix) {
         slot.held += 1;
     } else {
         *slot.dups.entry(seq).or_insert(0) += 1;
@@ -649,7 +641,7 @@ fn release(nodes: &mut NodeTable, slot: &mut Slot, ix: usize, seq: u64) {
         }
         return;
     }
-    if nodes.clear_bit(node_key(seq, ix / 64), bit(ix)) {
+    if clear_bit(nodes, seq, ix) {
         slot.held -= 1;
     }
 }

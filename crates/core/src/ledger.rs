@@ -11,9 +11,9 @@ mod fit;
 
 pub use fit::{PrefillEstimate, PrefillFit};
 
+use crate::flat_table::FlatTable;
 use crate::hashing::SequenceHash;
 use crate::types::{RequestId, Time, WorkerId};
-use hashbrown::hash_map::Entry;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -127,7 +127,7 @@ struct WorkerState {
     /// blocks form a chain from the root, so when a chain's last block is present all its
     /// blocks are: booking walks back from the end only over the blocks that are new, and
     /// release walks back only over the blocks it is the last to hold.
-    active: Map<u64, u32>,
+    active: FlatTable<u32>,
     partial_blocks: u64,
     fit: PrefillFit,
     /// Exponentially weighted mean of dispatch-to-finish seconds.
@@ -276,15 +276,12 @@ impl LoadLedger {
         let uncached = b.prompt_tokens.saturating_sub(b.cached_tokens) as u64;
         let full = b.blocks.len().min(b.prompt_tokens / self.block_size);
         let blocks: Box<[u64]> = b.blocks[..full].iter().map(|s| s.0).collect();
+        w.active.warm(blocks.iter().copied());
         for s in blocks.iter().rev() {
-            match w.active.entry(*s) {
-                Entry::Occupied(mut c) => {
-                    *c.get_mut() += 1;
-                    break;
-                }
-                Entry::Vacant(v) => {
-                    v.insert(1);
-                }
+            let (count, new) = w.active.get_or_insert(*s, 0);
+            *count += 1;
+            if !new {
+                break;
             }
         }
         let partial_block = b.prompt_tokens > full * self.block_size;
@@ -348,15 +345,16 @@ impl LoadLedger {
         if !r.prefilled {
             w.load.prefill_tokens = w.load.prefill_tokens.saturating_sub(r.prefill_tokens);
         }
+        w.active.warm(r.blocks.iter().copied());
         for s in r.blocks.iter().rev() {
-            let Entry::Occupied(mut c) = w.active.entry(*s) else {
-                break;
-            };
-            *c.get_mut() = c.get().saturating_sub(1);
-            if *c.get() > 0 {
+            let left = w.active.update(*s, |count| {
+                *count = count.saturating_sub(1);
+                *count > 0
+            });
+            // Absent, or still held by another chain: the blocks before it are held too.
+            if left != Some(false) {
                 break;
             }
-            c.remove();
         }
         w.partial_blocks -= u64::from(r.partial_block).min(w.partial_blocks);
         w.load.inflight = w.load.inflight.saturating_sub(1);

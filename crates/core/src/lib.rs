@@ -41,6 +41,7 @@
 //! ```
 
 pub mod admission;
+mod flat_table;
 pub mod hashing;
 pub mod index;
 pub mod ledger;

@@ -1,25 +1,21 @@
-//! The flat node table: `(sequence hash, word)` keys to the bits of the workers of that word
-//! holding the block.
+//! A flat hash table from 64-bit hashes to small values, for the routing core's hot tables
+//! (the prefix index's node table, the ledger's active blocks).
 //!
-//! An open-addressed table with linear probing over 16-byte `(key, bits)` entries, four to a
-//! cache line, with no separate control bytes. It is written for this one job rather than
-//! taken from a general map because of how the index uses it: most of its work is a batch of
-//! writes to keys spread at random over a table far larger than the CPU caches, and reading
-//! those keys' lines first ([`NodeTable::warm`]) lets their cache misses overlap. A general
-//! map cannot say where a key *absent* from it would be written, so its reads ahead only
-//! helped writes of keys already present; here a key's first probe is its home entry,
-//! known in advance whether the key is there or not, and the write lands on it or just
-//! after it.
+//! Open addressing with linear probing over `(key, value)` entries, with no separate control
+//! bytes. It is written for these tables rather than taken from a general map because of how
+//! they are used: most of their work is batches of operations on keys spread at random over
+//! tables larger than the CPU caches, and reading those keys' entries first
+//! ([`FlatTable::warm`]) lets their cache misses overlap. A general map cannot say where a
+//! key *absent* from it would be written, so reading ahead only helped keys already present;
+//! here a key's first probe is its home entry, known in advance whether the key is there or
+//! not, and an insertion lands on it or just after it.
 //!
-//! Keys are 64-bit hashes; key 0 marks an empty entry, so a key of 0 is stored as
-//! [`ZERO_KEY`] (a collision of probability 2^-64, like any other). Removal shifts later
-//! entries of the probe run back, so no tombstones accumulate.
-
-/// Spreads the words of one node over the key space (word 0 keeps the sequence hash itself).
-const WORD_SALT: u64 = 0x9E37_79B9_7F4A_7C15;
+//! Keys are hashes already (uniform 64-bit values); key 0 marks an empty entry, so a key of 0
+//! is stored as [`ZERO_KEY`] (a collision of probability 2^-64, like any other). Removal
+//! shifts later entries of the probe run back, so no tombstones accumulate.
 
 /// The stand-in for a key of 0 (which marks empty entries).
-const ZERO_KEY: u64 = WORD_SALT;
+const ZERO_KEY: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// Mixes a key into its home position (the top bits of the product are used, so keys with
 /// structured low bits still spread).
@@ -33,26 +29,29 @@ const MAX_LOAD_DEN: usize = 8;
 /// Fewest entries of a table that holds anything.
 const MIN_ENTRIES: usize = 16;
 
-/// The key of word `word` of the node with sequence hash `seq`.
-#[inline]
-pub(super) fn node_key(seq: u64, word: usize) -> u64 {
-    seq.wrapping_add((word as u64).wrapping_mul(WORD_SALT))
-}
-
 #[derive(Clone, Copy, Default)]
-struct Entry {
+struct Entry<V> {
     key: u64,
-    bits: u64,
+    value: V,
 }
 
-/// The node table. See the module documentation.
-#[derive(Default)]
-pub(super) struct NodeTable {
-    entries: Vec<Entry>,
+/// The table. See the module documentation.
+pub(crate) struct FlatTable<V> {
+    entries: Vec<Entry<V>>,
     /// Keys present.
     len: usize,
     /// `64 - log2(entries.len())`: the shift that turns a mixed key into a home position.
     shift: u32,
+}
+
+impl<V> Default for FlatTable<V> {
+    fn default() -> Self {
+        Self {
+            entries: Vec::new(),
+            len: 0,
+            shift: 0,
+        }
+    }
 }
 
 #[inline]
@@ -64,7 +63,7 @@ fn stored_key(key: u64) -> u64 {
     }
 }
 
-impl NodeTable {
+impl<V: Copy + Default> FlatTable<V> {
     /// Keys present.
     pub fn len(&self) -> usize {
         self.len
@@ -77,7 +76,7 @@ impl NodeTable {
 
     /// Bytes allocated.
     pub fn bytes(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<Entry>()
+        self.entries.capacity() * std::mem::size_of::<Entry<V>>()
     }
 
     #[inline]
@@ -104,51 +103,47 @@ impl NodeTable {
         }
     }
 
-    /// The bits at `key` (0 when absent).
+    /// The position of `key`, when present.
     #[inline]
-    pub fn get(&self, key: u64) -> u64 {
+    fn find(&self, key: u64) -> Option<usize> {
         if self.entries.is_empty() {
-            return 0;
+            return None;
         }
         match self.probe(stored_key(key)) {
-            (i, true) => self.entries[i].bits,
-            _ => 0,
+            (i, true) => Some(i),
+            _ => None,
         }
     }
 
-    /// Sets `bit` at `key`; true when it was not set.
+    /// The value at `key`.
     #[inline]
-    pub fn set_bit(&mut self, key: u64, bit: u64) -> bool {
+    pub fn get(&self, key: u64) -> Option<V> {
+        self.find(key).map(|i| self.entries[i].value)
+    }
+
+    /// The value at `key`, inserting `value` first when the key is absent; true when it was.
+    #[inline]
+    pub fn get_or_insert(&mut self, key: u64, value: V) -> (&mut V, bool) {
         self.reserve(1);
         let key = stored_key(key);
         let (i, found) = self.probe(key);
-        let e = &mut self.entries[i];
         if !found {
-            *e = Entry { key, bits: bit };
+            self.entries[i] = Entry { key, value };
             self.len += 1;
-            return true;
         }
-        let fresh = e.bits & bit == 0;
-        e.bits |= bit;
-        fresh
+        (&mut self.entries[i].value, !found)
     }
 
-    /// Clears `bit` at `key`, dropping the key when no bit is left; true when it was set.
+    /// Changes the value at `key` with `change`, which says whether the entry stays (else
+    /// it is removed). None when the key is absent, else what `change` said.
     #[inline]
-    pub fn clear_bit(&mut self, key: u64, bit: u64) -> bool {
-        if self.entries.is_empty() {
-            return false;
-        }
-        let (i, found) = self.probe(stored_key(key));
-        let e = &mut self.entries[i];
-        if !found || e.bits & bit == 0 {
-            return false;
-        }
-        e.bits &= !bit;
-        if e.bits == 0 {
+    pub fn update(&mut self, key: u64, change: impl FnOnce(&mut V) -> bool) -> Option<bool> {
+        let i = self.find(key)?;
+        let keep = change(&mut self.entries[i].value);
+        if !keep {
             self.remove_at(i);
         }
-        true
+        Some(keep)
     }
 
     /// Empties entry `hole` and moves later entries of its probe run back over it, so every
@@ -224,8 +219,10 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Set(u64, u8),
-        Clear(u64, u8),
+        /// Adds to the value at the key (inserting 0 first).
+        Add(u64, u8),
+        /// Subtracts from the value at the key, removing it at 0 or below.
+        Sub(u64, u8),
     }
 
     /// Keys from a small set (so operations meet), some of them colliding in their home
@@ -241,42 +238,46 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (key(), 0u8..4).prop_map(|(k, b)| Op::Set(k, b)),
-            (key(), 0u8..4).prop_map(|(k, b)| Op::Clear(k, b)),
+            (key(), 1u8..4).prop_map(|(k, n)| Op::Add(k, n)),
+            (key(), 1u8..4).prop_map(|(k, n)| Op::Sub(k, n)),
         ]
     }
 
     proptest! {
         #[test]
-        fn behaves_like_a_map_of_bitsets(ops in proptest::collection::vec(op(), 0..400)) {
-            let mut table = NodeTable::default();
-            let mut model: HashMap<u64, u64> = HashMap::new();
+        fn behaves_like_a_map(ops in proptest::collection::vec(op(), 0..400)) {
+            let mut table = FlatTable::<i64>::default();
+            let mut model: HashMap<u64, i64> = HashMap::new();
             for op in ops {
                 match op {
-                    Op::Set(k, b) => {
-                        let bits = model.entry(stored_key(k)).or_insert(0);
-                        let fresh = *bits & (1 << b) == 0;
-                        *bits |= 1 << b;
-                        prop_assert_eq!(table.set_bit(k, 1 << b), fresh);
+                    Op::Add(k, n) => {
+                        let inserted = !model.contains_key(&stored_key(k));
+                        *model.entry(stored_key(k)).or_insert(0) += i64::from(n);
+                        let (v, fresh) = table.get_or_insert(k, 0);
+                        *v += i64::from(n);
+                        prop_assert_eq!(fresh, inserted);
                     }
-                    Op::Clear(k, b) => {
+                    Op::Sub(k, n) => {
                         let k = stored_key(k);
-                        let was = model.get(&k).is_some_and(|bits| bits & (1 << b) != 0);
-                        if was {
-                            let bits = model.get_mut(&k).unwrap();
-                            *bits &= !(1 << b);
-                            if *bits == 0 {
-                                model.remove(&k);
-                            }
+                        let expected = model.get_mut(&k).map(|v| {
+                            *v -= i64::from(n);
+                            *v > 0
+                        });
+                        if expected == Some(false) {
+                            model.remove(&k);
                         }
-                        prop_assert_eq!(table.clear_bit(k, 1 << b), was);
+                        let got = table.update(k, |v| {
+                            *v -= i64::from(n);
+                            *v > 0
+                        });
+                        prop_assert_eq!(got, expected);
                     }
                 }
                 prop_assert_eq!(table.len(), model.len());
                 prop_assert!(table.len() <= table.capacity());
             }
-            for (k, bits) in &model {
-                prop_assert_eq!(table.get(*k), *bits);
+            for (k, v) in &model {
+                prop_assert_eq!(table.get(*k), Some(*v));
             }
             let present = table.entries.iter().filter(|e| e.key != 0).count();
             prop_assert_eq!(present, model.len(), "no entry is left behind by removals");
@@ -285,12 +286,13 @@ mod tests {
 
     #[test]
     fn reserve_makes_room_without_growing_later() {
-        let mut table = NodeTable::default();
+        let mut table = FlatTable::<u64>::default();
         table.reserve(1000);
         let entries = table.entries.len();
         assert!(table.capacity() >= 1000);
+        let key = |k: u64| k.wrapping_mul(0x1234_5678_9ABC_DEF1);
         for k in 1..=1000u64 {
-            assert!(table.set_bit(k.wrapping_mul(0x1234_5678_9ABC_DEF1), 1));
+            assert!(table.get_or_insert(key(k), k).1);
         }
         assert_eq!(
             table.entries.len(),
@@ -299,7 +301,8 @@ mod tests {
         );
         assert_eq!(table.len(), 1000);
         for k in 1..=1000u64 {
-            assert!(table.clear_bit(k.wrapping_mul(0x1234_5678_9ABC_DEF1), 1));
+            assert_eq!(table.get(key(k)), Some(k));
+            assert_eq!(table.update(key(k), |_| false), Some(false));
         }
         assert_eq!(table.len(), 0);
         assert!(table.entries.iter().all(|e| e.key == 0));
@@ -307,9 +310,9 @@ mod tests {
 
     #[test]
     fn an_empty_table_answers_without_allocating() {
-        let mut table = NodeTable::default();
-        assert_eq!(table.get(5), 0);
-        assert!(!table.clear_bit(5, 1));
+        let mut table = FlatTable::<u64>::default();
+        assert_eq!(table.get(5), None);
+        assert_eq!(table.update(5, |_| true), None);
         table.warm([1, 2, 3].into_iter());
         assert_eq!(table.bytes(), 0);
     }
