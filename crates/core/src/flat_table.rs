@@ -1,50 +1,134 @@
 //! A flat hash table from 64-bit hashes to small values, for the routing core's hot tables
 //! (the prefix index's node table, the ledger's active blocks).
 //!
-//! Open addressing with linear probing over `(key, value)` entries, with no separate control
-//! bytes. It is written for these tables rather than taken from a general map because of how
-//! they are used: most of their work is batches of operations on keys spread at random over
+//! Open addressing with linear probing over small entries, with no separate control bytes.
+//! It is written for these tables rather than taken from a general map because of how they
+//! are used: most of their work is batches of operations on keys spread at random over
 //! tables larger than the CPU caches, and reading those keys' entries first
 //! ([`FlatTable::warm`]) lets their cache misses overlap. A general map cannot say where a
 //! key *absent* from it would be written, so reading ahead only helped keys already present;
 //! here a key's first probe is its home entry, known in advance whether the key is there or
-//! not, and an insertion lands on it or just after it.
+//! not, and an insertion lands on it or just after it. For the same reason entries are as
+//! small as they can be: an [`Entry`] type says how a key and a value are stored (a pair, or
+//! a key and a few bits packed in one word).
 //!
-//! Keys are hashes already (uniform 64-bit values); key 0 marks an empty entry, so a key of 0
-//! is stored as [`ZERO_KEY`] (a collision of probability 2^-64, like any other). Removal
-//! shifts later entries of the probe run back, so no tombstones accumulate.
+//! Keys are hashes already (uniform 64-bit values); an entry whose stored key is 0 is empty,
+//! so a key stored as 0 is stored as [`ZERO_KEY`] instead (a collision of probability 2^-64,
+//! like any other). Removal shifts later entries of the probe run back, so no tombstones
+//! accumulate.
 
-/// The stand-in for a key of 0 (which marks empty entries).
-const ZERO_KEY: u64 = 0x9E37_79B9_7F4A_7C15;
+/// The stand-in for a key stored as 0 (which marks empty entries).
+pub(crate) const ZERO_KEY: u64 = 0x9E37_79B9_7F4A_7C15;
 
-/// Mixes a key into its home position (the top bits of the product are used, so keys with
-/// structured low bits still spread).
+/// Mixes a stored key into its home position (the top bits of the product are used, so
+/// keys with structured low bits still spread).
 const HOME_MUL: u64 = 0xD6E8_FEB8_6659_FD93;
 
 /// Entries per entry in use, at most: the table grows beyond 5/8 full, so a probe for an
-/// absent key reads about four entries on average (one or two cache lines).
+/// absent key reads about four entries on average.
 const MAX_LOAD_NUM: usize = 5;
 const MAX_LOAD_DEN: usize = 8;
 
 /// Fewest entries of a table that holds anything.
 const MIN_ENTRIES: usize = 16;
 
+/// How a table's entries hold a key and a value. The default entry is the empty one.
+pub(crate) trait Entry: Copy + Default {
+    /// The value type.
+    type Value: Copy;
+    /// The form a key is stored and compared in: never 0 (see [`ZERO_KEY`]), and a function
+    /// of the key alone.
+    fn stored(key: u64) -> u64;
+    /// The stored key (0 for an empty entry).
+    fn key(&self) -> u64;
+    /// The value.
+    fn value(&self) -> Self::Value;
+    /// An entry of stored key `key` (see [`Entry::stored`]) and `value`.
+    fn new(key: u64, value: Self::Value) -> Self;
+}
+
+/// A key and a value side by side.
 #[derive(Clone, Copy, Default)]
-struct Entry<V> {
+pub(crate) struct Pair<V> {
     key: u64,
     value: V,
 }
 
+impl<V: Copy + Default> Entry for Pair<V> {
+    type Value = V;
+
+    #[inline]
+    fn stored(key: u64) -> u64 {
+        if key == 0 {
+            ZERO_KEY
+        } else {
+            key
+        }
+    }
+
+    #[inline]
+    fn key(&self) -> u64 {
+        self.key
+    }
+
+    #[inline]
+    fn value(&self) -> V {
+        self.value
+    }
+
+    #[inline]
+    fn new(key: u64, value: V) -> Self {
+        Self { key, value }
+    }
+}
+
+/// 56 bits of a key and an 8-bit value in one word: half the size of a [`Pair`]. The key is
+/// mixed first (a multiplication by an odd constant, which maps distinct keys to distinct
+/// words), so keys that differ only in their low bits stay apart; two keys are taken for one
+/// when their mixed forms agree in the top 56 bits (probability 2^-56).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Packed8(u64);
+
+/// The multiplier of [`Packed8`]'s mix.
+const PACK_MUL: u64 = 0xBF58_476D_1CE4_E5B9;
+
+impl Entry for Packed8 {
+    type Value = u8;
+
+    #[inline]
+    fn stored(key: u64) -> u64 {
+        match key.wrapping_mul(PACK_MUL) & !0xFF {
+            0 => ZERO_KEY & !0xFF,
+            k => k,
+        }
+    }
+
+    #[inline]
+    fn key(&self) -> u64 {
+        self.0 & !0xFF
+    }
+
+    #[inline]
+    fn value(&self) -> u8 {
+        self.0 as u8
+    }
+
+    #[inline]
+    fn new(key: u64, value: u8) -> Self {
+        Self(key | u64::from(value))
+    }
+}
+
 /// The table. See the module documentation.
-pub(crate) struct FlatTable<V> {
-    entries: Vec<Entry<V>>,
+pub(crate) struct FlatTable<E> {
+    entries: Vec<E>,
     /// Keys present.
     len: usize,
     /// `64 - log2(entries.len())`: the shift that turns a mixed key into a home position.
     shift: u32,
 }
 
-impl<V> Default for FlatTable<V> {
+impl<E> Default for FlatTable<E> {
     fn default() -> Self {
         Self {
             entries: Vec::new(),
@@ -54,16 +138,7 @@ impl<V> Default for FlatTable<V> {
     }
 }
 
-#[inline]
-fn stored_key(key: u64) -> u64 {
-    if key == 0 {
-        ZERO_KEY
-    } else {
-        key
-    }
-}
-
-impl<V: Copy + Default> FlatTable<V> {
+impl<E: Entry> FlatTable<E> {
     /// Keys present.
     pub fn len(&self) -> usize {
         self.len
@@ -76,7 +151,7 @@ impl<V: Copy + Default> FlatTable<V> {
 
     /// Bytes allocated.
     pub fn bytes(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<Entry<V>>()
+        self.entries.capacity() * std::mem::size_of::<E>()
     }
 
     #[inline]
@@ -85,17 +160,17 @@ impl<V: Copy + Default> FlatTable<V> {
     }
 
     #[inline]
-    fn home(&self, key: u64) -> usize {
-        (key.wrapping_mul(HOME_MUL) >> self.shift) as usize
+    fn home(&self, stored: u64) -> usize {
+        (stored.wrapping_mul(HOME_MUL) >> self.shift) as usize
     }
 
-    /// The position of `key` (stored form), or of the empty entry where it would go.
+    /// The position of stored key `key`, or of the empty entry where it would go.
     #[inline]
     fn probe(&self, key: u64) -> (usize, bool) {
         let mask = self.mask();
         let mut i = self.home(key);
         loop {
-            match self.entries[i].key {
+            match self.entries[i].key() {
                 k if k == key => return (i, true),
                 0 => return (i, false),
                 _ => i = (i + 1) & mask,
@@ -103,47 +178,34 @@ impl<V: Copy + Default> FlatTable<V> {
         }
     }
 
-    /// The position of `key`, when present.
+    /// The value at `key`.
     #[inline]
-    fn find(&self, key: u64) -> Option<usize> {
+    pub fn get(&self, key: u64) -> Option<E::Value> {
         if self.entries.is_empty() {
             return None;
         }
-        match self.probe(stored_key(key)) {
-            (i, true) => Some(i),
+        match self.probe(E::stored(key)) {
+            (i, true) => Some(self.entries[i].value()),
             _ => None,
         }
     }
 
-    /// The value at `key`.
+    /// Replaces the value at `key` by what `change` makes of it (None: absent), in one
+    /// probe: a value inserts or replaces, None removes (or leaves absent).
     #[inline]
-    pub fn get(&self, key: u64) -> Option<V> {
-        self.find(key).map(|i| self.entries[i].value)
-    }
-
-    /// The value at `key`, inserting `value` first when the key is absent; true when it was.
-    #[inline]
-    pub fn get_or_insert(&mut self, key: u64, value: V) -> (&mut V, bool) {
+    pub fn modify(&mut self, key: u64, change: impl FnOnce(Option<E::Value>) -> Option<E::Value>) {
         self.reserve(1);
-        let key = stored_key(key);
+        let key = E::stored(key);
         let (i, found) = self.probe(key);
-        if !found {
-            self.entries[i] = Entry { key, value };
-            self.len += 1;
+        let old = found.then(|| self.entries[i].value());
+        match (change(old), found) {
+            (Some(v), _) => {
+                self.entries[i] = E::new(key, v);
+                self.len += usize::from(!found);
+            }
+            (None, true) => self.remove_at(i),
+            (None, false) => {}
         }
-        (&mut self.entries[i].value, !found)
-    }
-
-    /// Changes the value at `key` with `change`, which says whether the entry stays (else
-    /// it is removed). None when the key is absent, else what `change` said.
-    #[inline]
-    pub fn update(&mut self, key: u64, change: impl FnOnce(&mut V) -> bool) -> Option<bool> {
-        let i = self.find(key)?;
-        let keep = change(&mut self.entries[i].value);
-        if !keep {
-            self.remove_at(i);
-        }
-        Some(keep)
     }
 
     /// Empties entry `hole` and moves later entries of its probe run back over it, so every
@@ -153,10 +215,10 @@ impl<V: Copy + Default> FlatTable<V> {
         self.len -= 1;
         let mut j = hole;
         loop {
-            self.entries[hole] = Entry::default();
+            self.entries[hole] = E::default();
             loop {
                 j = (j + 1) & mask;
-                let key = self.entries[j].key;
+                let key = self.entries[j].key();
                 if key == 0 {
                     return;
                 }
@@ -181,7 +243,7 @@ impl<V: Copy + Default> FlatTable<V> {
         }
         let mut acc = 0u64;
         for k in keys {
-            acc ^= self.entries[self.home(stored_key(k))].key;
+            acc ^= self.entries[self.home(E::stored(k))].key();
         }
         std::hint::black_box(acc);
     }
@@ -201,10 +263,10 @@ impl<V: Copy + Default> FlatTable<V> {
     }
 
     fn rebuild(&mut self, entries: usize) {
-        let old = std::mem::replace(&mut self.entries, vec![Entry::default(); entries]);
+        let old = std::mem::replace(&mut self.entries, vec![E::default(); entries]);
         self.shift = 64 - entries.trailing_zeros();
-        for e in old.into_iter().filter(|e| e.key != 0) {
-            let (i, found) = self.probe(e.key);
+        for e in old.into_iter().filter(|e| e.key() != 0) {
+            let (i, found) = self.probe(e.key());
             debug_assert!(!found, "keys are unique");
             self.entries[i] = e;
         }
@@ -221,7 +283,7 @@ mod tests {
     enum Op {
         /// Adds to the value at the key (inserting 0 first).
         Add(u64, u8),
-        /// Subtracts from the value at the key, removing it at 0 or below.
+        /// Subtracts from the value at the key, removing it at 0.
         Sub(u64, u8),
     }
 
@@ -243,56 +305,79 @@ mod tests {
         ]
     }
 
+    /// Runs `ops` on a table of entries `E` and on a map keyed by stored key, checking they
+    /// agree throughout.
+    fn against_a_map<E: Entry>(
+        ops: &[Op],
+        to: impl Fn(u8) -> E::Value,
+        from: impl Fn(E::Value) -> u8,
+    ) -> Result<(), TestCaseError> {
+        let mut table = FlatTable::<E>::default();
+        let mut model: HashMap<u64, u8> = HashMap::new();
+        for op in ops {
+            let (k, delta) = match *op {
+                Op::Add(k, n) => (k, i16::from(n)),
+                Op::Sub(k, n) => (k, -i16::from(n)),
+            };
+            let stored = E::stored(k);
+            let old = model.get(&stored).copied();
+            let new = (i16::from(old.unwrap_or(0)) + delta).clamp(0, 255) as u8;
+            let expect = (new > 0).then_some(new);
+            match expect {
+                Some(v) => model.insert(stored, v),
+                None => model.remove(&stored),
+            };
+            let mut seen = None;
+            table.modify(k, |v| {
+                seen = v.map(&from);
+                expect.map(&to)
+            });
+            prop_assert_eq!(seen, old);
+            prop_assert_eq!(table.len(), model.len());
+            prop_assert!(table.len() <= table.capacity());
+        }
+        for op in ops {
+            let (Op::Add(k, _) | Op::Sub(k, _)) = *op;
+            prop_assert_eq!(table.get(k).map(&from), model.get(&E::stored(k)).copied());
+        }
+        let present = table.entries.iter().filter(|e| e.key() != 0).count();
+        prop_assert_eq!(present, model.len(), "no entry is left behind by removals");
+        Ok(())
+    }
+
     proptest! {
         #[test]
-        fn behaves_like_a_map(ops in proptest::collection::vec(op(), 0..400)) {
-            let mut table = FlatTable::<i64>::default();
-            let mut model: HashMap<u64, i64> = HashMap::new();
-            for op in ops {
-                match op {
-                    Op::Add(k, n) => {
-                        let inserted = !model.contains_key(&stored_key(k));
-                        *model.entry(stored_key(k)).or_insert(0) += i64::from(n);
-                        let (v, fresh) = table.get_or_insert(k, 0);
-                        *v += i64::from(n);
-                        prop_assert_eq!(fresh, inserted);
-                    }
-                    Op::Sub(k, n) => {
-                        let k = stored_key(k);
-                        let expected = model.get_mut(&k).map(|v| {
-                            *v -= i64::from(n);
-                            *v > 0
-                        });
-                        if expected == Some(false) {
-                            model.remove(&k);
-                        }
-                        let got = table.update(k, |v| {
-                            *v -= i64::from(n);
-                            *v > 0
-                        });
-                        prop_assert_eq!(got, expected);
-                    }
-                }
-                prop_assert_eq!(table.len(), model.len());
-                prop_assert!(table.len() <= table.capacity());
-            }
-            for (k, v) in &model {
-                prop_assert_eq!(table.get(*k), Some(*v));
-            }
-            let present = table.entries.iter().filter(|e| e.key != 0).count();
-            prop_assert_eq!(present, model.len(), "no entry is left behind by removals");
+        fn pairs_behave_like_a_map(ops in proptest::collection::vec(op(), 0..400)) {
+            against_a_map::<Pair<u32>>(&ops, u32::from, |v| v as u8)?;
+        }
+
+        #[test]
+        fn packed_entries_behave_like_a_map(ops in proptest::collection::vec(op(), 0..400)) {
+            against_a_map::<Packed8>(&ops, |v| v, |v| v)?;
         }
     }
 
     #[test]
+    fn packed_entries_keep_keys_that_differ_in_low_bits_apart() {
+        let stored: std::collections::HashSet<u64> = (0..4096).map(Packed8::stored).collect();
+        assert_eq!(stored.len(), 4096);
+        assert!(stored.iter().all(|k| k & 0xff == 0 && *k != 0));
+        let e = Packed8::new(Packed8::stored(u64::MAX), 0xa5);
+        assert_eq!((e.key(), e.value()), (Packed8::stored(u64::MAX), 0xa5));
+    }
+
+    #[test]
     fn reserve_makes_room_without_growing_later() {
-        let mut table = FlatTable::<u64>::default();
+        let mut table = FlatTable::<Pair<u64>>::default();
         table.reserve(1000);
         let entries = table.entries.len();
         assert!(table.capacity() >= 1000);
         let key = |k: u64| k.wrapping_mul(0x1234_5678_9ABC_DEF1);
         for k in 1..=1000u64 {
-            assert!(table.get_or_insert(key(k), k).1);
+            table.modify(key(k), |v| {
+                assert_eq!(v, None);
+                Some(k)
+            });
         }
         assert_eq!(
             table.entries.len(),
@@ -302,17 +387,16 @@ mod tests {
         assert_eq!(table.len(), 1000);
         for k in 1..=1000u64 {
             assert_eq!(table.get(key(k)), Some(k));
-            assert_eq!(table.update(key(k), |_| false), Some(false));
+            table.modify(key(k), |_| None);
         }
         assert_eq!(table.len(), 0);
-        assert!(table.entries.iter().all(|e| e.key == 0));
+        assert!(table.entries.iter().all(|e| e.key() == 0));
     }
 
     #[test]
     fn an_empty_table_answers_without_allocating() {
-        let mut table = FlatTable::<u64>::default();
+        let table = FlatTable::<Pair<u64>>::default();
         assert_eq!(table.get(5), None);
-        assert_eq!(table.update(5, |_| true), None);
         table.warm([1, 2, 3].into_iter());
         assert_eq!(table.bytes(), 0);
     }

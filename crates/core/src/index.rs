@@ -4,17 +4,19 @@
 //! The index is a radix tree of blocks stored *flat*: a node is named by the chained
 //! [`SequenceHash`] of its prefix (which encodes the whole path from the root, so "node at depth
 //! `i` of this prompt" is one hash-table probe and a match is always a contiguous prefix), and
-//! holds the set of workers that have it cached as a bitset split in 64-worker words. The
-//! table maps `(sequence hash, word)` to that word, so a node costs one 16-byte slot per
-//! non-empty word and needs no pointers. Because every depth's key is known before the walk
-//! starts, the probes of a lookup are independent and overlap in the memory system.
+//! holds the set of workers that have it cached as a bitset split in words: 64-worker words
+//! in 16-byte entries, or, for an index of at most 8 workers, 8-worker words packed with 56
+//! bits of their key in 8-byte entries. The table maps `(sequence hash, word)` to that word,
+//! so a node costs one entry per non-empty word and needs no pointers. Because every depth's
+//! key is known before the walk starts, the probes of a lookup are independent and overlap in
+//! the memory system.
 //!
 //! Each worker also has a table from the engine's own block hash to the sequence hash, used
 //! only to resolve the parent of a stored chain and to apply removals.
 //!
 //! A 64-bit sequence-hash collision between two different prefixes (about 3e-6 for 10M live
 //! blocks) would make one prefix look cached where it is not: a routing mistake, never a
-//! panic. The same holds for `(hash, word)` keys.
+//! panic. The same holds for `(hash, word)` keys (compared on 56 bits in packed entries).
 
 mod approx;
 mod engine_table;
@@ -38,7 +40,7 @@ use std::collections::BinaryHeap;
 type Map<K, V> = hashbrown::HashMap<K, V, RandomState>;
 
 use engine_table::EngineTable;
-use table::{clear_bit, has_bit, node_key, set_bit, table_bytes, NodeTable};
+use table::{table_bytes, NodeTable};
 
 /// What [`PrefixIndex::apply_batch`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -147,7 +149,7 @@ impl PrefixIndex {
         Self {
             block_size,
             max_workers,
-            nodes: NodeTable::default(),
+            nodes: NodeTable::for_workers(max_workers),
             slots: Vec::new(),
             slot_of: Map::default(),
             free_slots: BinaryHeap::new(),
@@ -224,8 +226,7 @@ impl PrefixIndex {
         // Reading ahead pays when several misses can overlap; for one or two blocks it is
         // only extra probes.
         if seqs.len() > 2 {
-            let word = slot_ix / 64;
-            self.nodes.warm(seqs.iter().map(|&q| node_key(q, word)));
+            self.nodes.warm(seqs.iter().copied(), slot_ix);
             slot.blocks.warm(s.block_hashes.iter().map(|h| h.0));
         }
         for (h, &seq) in s.block_hashes.iter().zip(&seqs) {
@@ -260,9 +261,8 @@ impl PrefixIndex {
             }
         }
         if s.block_hashes.len() > 2 {
-            let word = slot_ix / 64;
             self.nodes
-                .warm(s.sequence_hashes.iter().map(|q| node_key(q.0, word)));
+                .warm(s.sequence_hashes.iter().map(|q| q.0), slot_ix);
             slot.blocks.warm(s.block_hashes.iter().map(|h| h.0));
         }
         for (h, seq) in s.block_hashes.iter().zip(&s.sequence_hashes) {
@@ -311,8 +311,7 @@ impl PrefixIndex {
             return;
         };
         let seqs: Vec<u64> = engine.filter_map(|h| slot.blocks.get(h)).collect();
-        let word = slot_ix / 64;
-        self.nodes.warm(seqs.iter().map(|&q| node_key(q, word)));
+        self.nodes.warm(seqs.into_iter(), slot_ix);
     }
 
     /// Applies the events of one batch of `worker` in order (engines publish one batch per
@@ -447,7 +446,7 @@ impl PrefixIndex {
         };
         let slot = self.slots[ix].as_mut().expect("mapped slots are live");
         for (_, seq) in slot.blocks.iter() {
-            clear_bit(&mut self.nodes, seq, ix);
+            self.nodes.clear_bit(seq, ix);
         }
         slot.blocks.clear();
         slot.dups = Map::default();
@@ -486,7 +485,7 @@ impl PrefixIndex {
     pub fn contains(&self, worker: WorkerId, seq: SequenceHash) -> bool {
         self.slot_of
             .get(&worker)
-            .is_some_and(|&ix| has_bit(&self.nodes, seq.0, ix))
+            .is_some_and(|&ix| self.nodes.has_bit(seq.0, ix))
     }
 
     /// Event counters.
@@ -518,43 +517,24 @@ impl PrefixIndex {
     /// Matched depth per worker for a prompt given by its sequence hashes: for each worker,
     /// the number of leading blocks it holds without a gap. Stops as soon as no worker is left.
     pub fn find_matches_seq(&self, seqs: &[SequenceHash]) -> Matches {
-        let words = self.slots.len().div_ceil(64);
+        let word_bits = self.nodes.word_bits();
+        let words = self.slots.len().div_ceil(word_bits);
         let mut entries = Vec::new();
         let Some(first) = seqs.first() else {
             return Matches { entries };
         };
-        if words == 1 {
-            // Fleets of up to 64 workers: one word, the common case, kept branch-light.
-            let mut active = self.word(first.0, 0);
+        // Each word (group of workers) that holds the first block is walked on its own: a
+        // branch-light loop whose probes do not depend on one another, so they overlap.
+        for word in 0..words {
+            let mut active = self.word(first.0, word);
             let mut depth = 1;
             while active != 0 && depth < seqs.len() {
-                let next = active & self.word(seqs[depth].0, 0);
-                self.record(active & !next, 0, depth, &mut entries);
+                let next = active & self.word(seqs[depth].0, word);
+                self.record(active & !next, word * word_bits, depth, &mut entries);
                 active = next;
                 depth += 1;
             }
-            self.record(active, 0, depth, &mut entries);
-        } else {
-            let mut active: Vec<u64> = (0..words).map(|k| self.word(first.0, k)).collect();
-            let mut live = active.iter().filter(|a| **a != 0).count();
-            let mut depth = 1;
-            while live > 0 && depth < seqs.len() {
-                for (k, a) in active.iter_mut().enumerate() {
-                    if *a == 0 {
-                        continue;
-                    }
-                    let next = *a & self.word(seqs[depth].0, k);
-                    self.record(*a & !next, k, depth, &mut entries);
-                    if next == 0 {
-                        live -= 1;
-                    }
-                    *a = next;
-                }
-                depth += 1;
-            }
-            for (k, a) in active.iter().enumerate() {
-                self.record(*a, k, depth, &mut entries);
-            }
+            self.record(active, word * word_bits, depth, &mut entries);
         }
         entries.sort_unstable();
         Matches { entries }
@@ -562,15 +542,15 @@ impl PrefixIndex {
 
     #[inline]
     fn word(&self, seq: u64, word: usize) -> u64 {
-        self.nodes.get(node_key(seq, word)).unwrap_or(0)
+        self.nodes.word(seq, word)
     }
 
     #[inline]
-    fn record(&self, mut bits: u64, word: usize, depth: usize, out: &mut Vec<(WorkerId, usize)>) {
+    fn record(&self, mut bits: u64, first: usize, depth: usize, out: &mut Vec<(WorkerId, usize)>) {
         while bits != 0 {
             let b = bits.trailing_zeros() as usize;
             bits &= bits - 1;
-            if let Some(slot) = &self.slots[word * 64 + b] {
+            if let Some(slot) = &self.slots[first + b] {
                 out.push((slot.worker, depth));
             }
         }
@@ -602,7 +582,7 @@ fn store(
         }
         None => {}
     }
-    if set_bit(nodes, seq, ix) {
+    if nodes.set_bit(seq, ix) {
         slot.held += 1;
     } else {
         *slot.dups.entry(seq).or_insert(0) += 1;
@@ -641,7 +621,7 @@ fn release(nodes: &mut NodeTable, slot: &mut Slot, ix: usize, seq: u64) {
         }
         return;
     }
-    if clear_bit(nodes, seq, ix) {
+    if nodes.clear_bit(seq, ix) {
         slot.held -= 1;
     }
 }

@@ -11,7 +11,7 @@ mod fit;
 
 pub use fit::{PrefillEstimate, PrefillFit};
 
-use crate::flat_table::FlatTable;
+use crate::flat_table::{FlatTable, Pair};
 use crate::hashing::SequenceHash;
 use crate::types::{RequestId, Time, WorkerId};
 use serde::{Deserialize, Serialize};
@@ -127,7 +127,7 @@ struct WorkerState {
     /// blocks form a chain from the root, so when a chain's last block is present all its
     /// blocks are: booking walks back from the end only over the blocks that are new, and
     /// release walks back only over the blocks it is the last to hold.
-    active: FlatTable<u32>,
+    active: FlatTable<Pair<u32>>,
     partial_blocks: u64,
     fit: PrefillFit,
     /// Exponentially weighted mean of dispatch-to-finish seconds.
@@ -278,8 +278,11 @@ impl LoadLedger {
         let blocks: Box<[u64]> = b.blocks[..full].iter().map(|s| s.0).collect();
         w.active.warm(blocks.iter().copied());
         for s in blocks.iter().rev() {
-            let (count, new) = w.active.get_or_insert(*s, 0);
-            *count += 1;
+            let mut new = false;
+            w.active.modify(*s, |count| {
+                new = count.is_none();
+                Some(count.unwrap_or(0) + 1)
+            });
             if !new {
                 break;
             }
@@ -347,12 +350,14 @@ impl LoadLedger {
         }
         w.active.warm(r.blocks.iter().copied());
         for s in r.blocks.iter().rev() {
-            let left = w.active.update(*s, |count| {
-                *count = count.saturating_sub(1);
-                *count > 0
+            let mut dropped = false;
+            w.active.modify(*s, |count| {
+                let left = count?.saturating_sub(1);
+                dropped = left == 0;
+                Some(left).filter(|&c| c > 0)
             });
             // Absent, or still held by another chain: the blocks before it are held too.
-            if left != Some(false) {
+            if !dropped {
                 break;
             }
         }

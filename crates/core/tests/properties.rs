@@ -241,16 +241,35 @@ proptest! {
         ops in prop::collection::vec(op(4), 1..60),
         queries in prop::collection::vec(prop::collection::vec(block(), 1..6), 1..12),
         wide in any::<bool>(),
+        narrow in any::<bool>(),
         batched in any::<bool>(),
     ) {
-        let mut ix = PrefixIndex::new(BlockSize::new(BS).unwrap());
+        // A narrow index (at most 8 workers: 8-bit node words), or a wide one (64-bit words)
+        // with, optionally, 70 idle workers parked first, so the tested ones live past the
+        // first word.
+        let wide = wide && !narrow;
+        let mut ix = if narrow {
+            PrefixIndex::with_max_workers(BlockSize::new(BS).unwrap(), 8)
+        } else {
+            PrefixIndex::new(BlockSize::new(BS).unwrap())
+        };
         let mut model = Model::default();
-        // Optionally park 70 idle workers first, so the tested ones live past the first word.
         let base = if wide { 1_000 } else { 0 };
-        if wide {
-            for w in 0..70 {
-                ix.add_worker(WorkerId(5_000 + w)).unwrap();
+        // In a narrow index, 4 idle workers parked first put the tested ones in the upper
+        // half of the word, and fill it.
+        let parked = match (wide, narrow) {
+            (true, _) => 70,
+            (_, true) => 4,
+            _ => 0,
+        };
+        for w in 0..parked {
+            ix.add_worker(WorkerId(5_000 + w)).unwrap();
+        }
+        if narrow {
+            for w in 0..4 {
+                ix.add_worker(WorkerId(w)).unwrap();
             }
+            prop_assert!(ix.add_worker(WorkerId(99)).is_err(), "a ninth worker is refused");
         }
         let workers: Vec<u64> = (0..4).map(|w| base + w).collect();
         for op in &ops {
@@ -267,6 +286,7 @@ proptest! {
         for w in workers.iter().copied().chain(5_000..5_070) {
             ix.remove_worker(WorkerId(w));
         }
+
         prop_assert_eq!(ix.entries(), 0);
         prop_assert_eq!(ix.workers().count(), 0);
     }

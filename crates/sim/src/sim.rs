@@ -101,7 +101,11 @@ fn simulate_with(
     fast_paths: bool,
 ) -> Result<SimResult, SimError> {
     cfg.validate()?;
-    let mut router = Router::new(cfg.router.clone())?;
+    // The fleet is fixed: the router tracks no more workers than it has (a small fleet's
+    // index then packs its node table tighter).
+    let mut router_cfg = cfg.router.clone();
+    router_cfg.max_workers = router_cfg.max_workers.min(cfg.workers);
+    let mut router = Router::new(router_cfg)?;
     let mut engines = Vec::with_capacity(cfg.workers);
     for w in 0..cfg.workers {
         router.add_worker(
