@@ -508,8 +508,8 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Records a run of tokens (each of `ids` got one at each of `times`) as
-    /// one token at a time would be; true when one was a first token.
+    /// Records a run of tokens (each of `ids` got one at each of `times`) exactly as one
+    /// token at a time would be recorded; true when one was a first token.
     fn token_run(&mut self, ids: &[RequestId], times: &[Time]) -> bool {
         let (Some(&first), Some(&last)) = (times.first(), times.last()) else {
             return false;
