@@ -194,14 +194,25 @@ impl<E: Entry> FlatTable<E> {
     /// probe: a value inserts or replaces, None removes (or leaves absent).
     #[inline]
     pub fn modify(&mut self, key: u64, change: impl FnOnce(Option<E::Value>) -> Option<E::Value>) {
-        self.reserve(1);
         let key = E::stored(key);
-        let (i, found) = self.probe(key);
+        let (i, found) = if self.entries.is_empty() {
+            (0, false)
+        } else {
+            self.probe(key)
+        };
         let old = found.then(|| self.entries[i].value());
         match (change(old), found) {
-            (Some(v), _) => {
+            (Some(v), true) => self.entries[i] = E::new(key, v),
+            (Some(v), false) => {
+                // Only an insertion may need room (then the key's place is found anew).
+                let i = if self.len < self.capacity() {
+                    i
+                } else {
+                    self.reserve(1);
+                    self.probe(key).0
+                };
                 self.entries[i] = E::new(key, v);
-                self.len += usize::from(!found);
+                self.len += 1;
             }
             (None, true) => self.remove_at(i),
             (None, false) => {}

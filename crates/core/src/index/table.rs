@@ -23,6 +23,17 @@ pub(super) enum NodeTable {
     Wide(FlatTable<Pair<u64>>),
 }
 
+/// Runs `$body` on the node table's inner table, whichever its layout (the layouts differ
+/// only in their entry type).
+macro_rules! each {
+    ($table:expr, $t:ident => $body:expr) => {
+        match $table {
+            NodeTable::Narrow($t) => $body,
+            NodeTable::Wide($t) => $body,
+        }
+    };
+}
+
 /// The key of word `word` of the node with sequence hash `seq`.
 #[inline]
 pub(super) fn node_key(seq: u64, word: usize) -> u64 {
@@ -98,10 +109,7 @@ impl NodeTable {
     #[inline]
     pub fn word(&self, seq: u64, word: usize) -> u64 {
         let key = node_key(seq, word);
-        match self {
-            NodeTable::Narrow(t) => t.get(key).map_or(0, u64::from),
-            NodeTable::Wide(t) => t.get(key).unwrap_or(0),
-        }
+        each!(self, t => t.get(key).map_or(0, Into::into))
     }
 
     /// Sets the bit of slot `ix` at node `seq`; true when it was not set.
@@ -109,10 +117,7 @@ impl NodeTable {
     pub fn set_bit(&mut self, seq: u64, ix: usize) -> bool {
         let (word, bit) = self.word_bit(ix);
         let key = node_key(seq, word);
-        match self {
-            NodeTable::Narrow(t) => set_in(t, key, bit),
-            NodeTable::Wide(t) => set_in(t, key, bit),
-        }
+        each!(self, t => set_in(t, key, bit))
     }
 
     /// Clears the bit of slot `ix` at node `seq`, dropping words left empty; true when it
@@ -121,10 +126,7 @@ impl NodeTable {
     pub fn clear_bit(&mut self, seq: u64, ix: usize) -> bool {
         let (word, bit) = self.word_bit(ix);
         let key = node_key(seq, word);
-        match self {
-            NodeTable::Narrow(t) => clear_in(t, key, bit),
-            NodeTable::Wide(t) => clear_in(t, key, bit),
-        }
+        each!(self, t => clear_in(t, key, bit))
     }
 
     /// Whether the bit of slot `ix` at node `seq` is set.
@@ -139,34 +141,22 @@ impl NodeTable {
     pub fn warm(&self, seqs: impl Iterator<Item = u64>, ix: usize) {
         let (word, _) = self.word_bit(ix);
         let keys = seqs.map(|q| node_key(q, word));
-        match self {
-            NodeTable::Narrow(t) => t.warm(keys),
-            NodeTable::Wide(t) => t.warm(keys),
-        }
+        each!(self, t => t.warm(keys))
     }
 
     /// Makes room for `more` words beyond those present.
     pub fn reserve(&mut self, more: usize) {
-        match self {
-            NodeTable::Narrow(t) => t.reserve(more),
-            NodeTable::Wide(t) => t.reserve(more),
-        }
+        each!(self, t => t.reserve(more))
     }
 
     /// Words present.
     pub fn len(&self) -> usize {
-        match self {
-            NodeTable::Narrow(t) => t.len(),
-            NodeTable::Wide(t) => t.len(),
-        }
+        each!(self, t => t.len())
     }
 
     /// Bytes allocated.
     pub fn bytes(&self) -> usize {
-        match self {
-            NodeTable::Narrow(t) => t.bytes(),
-            NodeTable::Wide(t) => t.bytes(),
-        }
+        each!(self, t => t.bytes())
     }
 }
 
