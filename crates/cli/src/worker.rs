@@ -49,6 +49,10 @@ pub struct WorkerArgs {
     /// ZMQ endpoint to publish KV events on, e.g. tcp://127.0.0.1:5557.
     #[arg(long)]
     pub zmq_publish: Option<String>,
+    /// Connect the publisher to `--zmq-publish` (where a gateway binds with
+    /// `bind:tcp://...`) instead of binding it.
+    #[arg(long, requires = "zmq_publish")]
+    pub zmq_connect: bool,
     /// ZMQ endpoint of the replay service, e.g. tcp://127.0.0.1:5558.
     #[arg(long, requires = "zmq_publish")]
     pub zmq_replay: Option<String>,
@@ -84,6 +88,7 @@ pub fn run(args: &WorkerArgs) -> Result<()> {
     let config = args.config()?;
     let zmq = args.zmq_publish.as_ref().map(|p| ZmqConfig {
         publish: p.clone(),
+        connect: args.zmq_connect,
         replay: args.zmq_replay.clone(),
     });
     crate::runtime()?.block_on(async move {

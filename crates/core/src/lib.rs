@@ -58,6 +58,6 @@ pub use index::{
 pub use ledger::{Booking, EngineLoad, LedgerError, LoadLedger, WorkerCapacity, WorkerLoad};
 pub use policy::{Policy, PolicyConfig, PolicyKind};
 pub use router::{
-    Explanation, RouteError, RouteOutcome, RouteRequest, Router, RouterConfig, Selection,
+    Explanation, RouteError, RouteOutcome, RouteRequest, Router, RouterConfig, Selection, Tracking,
 };
 pub use types::{BlockSize, InvalidBlockSize, RequestId, Time, WorkerId};

@@ -3,7 +3,10 @@
 //!
 //! [`Router::route`] is pure (it looks, it does not touch); [`Router::dispatch`] books the
 //! chosen worker; [`Router::first_token`] and [`Router::finish`] release it. KV events go to
-//! [`Router::apply_event`]; in approximate mode the router records its own guesses instead.
+//! [`Router::apply_event`]. Each worker is tracked one of two ways ([`Tracking`]): from its
+//! engine's KV events, or approximately, from the router's own dispatches (for engines that
+//! publish no events). A worker can also be set unavailable: it keeps its index entries and
+//! load but is offered to no policy until it is available again.
 
 mod explain;
 mod sessions;
@@ -34,8 +37,9 @@ pub struct RouterConfig {
     pub policy: PolicyConfig,
     /// Admission.
     pub admission: AdmissionConfig,
-    /// Approximate mode (engines without KV events) when set.
-    pub approx: Option<ApproxConfig>,
+    /// Approximate tracking (workers without KV events): how long and how much of what was
+    /// routed to a worker is assumed cached.
+    pub approx: ApproxConfig,
     /// Soft preference for a session's previous worker: its cost is multiplied by
     /// `1 - affinity_bias` (0 = off, up to 1).
     pub affinity_bias: f64,
@@ -56,7 +60,7 @@ impl Default for RouterConfig {
             seed: 0,
             policy: PolicyConfig::default(),
             admission: AdmissionConfig::default(),
-            approx: None,
+            approx: ApproxConfig::default(),
             affinity_bias: 0.0,
             max_sessions: 65_536,
             session_ttl_secs: 600.0,
@@ -73,9 +77,7 @@ impl RouterConfig {
         BlockSize::new(self.block_size).map_err(|e| bad(e.to_string()))?;
         self.policy.validate().map_err(bad)?;
         self.admission.validate().map_err(bad)?;
-        if let Some(a) = &self.approx {
-            a.validate().map_err(bad)?;
-        }
+        self.approx.validate().map_err(bad)?;
         if !(0.0..=1.0).contains(&self.affinity_bias) {
             return Err(bad(format!(
                 "affinity_bias must be within 0..=1, got {}",
@@ -147,10 +149,15 @@ pub enum RouteOutcome {
     Reject(RejectReason),
 }
 
-/// Enum over the two index modes.
-enum Index {
-    Events(PrefixIndex),
-    Approx(ApproxIndex),
+/// How the router knows what a worker caches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tracking {
+    /// From the engine's KV events ([`Router::apply_event`]).
+    Events,
+    /// From the router's own dispatches: what was routed there is assumed cached for a
+    /// time-to-live, up to a per-worker cap (events of such a worker are ignored).
+    Approximate,
 }
 
 /// Everything one routing evaluation computed (shared by `route` and `explain`).
@@ -169,7 +176,12 @@ struct Evaluation {
 pub struct Router {
     config: RouterConfig,
     block_size: BlockSize,
-    index: Index,
+    index: PrefixIndex,
+    approx: ApproxIndex,
+    /// Workers tracked approximately (few; usually none).
+    approximate: Vec<WorkerId>,
+    /// Workers offered to no policy for now (few; usually none).
+    unavailable: Vec<WorkerId>,
     ledger: LoadLedger,
     policy: Box<dyn Policy>,
     sessions: sessions::Sessions,
@@ -182,16 +194,12 @@ impl Router {
         config.validate()?;
         let block_size =
             BlockSize::new(config.block_size).map_err(|e| RouteError::Config(e.to_string()))?;
-        let index = match &config.approx {
-            None => Index::Events(PrefixIndex::with_max_workers(
-                block_size,
-                config.max_workers,
-            )),
-            Some(a) => Index::Approx(ApproxIndex::new(block_size, a)),
-        };
         Ok(Self {
             block_size,
-            index,
+            index: PrefixIndex::with_max_workers(block_size, config.max_workers),
+            approx: ApproxIndex::new(block_size, &config.approx),
+            approximate: Vec::new(),
+            unavailable: Vec::new(),
             ledger: LoadLedger::with_max_inflight(block_size, config.max_inflight),
             policy: config.policy.build(),
             sessions: sessions::Sessions::new(
@@ -213,11 +221,44 @@ impl Router {
         self.block_size
     }
 
-    /// The prefix index (in approximate mode, the index of guesses).
+    /// The prefix index of the workers tracked by events.
     pub fn index(&self) -> &PrefixIndex {
-        match &self.index {
-            Index::Events(i) => i,
-            Index::Approx(a) => a.index(),
+        &self.index
+    }
+
+    /// How `worker` is tracked (None: unknown worker).
+    pub fn tracking(&self, worker: WorkerId) -> Option<Tracking> {
+        if self.approximate.contains(&worker) {
+            Some(Tracking::Approximate)
+        } else if self.ledger.load(worker).is_some() {
+            Some(Tracking::Events)
+        } else {
+            None
+        }
+    }
+
+    /// Blocks `worker` is known (or, tracked approximately, assumed) to cache.
+    pub fn cached_blocks(&self, worker: WorkerId) -> usize {
+        if self.approximate.contains(&worker) {
+            self.approx.index().block_count(worker)
+        } else {
+            self.index.block_count(worker)
+        }
+    }
+
+    /// Whether `worker` is offered to policies (see [`Router::set_available`]).
+    pub fn is_available(&self, worker: WorkerId) -> bool {
+        !self.unavailable.contains(&worker)
+    }
+
+    /// Takes `worker` out of routing (false) or puts it back (true), keeping its index
+    /// entries and its load: for a worker that is slow or unreachable for now but has not
+    /// lost its cache.
+    pub fn set_available(&mut self, worker: WorkerId, available: bool) {
+        if available {
+            self.unavailable.retain(|w| *w != worker);
+        } else if !self.unavailable.contains(&worker) {
+            self.unavailable.push(worker);
         }
     }
 
@@ -231,14 +272,39 @@ impl Router {
         self.decisions
     }
 
-    /// Registers a worker (or updates its capacity).
+    /// Registers a worker tracked by its KV events (or updates its capacity).
     pub fn add_worker(
         &mut self,
         worker: WorkerId,
         capacity: WorkerCapacity,
     ) -> Result<(), RouteError> {
-        if let Index::Events(i) = &mut self.index {
-            i.add_worker(worker)?;
+        self.add_worker_with(worker, capacity, Tracking::Events)
+    }
+
+    /// Registers a worker tracked as `tracking` says (or updates its capacity; a change of
+    /// tracking drops what the other way knew of it).
+    pub fn add_worker_with(
+        &mut self,
+        worker: WorkerId,
+        capacity: WorkerCapacity,
+        tracking: Tracking,
+    ) -> Result<(), RouteError> {
+        let was = self.approximate.contains(&worker);
+        match tracking {
+            Tracking::Events => {
+                self.index.add_worker(worker)?;
+                if was {
+                    self.approx.remove_worker(worker);
+                    self.approximate.retain(|w| *w != worker);
+                }
+            }
+            Tracking::Approximate => {
+                self.approx.check_insert(worker)?;
+                if !was {
+                    self.index.remove_worker(worker);
+                    self.approximate.push(worker);
+                }
+            }
         }
         self.ledger.add_worker(worker, capacity);
         Ok(())
@@ -248,51 +314,49 @@ impl Router {
     /// [`PrefixIndex::reserve`]): for a caller that knows the engines will fill their caches
     /// soon, such as the simulator, so the tables do not grow by rehashing as they fill.
     pub fn reserve(&mut self, worker: WorkerId, blocks: usize) {
-        if let Index::Events(i) = &mut self.index {
-            i.reserve(worker, blocks);
-        }
+        self.index.reserve(worker, blocks);
     }
 
     /// Tells the index that `worker`'s engine names its blocks by their index in a pool of
     /// `blocks` (see [`PrefixIndex::use_block_ids`]); false when it could not.
     pub fn use_block_ids(&mut self, worker: WorkerId, blocks: usize) -> bool {
-        match &mut self.index {
-            Index::Events(i) => i.use_block_ids(worker, blocks),
-            Index::Approx(_) => false,
-        }
+        !self.approximate.contains(&worker) && self.index.use_block_ids(worker, blocks)
     }
 
     /// Forgets a worker, its cached blocks and its load.
     pub fn remove_worker(&mut self, worker: WorkerId) {
-        match &mut self.index {
-            Index::Events(i) => i.remove_worker(worker),
-            Index::Approx(a) => a.remove_worker(worker),
+        if self.approximate.contains(&worker) {
+            self.approx.remove_worker(worker);
+            self.approximate.retain(|w| *w != worker);
+        } else {
+            self.index.remove_worker(worker);
         }
+        self.unavailable.retain(|w| *w != worker);
         self.ledger.remove_worker(worker);
     }
 
-    /// Applies a KV event of `worker`. In approximate mode events are not expected and are
-    /// ignored (the router's own guesses stand).
+    /// Applies a KV event of `worker`. Events of a worker tracked approximately are not
+    /// expected and are ignored (the router's own guesses stand).
     pub fn apply_event(&mut self, worker: WorkerId, event: &KvEvent) -> Result<(), IndexError> {
-        match &mut self.index {
-            Index::Events(i) => i.apply(worker, event),
-            Index::Approx(_) => Ok(()),
+        if self.approximate.contains(&worker) {
+            return Ok(());
         }
+        self.index.apply(worker, event)
     }
 
     /// Applies a batch of KV events of `worker` in order (see [`PrefixIndex::apply_batch`]).
-    /// In approximate mode events are ignored.
+    /// Events of a worker tracked approximately are ignored.
     pub fn apply_events(&mut self, worker: WorkerId, events: &[KvEvent]) -> BatchOutcome {
-        match &mut self.index {
-            Index::Events(i) => i.apply_batch(worker, events),
-            Index::Approx(_) => BatchOutcome::default(),
+        if self.approximate.contains(&worker) {
+            return BatchOutcome::default();
         }
+        self.index.apply_batch(worker, events)
     }
 
-    /// Expires approximate-mode guesses and idle sessions.
+    /// Expires approximate guesses and idle sessions.
     pub fn prune(&mut self, now: Time) {
-        if let Index::Approx(a) = &mut self.index {
-            a.prune(now);
+        if !self.approximate.is_empty() {
+            self.approx.prune(now);
         }
         self.sessions.prune(now);
     }
@@ -332,8 +396,8 @@ impl Router {
         selection: &Selection,
     ) -> Result<(), RouteError> {
         self.ledger.check_booking(request, selection.worker)?;
-        if let Index::Approx(a) = &self.index {
-            a.check_insert(selection.worker)?;
+        if self.approximate.contains(&selection.worker) {
+            self.approx.check_insert(selection.worker)?;
         }
         Ok(())
     }
@@ -358,8 +422,8 @@ impl Router {
             },
             now,
         )?;
-        if let Index::Approx(a) = &mut self.index {
-            if let Err(e) = a.insert(selection.worker, &prompt.sequence, now) {
+        if self.approximate.contains(&selection.worker) {
+            if let Err(e) = self.approx.insert(selection.worker, &prompt.sequence, now) {
                 // Keep the ledger consistent with a refused dispatch.
                 let _ = self.ledger.finish(request, now);
                 return Err(e.into());
@@ -389,22 +453,33 @@ impl Router {
         std::hint::black_box(self.matches(prompt));
     }
 
+    /// Matched depth per worker, from events or from guesses (a worker is in one of them).
     fn matches(&self, prompt: &BlockedPrompt) -> Matches {
-        self.index().find_matches_seq(&prompt.sequence)
+        let events = self.index.find_matches_seq(&prompt.sequence);
+        if self.approximate.is_empty() {
+            return events;
+        }
+        let guessed = self.approx.find_matches_seq(&prompt.sequence);
+        if guessed.is_empty() {
+            return events;
+        }
+        Matches::from_pairs(events.iter().chain(guessed.iter()).collect())
     }
 
     fn evaluate(&self, req: &RouteRequest<'_>) -> Evaluation {
         let matches = self.matches(req.prompt);
         let bs = self.block_size.get();
-        let index = self.index();
+        // An engine computes at least the prompt's last token: a hit stops at the last full
+        // block before it (vLLM and the simulated engine cap a hit at `tokens - 1`).
+        let max_hit = req.prompt.tokens.saturating_sub(1) / bs;
         let candidates: Vec<Candidate> = self
             .ledger
             .views()
-            .filter(|v| Some(v.worker) != req.exclude)
+            .filter(|v| Some(v.worker) != req.exclude && !self.unavailable.contains(&v.worker))
             .map(|v| Candidate {
                 worker: v.worker,
-                matched_blocks: matches.depth(v.worker),
-                cached_blocks: index.block_count(v.worker),
+                matched_blocks: matches.depth(v.worker).min(max_hit),
+                cached_blocks: self.cached_blocks(v.worker),
                 load: v.load,
                 capacity: v.capacity,
                 prefill: v.prefill,

@@ -144,11 +144,7 @@ async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
         .map(|w| {
             let id = kvroute_core::WorkerId(w.id);
             let load = r.ledger().load(id);
-            let blocks = if w.health == crate::registry::Health::Up {
-                r.index().block_count(id)
-            } else {
-                0
-            };
+            let blocks = r.cached_blocks(id);
             serde_json::json!({
                 "worker": w,
                 "load": load,

@@ -55,7 +55,9 @@ pub struct WorkerSpec {
     pub url: String,
     /// A name for logs and metric labels (default: the URL's host and port).
     pub name: Option<String>,
-    /// Its ZMQ KV event endpoint (`tcp://host:port`), when it publishes events.
+    /// Its ZMQ KV event endpoint, when it publishes events: `tcp://host:port` (the gateway
+    /// connects to the engine's PUB socket) or `bind:tcp://host:port` (the gateway binds, the
+    /// engine connects: vLLM connects its publisher for any endpoint but a wildcard one).
     pub events: Option<String>,
     /// Its ZMQ replay endpoint, when it serves one.
     pub replay: Option<String>,
@@ -94,6 +96,15 @@ impl WorkerSpec {
         })
     }
 
+    /// The event endpoint without its `bind:` prefix, and whether the gateway binds it.
+    pub fn event_socket(&self) -> Option<(&str, bool)> {
+        let ep = self.events.as_deref()?;
+        Some(match ep.strip_prefix("bind:") {
+            Some(rest) => (rest, true),
+            None => (ep, false),
+        })
+    }
+
     /// What the router knows of its capacity.
     pub fn capacity(&self) -> WorkerCapacity {
         WorkerCapacity {
@@ -113,11 +124,16 @@ impl WorkerSpec {
         if let Err(e) = crate::registry::endpoint_url(&self.url, Endpoint::Chat) {
             return bad(format!("worker URL {:?} is not a valid URL: {e}", self.url));
         }
-        for (what, ep) in [("events", &self.events), ("replay", &self.replay)] {
+        let events = self.event_socket().map(|e| e.0);
+        for (what, ep) in [("events", events), ("replay", self.replay.as_deref())] {
             if let Some(ep) = ep {
-                if !ep.starts_with("tcp://") {
+                let ok = ep
+                    .strip_prefix("tcp://")
+                    .and_then(|a| a.rsplit_once(':'))
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+                if !ok {
                     return bad(format!(
-                        "worker {}: {what} endpoint {ep:?} must look like tcp://host:port",
+                        "worker {}: {what} endpoint {ep:?} must look like tcp://host:port (events may start with bind:)",
                         self.url
                     ));
                 }
@@ -189,6 +205,15 @@ pub struct UpstreamConfig {
     pub retry: bool,
     /// Seconds to wait for a replay of missed KV events.
     pub replay_timeout_secs: f64,
+    /// Largest KV event message accepted, in bytes: a publisher announcing a larger frame
+    /// is disconnected (and reconnected) instead of being read.
+    pub max_event_message_bytes: usize,
+    /// Seconds between ZMTP heartbeats on KV event connections (0: none), so a publisher
+    /// whose connection died silently is noticed while it is idle.
+    pub event_heartbeat_secs: f64,
+    /// Seconds without an answer to a heartbeat before the connection is dropped and
+    /// reconnected.
+    pub event_heartbeat_timeout_secs: f64,
 }
 
 impl Default for UpstreamConfig {
@@ -198,6 +223,9 @@ impl Default for UpstreamConfig {
             first_byte_timeout_secs: 120.0,
             retry: true,
             replay_timeout_secs: 2.0,
+            max_event_message_bytes: 64 << 20,
+            event_heartbeat_secs: 5.0,
+            event_heartbeat_timeout_secs: 30.0,
         }
     }
 }
@@ -252,6 +280,22 @@ impl GatewayConfig {
             "upstream.replay_timeout_secs",
             self.upstream.replay_timeout_secs,
         )?;
+        positive(
+            "upstream.event_heartbeat_timeout_secs",
+            self.upstream.event_heartbeat_timeout_secs,
+        )?;
+        if !(self.upstream.event_heartbeat_secs.is_finite()
+            && self.upstream.event_heartbeat_secs >= 0.0)
+        {
+            return Err(ConfigError(
+                "upstream.event_heartbeat_secs must be >= 0".into(),
+            ));
+        }
+        if self.upstream.max_event_message_bytes < 1024 {
+            return Err(ConfigError(
+                "upstream.max_event_message_bytes must be >= 1024".into(),
+            ));
+        }
         if self.health.failures_to_remove == 0 {
             return Err(ConfigError("health.failures_to_remove must be >= 1".into()));
         }
@@ -277,10 +321,17 @@ mod tests {
         assert_eq!(w.replay.as_deref(), Some("tcp://h:3"));
         assert_eq!(w.display_name(), "h:1");
         assert!(WorkerSpec::parse("http://h:1").unwrap().events.is_none());
+        let w = WorkerSpec::parse("http://h:1=bind:tcp://*:5557=tcp://h:3").unwrap();
+        assert_eq!(w.event_socket(), Some(("tcp://*:5557", true)));
+        let w = WorkerSpec::parse("http://h:1=tcp://h:2").unwrap();
+        assert_eq!(w.event_socket(), Some(("tcp://h:2", false)));
         for bad in [
             "h:1",
             "http://h:1=h:2",
             "http://h:1=tcp://h:2=udp://x",
+            "http://h:1=tcp://h",
+            "http://h:1=bind:udp://h:2",
+            "http://h:1=tcp://h:2=tcp://:3",
             "http://[::1",
             "http://h:99999",
             "http://",

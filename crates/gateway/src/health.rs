@@ -1,12 +1,27 @@
-//! Health checking: each worker's `/health` is polled; after `failures_to_remove` failures
-//! in a row it is taken out (its index entries and load dropped), and it comes back (empty)
-//! on the first success. Each pass also learns the model names the workers serve.
+//! Health checking: each worker's `/health` is polled. A worker whose engine refuses
+//! connections `failures_to_remove` times in a row is taken out of routing at once; one that
+//! times out or answers with an error as often is taken out only while another worker passes
+//! the same round, so checks that fail together (an overloaded host, the gateway's own
+//! stall) do not empty the fleet. A worker taken out keeps its index entries (see
+//! [`Gateway::take_out`]) and comes back on its first passing check. Each pass also learns
+//! the model names the workers serve.
 
 use crate::state::Gateway;
 use kvroute_core::WorkerId;
 use kvroute_protocol::openai::ModelList;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// What one check found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Probe {
+    /// `/health` answered 2xx.
+    Passed,
+    /// Nothing listens: the engine is gone.
+    Refused,
+    /// A timeout or an error status: slow or unwell, maybe only for now.
+    Failed,
+}
 
 /// Checks every worker forever, one pass per interval.
 pub async fn run(gw: Arc<Gateway>) {
@@ -15,43 +30,66 @@ pub async fn run(gw: Arc<Gateway>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let ids: Vec<WorkerId> = gw.registry.iter().map(|w| w.id).collect();
-        let checks = ids.into_iter().map(|id| check(&gw, id));
-        futures_util::future::join_all(checks).await;
+        pass(&gw).await;
+    }
+}
+
+/// One round over every worker, then the decisions.
+async fn pass(gw: &Arc<Gateway>) {
+    let ids: Vec<WorkerId> = gw.registry.iter().map(|w| w.id).collect();
+    let probes = ids
+        .into_iter()
+        .map(|id| async move { (id, probe(gw, id).await) });
+    let results = futures_util::future::join_all(probes).await;
+    let passing = results.iter().filter(|r| r.1 == Probe::Passed).count();
+    for (id, result) in results {
+        let Some(w) = gw.registry.get(id) else {
+            continue;
+        };
+        if result == Probe::Passed {
+            w.succeed();
+            if !w.is_up() {
+                gw.bring_back(id);
+            }
+            if gw.config.models.is_empty() {
+                let timeout = Duration::from_secs_f64(gw.config.health.timeout_secs);
+                learn_models(gw, w.spec.url.trim_end_matches('/'), timeout).await;
+            }
+            continue;
+        }
+        let failures = w.fail();
+        tracing::debug!(worker = %w.name, failures, ?result, "health check failed");
+        if failures < gw.config.health.failures_to_remove || !w.is_up() {
+            continue;
+        }
+        if result == Probe::Refused {
+            gw.take_out(id, "its engine refuses connections");
+        } else if passing > 0 {
+            gw.take_out(id, "health checks failed");
+        } else if failures == gw.config.health.failures_to_remove {
+            tracing::warn!(worker = %w.name, "every worker failed its health check in the same round: keeping them in service (an overloaded host fails them all together)");
+        }
     }
 }
 
 /// One check of one worker.
-pub async fn check(gw: &Arc<Gateway>, id: WorkerId) {
+async fn probe(gw: &Gateway, id: WorkerId) -> Probe {
     let Some(w) = gw.registry.get(id) else {
-        return;
+        return Probe::Failed;
     };
     let base = w.spec.url.trim_end_matches('/');
     let timeout = Duration::from_secs_f64(gw.config.health.timeout_secs);
-    let ok = match gw
+    match gw
         .client
         .get(format!("{base}/health"))
         .timeout(timeout)
         .send()
         .await
     {
-        Ok(r) => r.status().is_success(),
-        Err(_) => false,
-    };
-    if ok {
-        w.succeed();
-        if !w.is_up() {
-            gw.bring_back(id);
-        }
-        if gw.config.models.is_empty() {
-            learn_models(gw, base, timeout).await;
-        }
-    } else {
-        let failures = w.fail();
-        tracing::debug!(worker = %w.name, failures, "health check failed");
-        if failures >= gw.config.health.failures_to_remove {
-            gw.take_out(id, "health checks failed");
-        }
+        Ok(r) if r.status().is_success() => Probe::Passed,
+        Ok(_) => Probe::Failed,
+        Err(e) if e.is_connect() && !e.is_timeout() => Probe::Refused,
+        Err(_) => Probe::Failed,
     }
 }
 

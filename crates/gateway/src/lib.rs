@@ -21,10 +21,10 @@ mod state;
 
 pub use config::{ConfigError, GatewayConfig, WorkerSpec};
 pub use error::GatewayError;
-pub use events::{EventFeed, Replay};
+pub use events::{EventFeed, FeedItem, Replay};
 pub use state::Gateway;
 
-use kvroute_core::{ApproxConfig, Router};
+use kvroute_core::{Router, Tracking};
 use kvroute_preprocess::Preprocessor;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -127,20 +127,27 @@ impl GatewayHandle {
 
 /// Starts the gateway on `listener` with `preprocessor`. Workers with a ZMQ `events`
 /// endpoint are subscribed; `feeds` gives other workers' event feeds by their index in
-/// `config.workers` (the one-process demo wires in-process channels this way).
+/// `config.workers` (the one-process demo wires in-process channels this way). A worker with
+/// neither, and every worker when the preprocessor is approximate (its pseudo tokens are not
+/// the engine's), is tracked approximately: from what the gateway routed to it.
 pub async fn spawn(
-    mut config: GatewayConfig,
+    config: GatewayConfig,
     preprocessor: Preprocessor,
     listener: tokio::net::TcpListener,
     mut feeds: BTreeMap<usize, EventFeed>,
 ) -> Result<GatewayHandle, StartError> {
-    if preprocessor.is_approximate() && config.router.approx.is_none() {
-        config.router.approx = Some(ApproxConfig::default());
-    }
     config.validate()?;
     let mut router = Router::new(config.router.clone())?;
+    let mut tracking = Vec::with_capacity(config.workers.len());
     for (i, w) in config.workers.iter().enumerate() {
-        router.add_worker(kvroute_core::WorkerId(i as u64 + 1), w.capacity())?;
+        let t = if preprocessor.is_approximate() || (w.events.is_none() && !feeds.contains_key(&i))
+        {
+            Tracking::Approximate
+        } else {
+            Tracking::Events
+        };
+        router.add_worker_with(kvroute_core::WorkerId(i as u64 + 1), w.capacity(), t)?;
+        tracking.push(t);
     }
     let client = reqwest::Client::builder()
         .connect_timeout(std::time::Duration::from_secs_f64(
@@ -163,9 +170,27 @@ pub async fn spawn(
     let mut tasks = Vec::new();
     for (i, w) in gw.config.workers.iter().enumerate() {
         let id = kvroute_core::WorkerId(i as u64 + 1);
-        let feed = match (feeds.remove(&i), &w.events) {
+        if tracking[i] == Tracking::Approximate {
+            if let Some(entry) = gw.registry.get(id) {
+                entry.set_cache_state(registry::CacheState::Approximate);
+            }
+            continue;
+        }
+        let feed = match (feeds.remove(&i), w.event_socket()) {
             (Some(f), _) => f,
-            (None, Some(ep)) => events::zmq_feed(w.display_name(), ep.clone(), w.replay.clone()),
+            (None, Some((endpoint, bind))) => {
+                let up = &gw.config.upstream;
+                events::zmq_feed(events::ZmqSubscription {
+                    worker: w.display_name(),
+                    endpoint: endpoint.to_string(),
+                    bind,
+                    replay: w.replay.clone(),
+                    max_message_bytes: up.max_event_message_bytes,
+                    heartbeat_secs: up.event_heartbeat_secs,
+                    heartbeat_timeout_secs: up.event_heartbeat_timeout_secs,
+                    replay_timeout_secs: up.replay_timeout_secs,
+                })?
+            }
             (None, None) => continue,
         };
         tasks.push(tokio::spawn(events::ingest(gw.clone(), id, feed)));

@@ -45,6 +45,12 @@ pub struct Metrics {
     pub kv_events: IntCounterVec,
     /// Blocks the index holds per worker.
     pub index_blocks: IntGaugeVec,
+    /// 1 for each worker's current cache state (exact, catching_up, unknown, approximate).
+    pub cache_state: IntGaugeVec,
+    /// Engine restarts seen on a worker's event stream.
+    pub event_restarts: IntCounterVec,
+    /// Times a worker's event publisher came back after going away.
+    pub event_resubscribes: IntCounterVec,
     /// Prompt tokens the router expected the chosen worker to have cached.
     pub predicted_cached_tokens: Histogram,
     /// Requests retried on another worker after a failure before the first byte.
@@ -178,6 +184,21 @@ impl Metrics {
             index_blocks: gauge_vec(
                 "kvroute_index_blocks",
                 "Blocks the prefix index holds per worker.",
+                &["worker"],
+            )?,
+            cache_state: gauge_vec(
+                "kvroute_worker_cache_state",
+                "1 for the worker's cache state: exact (every event applied), catching_up, unknown (events lost or publisher away), approximate (no events).",
+                &["worker", "state"],
+            )?,
+            event_restarts: counter_vec(
+                "kvroute_kv_event_restarts_total",
+                "Engine restarts seen on the worker's KV event stream (its index rebuilt).",
+                &["worker"],
+            )?,
+            event_resubscribes: counter_vec(
+                "kvroute_kv_event_resubscribes_total",
+                "Times the worker's KV event publisher came back after going away.",
                 &["worker"],
             )?,
             predicted_cached_tokens: histogram(

@@ -1,12 +1,13 @@
 //! The worker registry: every configured engine, its health, and what its KV event stream
-//! has done. The router only knows the workers that are up; a worker taken out loses its
-//! index entries and load, and is added back afresh when its health check passes again.
+//! has done. A worker taken out (failed health checks, a refused connection) is offered to
+//! no policy until it passes again, but keeps its index entries: only its event stream can
+//! say that its engine lost its cache (a restart).
 
 use crate::config::WorkerSpec;
 use kvroute_core::WorkerId;
 use kvroute_protocol::openai::Endpoint;
 use serde::Serialize;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// Whether a worker takes requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -16,6 +17,48 @@ pub enum Health {
     Up,
     /// Taken out after failed health checks or a failed request.
     Down,
+}
+
+/// How far the router's picture of a worker's cache can be trusted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheState {
+    /// Every event of the engine's current incarnation is applied.
+    Exact,
+    /// Asking the engine's replay service (start, reconnect).
+    CatchingUp,
+    /// Events were lost for good, history is older than the replay buffer, or the
+    /// publisher is away: the index may differ from the engine's cache.
+    Unknown,
+    /// No events: what was routed to the worker is assumed cached (TTL and cap).
+    Approximate,
+}
+
+impl CacheState {
+    /// Every state, in metric order.
+    pub const ALL: [CacheState; 4] = [
+        CacheState::Exact,
+        CacheState::CatchingUp,
+        CacheState::Unknown,
+        CacheState::Approximate,
+    ];
+
+    /// The name in reports and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheState::Exact => "exact",
+            CacheState::CatchingUp => "catching_up",
+            CacheState::Unknown => "unknown",
+            CacheState::Approximate => "approximate",
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        Self::ALL
+            .get(usize::from(v))
+            .copied()
+            .unwrap_or(CacheState::Unknown)
+    }
 }
 
 /// One worker.
@@ -31,8 +74,12 @@ pub struct WorkerEntry {
     urls: Result<[reqwest::Url; 2], String>,
     up: AtomicBool,
     failures: AtomicU32,
+    cache_state: AtomicU8,
     /// The KV event stream's state.
     pub events: EventStats,
+    /// Notified when the worker passes its health check again after failing: its event
+    /// ingestion checks with the replay service whether the engine restarted meanwhile.
+    pub verify: tokio::sync::Notify,
 }
 
 /// Counters of one worker's KV event stream.
@@ -46,8 +93,13 @@ pub struct EventStats {
     pub gaps: AtomicU64,
     /// Gaps a replay filled.
     pub replayed: AtomicU64,
-    /// Engine restarts seen (sequence going backwards).
+    /// Engine restarts seen (sequence going backwards, or another stream after a
+    /// reconnect).
     pub restarts: AtomicU64,
+    /// Times the publisher went away.
+    pub disconnects: AtomicU64,
+    /// Times the publisher came back after going away.
+    pub resubscribes: AtomicU64,
     /// Set when events were lost for good or were refused (block size mismatch): the index
     /// may be wrong for this worker until its cache is cleared.
     pub degraded: AtomicBool,
@@ -82,6 +134,25 @@ impl WorkerEntry {
     pub fn succeed(&self) {
         self.failures.store(0, Ordering::Release);
     }
+
+    /// Consecutive failures so far.
+    pub fn failures(&self) -> u32 {
+        self.failures.load(Ordering::Acquire)
+    }
+
+    /// How far its index can be trusted.
+    pub fn cache_state(&self) -> CacheState {
+        CacheState::from_u8(self.cache_state.load(Ordering::Relaxed))
+    }
+
+    /// Sets how far its index can be trusted.
+    pub fn set_cache_state(&self, state: CacheState) {
+        let v = CacheState::ALL
+            .iter()
+            .position(|s| *s == state)
+            .unwrap_or(2);
+        self.cache_state.store(v as u8, Ordering::Relaxed);
+    }
 }
 
 /// Every configured worker, in configuration order (ids 1, 2, ...).
@@ -100,8 +171,10 @@ pub struct WorkerReport {
     pub url: String,
     /// Up or down.
     pub health: Health,
-    /// ZMQ event endpoint, if any.
+    /// ZMQ event endpoint, if any (`bind:` when the gateway binds it).
     pub events_endpoint: Option<String>,
+    /// How far its index can be trusted.
+    pub cache_state: CacheState,
     /// Next event sequence number expected.
     pub next_seq: u64,
     /// Event batches applied.
@@ -112,6 +185,10 @@ pub struct WorkerReport {
     pub replayed: u64,
     /// Restarts seen.
     pub restarts: u64,
+    /// Times its publisher went away.
+    pub disconnects: u64,
+    /// Times its publisher came back.
+    pub resubscribes: u64,
     /// The index may be wrong for it.
     pub degraded: bool,
 }
@@ -141,7 +218,9 @@ impl Registry {
                 spec: spec.clone(),
                 up: AtomicBool::new(true),
                 failures: AtomicU32::new(0),
+                cache_state: AtomicU8::new(1),
                 events: EventStats::default(),
+                verify: tokio::sync::Notify::new(),
             })
             .collect();
         Self { workers }
@@ -173,11 +252,14 @@ impl Registry {
                 url: w.spec.url.clone(),
                 health: if w.is_up() { Health::Up } else { Health::Down },
                 events_endpoint: w.spec.events.clone(),
+                cache_state: w.cache_state(),
                 next_seq: w.events.next_seq.load(Ordering::Relaxed),
                 event_batches: w.events.batches.load(Ordering::Relaxed),
                 gaps: w.events.gaps.load(Ordering::Relaxed),
                 replayed: w.events.replayed.load(Ordering::Relaxed),
                 restarts: w.events.restarts.load(Ordering::Relaxed),
+                disconnects: w.events.disconnects.load(Ordering::Relaxed),
+                resubscribes: w.events.resubscribes.load(Ordering::Relaxed),
                 degraded: w.events.degraded.load(Ordering::Relaxed),
             })
             .collect()

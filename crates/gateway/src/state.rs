@@ -121,30 +121,29 @@ impl Gateway {
         }
     }
 
-    /// Takes a worker out: the router forgets its index entries and load.
+    /// Takes a worker out of routing (it keeps its index entries and load: an engine that
+    /// is slow or unreachable has not lost its cache; its event stream says when it did).
     pub fn take_out(&self, id: WorkerId, why: &str) {
         let Some(w) = self.registry.get(id) else {
             return;
         };
         if w.set_up(false) {
-            self.router().remove_worker(id);
+            self.router().set_available(id, false);
             self.metrics.worker_up.with_label_values(&[&w.name]).set(0);
-            tracing::warn!(worker = %w.name, reason = why, "worker taken out");
+            tracing::warn!(worker = %w.name, reason = why, "worker taken out of routing (its index is kept)");
             self.wake.notify_waiters();
         }
     }
 
-    /// Brings a worker back (empty index, no load).
+    /// Puts a worker back into routing, and has its event ingestion check whether the
+    /// engine restarted meanwhile.
     pub fn bring_back(&self, id: WorkerId) {
         let Some(w) = self.registry.get(id) else {
             return;
         };
         if w.set_up(true) {
-            if let Err(e) = self.router().add_worker(id, w.spec.capacity()) {
-                tracing::error!(worker = %w.name, error = %e, "could not add the worker back");
-                w.set_up(false);
-                return;
-            }
+            self.router().set_available(id, true);
+            w.verify.notify_one();
             self.metrics.worker_up.with_label_values(&[&w.name]).set(1);
             tracing::info!(worker = %w.name, "worker back in service");
             self.wake.notify_waiters();
@@ -154,7 +153,7 @@ impl Gateway {
     /// Drops every index entry of every worker (`POST /debug/reset`).
     pub fn reset_index(&self) {
         let mut r = self.router();
-        for w in self.registry.iter().filter(|w| w.is_up()) {
+        for w in self.registry.iter() {
             let _ = r.apply_event(w.id, &KvEvent::Cleared);
         }
     }
@@ -173,11 +172,7 @@ impl Gateway {
                 .worker_prefill
                 .with_label_values(&labels)
                 .set(i64::try_from(load.prefill_tokens).unwrap_or(i64::MAX));
-            let blocks = if w.is_up() {
-                r.index().block_count(w.id)
-            } else {
-                0
-            };
+            let blocks = r.cached_blocks(w.id);
             self.metrics
                 .index_blocks
                 .with_label_values(&labels)
@@ -186,6 +181,21 @@ impl Gateway {
                 .worker_up
                 .with_label_values(&labels)
                 .set(i64::from(w.is_up()));
+            let state = w.cache_state();
+            for s in crate::registry::CacheState::ALL {
+                self.metrics
+                    .cache_state
+                    .with_label_values(&[w.name.as_str(), s.as_str()])
+                    .set(i64::from(s == state));
+            }
+            for (counter, value) in [
+                (&self.metrics.event_restarts, &w.events.restarts),
+                (&self.metrics.event_resubscribes, &w.events.resubscribes),
+            ] {
+                let c = counter.with_label_values(&labels);
+                let v = value.load(std::sync::atomic::Ordering::Relaxed);
+                c.inc_by(v.saturating_sub(c.get()));
+            }
         }
         self.metrics
             .inflight

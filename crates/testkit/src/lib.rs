@@ -1,11 +1,13 @@
 //! Helpers the integration tests of several crates share: serving a stub app, reading a URL
 //! as JSON or text, polling until a condition holds, reading one sample of a Prometheus
-//! metrics text.
+//! metrics text; ZMQ sockets playing an engine's KV event publisher ([`zmq`]).
 //!
 //! A dev-dependency only. The HTTP helpers panic with the URL when a request fails, which is
 //! what a test wants.
 
 #![forbid(unsafe_code)]
+
+pub mod zmq;
 
 use std::time::Duration;
 

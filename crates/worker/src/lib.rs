@@ -61,6 +61,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 pub struct ZmqConfig {
     /// The PUB socket of the event stream.
     pub publish: String,
+    /// Connect the PUB socket to `publish` (a gateway bound there) instead of binding it.
+    pub connect: bool,
     /// The ROUTER socket answering replay requests (vLLM's protocol, see [`END_SEQ`]).
     pub replay: Option<String>,
 }

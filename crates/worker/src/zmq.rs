@@ -1,31 +1,39 @@
-//! KV events over ZMQ, as vLLM publishes them (`vllm/distributed/kv_events.py`,
-//! `ZmqEventPublisher`).
+//! KV events over ZMQ, as vLLM 0.32 publishes them (`vllm/distributed/kv_events.py`,
+//! `ZmqEventPublisher`), through libzmq (the `zmq` crate).
 //!
 //! - PUB: each batch is one message of three frames `[topic, seq (u64 big-endian),
-//!   msgpack payload]`.
-//! - ROUTER (replay): a client (a DEALER) sends `[b"", start_seq]`, the start as an 8-byte
-//!   big-endian integer; the ROUTER sees `[client_id, b"", start_seq]` (requests of another
-//!   number of frames are ignored) and answers every buffered batch with a sequence number of
-//!   `start_seq` or more as `[client_id, b"", seq (8 bytes BE), payload]`, then the end
-//!   marker `[client_id, b"", END_SEQ, b""]`, where `END_SEQ` is -1 as a signed 8-byte
-//!   big-endian integer (`0xFFFF_FFFF_FFFF_FFFF`). The DEALER thus receives
-//!   `[b"", seq, payload]` messages and `[b"", END_SEQ, b""]`.
+//!   msgpack payload]`. The socket binds its endpoint, or connects to it when configured
+//!   (vLLM connects for a host endpoint: the gateway then binds).
+//! - ROUTER (replay, always bound): a client (a DEALER) sends `[b"", start_seq]`, the start
+//!   as an 8-byte big-endian integer; the ROUTER sees `[client_id, b"", start_seq]` (requests
+//!   of another number of frames are ignored) and answers every buffered batch with a
+//!   sequence number of `start_seq` or more as `[client_id, b"", topic, seq (8 bytes BE),
+//!   payload]`, then the end marker `[client_id, b"", b"", END_SEQ, b""]`, where `END_SEQ`
+//!   is -1 as a signed 8-byte big-endian integer (`0xFFFF_FFFF_FFFF_FFFF`). The DEALER thus
+//!   receives `["", topic, seq, payload]` messages and `["", "", END_SEQ, ""]`, exactly as
+//!   from vLLM 0.32 (older vLLM left the topic frame out).
 
 use crate::events::EventHub;
 use crate::{wait_shutdown, WorkerError, ZmqConfig};
-use bytes::Bytes;
 use kvroute_protocol::vllm_events::{encode_message, encode_payload, EventBatch};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
-use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 /// The end-of-replay marker: -1 as a signed 8-byte big-endian integer.
 pub const END_SEQ: [u8; 8] = [0xFF; 8];
 
+/// How often the replay thread looks for shutdown, in milliseconds.
+const POLL_MS: i64 = 100;
+
+fn context() -> &'static zmq::Context {
+    static CTX: OnceLock<zmq::Context> = OnceLock::new();
+    CTX.get_or_init(zmq::Context::new)
+}
+
 /// The bound sockets' endpoints and their tasks.
 pub(crate) struct ZmqTasks {
-    /// The PUB endpoint actually bound (port resolved).
+    /// The PUB endpoint actually bound (port resolved), or the one connected to.
     pub(crate) publish: String,
     /// The ROUTER endpoint actually bound, when configured.
     pub(crate) replay: Option<String>,
@@ -33,8 +41,20 @@ pub(crate) struct ZmqTasks {
     pub(crate) tasks: Vec<(&'static str, JoinHandle<()>)>,
 }
 
-/// Binds the sockets and starts their tasks. The publisher subscribes to `hub` before this
-/// returns, so it sees every batch published after.
+fn zmq_err(what: String) -> impl FnOnce(zmq::Error) -> WorkerError {
+    move |e| WorkerError::Zmq(format!("{what}: {e}"))
+}
+
+/// The endpoint a socket bound (its port resolved).
+fn bound(socket: &zmq::Socket, asked: &str) -> String {
+    match socket.get_last_endpoint() {
+        Ok(Ok(ep)) => ep,
+        _ => asked.to_string(),
+    }
+}
+
+/// Binds (or connects) the sockets and starts their tasks. The publisher subscribes to
+/// `hub` before this returns, so it sees every batch published after.
 pub(crate) async fn start(
     cfg: &ZmqConfig,
     hub: Arc<EventHub>,
@@ -42,27 +62,50 @@ pub(crate) async fn start(
     shutdown: watch::Receiver<bool>,
     name: String,
 ) -> Result<ZmqTasks, WorkerError> {
-    let mut pub_socket = PubSocket::new();
-    let publish = pub_socket
-        .bind(&cfg.publish)
-        .await
-        .map_err(|e| WorkerError::Zmq(format!("binding PUB to {}: {e}", cfg.publish)))?
-        .to_string();
+    let ctx = context();
+    let pub_socket = ctx
+        .socket(zmq::PUB)
+        .map_err(zmq_err("creating the PUB socket".into()))?;
+    pub_socket
+        .set_linger(0)
+        .map_err(zmq_err("PUB linger".into()))?;
+    pub_socket
+        .set_sndhwm(100_000)
+        .map_err(zmq_err("PUB high-water mark".into()))?;
+    let publish = if cfg.connect {
+        pub_socket
+            .connect(&cfg.publish)
+            .map_err(zmq_err(format!("connecting PUB to {}", cfg.publish)))?;
+        cfg.publish.clone()
+    } else {
+        pub_socket
+            .bind(&cfg.publish)
+            .map_err(zmq_err(format!("binding PUB to {}", cfg.publish)))?;
+        bound(&pub_socket, &cfg.publish)
+    };
     let mut tasks = Vec::new();
     let mut replay = None;
     if let Some(endpoint) = &cfg.replay {
-        let mut router = RouterSocket::new();
-        let bound = router
+        let router = ctx
+            .socket(zmq::ROUTER)
+            .map_err(zmq_err("creating the ROUTER socket".into()))?;
+        router
+            .set_linger(0)
+            .map_err(zmq_err("ROUTER linger".into()))?;
+        router
             .bind(endpoint)
-            .await
-            .map_err(|e| WorkerError::Zmq(format!("binding ROUTER to {endpoint}: {e}")))?
-            .to_string();
-        tracing::info!(worker = %name, endpoint = %bound, "ZMQ replay socket bound");
-        replay = Some(bound);
-        let task = serve_replay(router, hub.clone(), shutdown.clone(), name.clone());
-        tasks.push(("zmq-replay", tokio::spawn(task)));
+            .map_err(zmq_err(format!("binding ROUTER to {endpoint}")))?;
+        let at = bound(&router, endpoint);
+        tracing::info!(worker = %name, endpoint = %at, "ZMQ replay socket bound");
+        replay = Some(at);
+        let (hub, shutdown, name, topic) =
+            (hub.clone(), shutdown.clone(), name.clone(), topic.clone());
+        let task = tokio::task::spawn_blocking(move || {
+            serve_replay(&router, &hub, &shutdown, &name, topic.as_bytes())
+        });
+        tasks.push(("zmq-replay", task));
     }
-    tracing::info!(worker = %name, endpoint = %publish, topic = %topic, "ZMQ publisher bound");
+    tracing::info!(worker = %name, endpoint = %publish, topic = %topic, connect = cfg.connect, "ZMQ publisher ready");
     let task = publish_loop(pub_socket, hub.subscribe(), topic, shutdown, name);
     tasks.push(("zmq-publish", tokio::spawn(task)));
     Ok(ZmqTasks {
@@ -72,20 +115,8 @@ pub(crate) async fn start(
     })
 }
 
-fn message(frames: Vec<Bytes>) -> Option<ZmqMessage> {
-    ZmqMessage::try_from(frames).ok()
-}
-
-fn batch_frames(topic: &str, b: &EventBatch) -> Vec<Bytes> {
-    let payload = encode_payload(b.ts, &b.events, b.dp_rank);
-    encode_message(topic, b.seq, payload)
-        .into_iter()
-        .map(Bytes::from)
-        .collect()
-}
-
 async fn publish_loop(
-    mut socket: PubSocket,
+    socket: zmq::Socket,
     mut rx: broadcast::Receiver<Arc<EventBatch>>,
     topic: String,
     mut shutdown: watch::Receiver<bool>,
@@ -104,56 +135,55 @@ async fn publish_loop(
                 Err(broadcast::error::RecvError::Closed) => break,
             },
         };
-        let Some(msg) = message(batch_frames(&topic, &batch)) else {
-            continue;
-        };
-        if let Err(e) = socket.send(msg).await {
+        let payload = encode_payload(batch.ts, &batch.events, batch.dp_rank);
+        let frames = encode_message(&topic, batch.seq, payload);
+        // A PUB socket never blocks: past its high-water mark it drops, as vLLM's does.
+        if let Err(e) = socket.send_multipart(frames, zmq::DONTWAIT) {
             tracing::warn!(worker = %name, seq = batch.seq, error = %e, "ZMQ publish failed");
         }
     }
-    socket.close().await;
 }
 
-async fn serve_replay(
-    mut socket: RouterSocket,
-    hub: Arc<EventHub>,
-    mut shutdown: watch::Receiver<bool>,
-    name: String,
+fn serve_replay(
+    socket: &zmq::Socket,
+    hub: &EventHub,
+    shutdown: &watch::Receiver<bool>,
+    name: &str,
+    topic: &[u8],
 ) {
     loop {
-        let request = tokio::select! {
-            biased;
-            _ = wait_shutdown(&mut shutdown) => break,
-            r = socket.recv() => match r {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!(worker = %name, error = %e, "ZMQ replay socket failed");
-                    break;
-                }
-            },
+        if *shutdown.borrow() {
+            return;
+        }
+        match socket.poll(zmq::POLLIN, POLL_MS) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(worker = %name, error = %e, "ZMQ replay socket failed");
+                return;
+            }
+        }
+        let request = match socket.recv_multipart(zmq::DONTWAIT) {
+            Ok(r) => r,
+            Err(zmq::Error::EAGAIN) => continue,
+            Err(e) => {
+                tracing::warn!(worker = %name, error = %e, "ZMQ replay socket failed");
+                return;
+            }
         };
-        tokio::select! {
-            biased;
-            _ = wait_shutdown(&mut shutdown) => break,
-            r = answer(&mut socket, &hub, request.into_vec()) => match r {
-                Ok(Some((start, n))) => {
-                    tracing::debug!(worker = %name, start, batches = n, "replay served");
-                }
-                Ok(None) => {
-                    tracing::warn!(worker = %name, "invalid replay request ignored");
-                }
-                Err(e) => {
-                    tracing::warn!(worker = %name, error = %e, "replay answer failed");
-                }
-            },
+        match answer(socket, hub, topic, &request) {
+            Ok(Some((start, n))) => {
+                tracing::debug!(worker = %name, start, batches = n, "replay served");
+            }
+            Ok(None) => tracing::warn!(worker = %name, "invalid replay request ignored"),
+            Err(e) => tracing::warn!(worker = %name, error = %e, "replay answer failed"),
         }
     }
-    socket.close().await;
 }
 
-/// The start sequence number of a replay request `[client_id, b"", start]` (the start
-/// is read as a big-endian integer of at most 8 bytes).
-fn parse_request(frames: &[Bytes]) -> Option<(Bytes, u64)> {
+/// The client and start sequence number of a replay request `[client_id, b"", start]` (the
+/// start is read as a big-endian integer of at most 8 bytes).
+fn parse_request(frames: &[Vec<u8>]) -> Option<(&[u8], u64)> {
     let [client, _empty, start] = frames else {
         return None;
     };
@@ -162,40 +192,28 @@ fn parse_request(frames: &[Bytes]) -> Option<(Bytes, u64)> {
     }
     let mut be = [0u8; 8];
     be[8 - start.len()..].copy_from_slice(start);
-    Some((client.clone(), u64::from_be_bytes(be)))
+    Some((client, u64::from_be_bytes(be)))
 }
 
 /// Answers one request; `(start, batches sent)`, or None for an invalid request.
-async fn answer(
-    socket: &mut RouterSocket,
+fn answer(
+    socket: &zmq::Socket,
     hub: &EventHub,
-    frames: Vec<Bytes>,
-) -> Result<Option<(u64, usize)>, zeromq::ZmqError> {
-    let Some((client, start)) = parse_request(&frames) else {
+    topic: &[u8],
+    frames: &[Vec<u8>],
+) -> Result<Option<(u64, usize)>, zmq::Error> {
+    let Some((client, start)) = parse_request(frames) else {
         return Ok(None);
     };
     let batches = hub.replay_from(start);
     for b in &batches {
         let payload = encode_payload(b.ts, &b.events, b.dp_rank);
-        let frames = vec![
-            client.clone(),
-            Bytes::new(),
-            Bytes::copy_from_slice(&b.seq.to_be_bytes()),
-            Bytes::from(payload),
-        ];
-        if let Some(msg) = message(frames) {
-            socket.send(msg).await?;
-        }
+        let seq = b.seq.to_be_bytes();
+        let message: [&[u8]; 5] = [client, b"", topic, &seq, &payload];
+        socket.send_multipart(message, 0)?;
     }
-    let end = vec![
-        client,
-        Bytes::new(),
-        Bytes::from_static(&END_SEQ),
-        Bytes::new(),
-    ];
-    if let Some(msg) = message(end) {
-        socket.send(msg).await?;
-    }
+    let end: [&[u8]; 5] = [client, b"", b"", &END_SEQ, b""];
+    socket.send_multipart(end, 0)?;
     Ok(Some((start, batches.len())))
 }
 
@@ -205,14 +223,12 @@ mod tests {
 
     #[test]
     fn replay_requests_parse_like_vllm() {
-        let f = |v: &[&'static [u8]]| v.iter().map(|b| Bytes::from_static(b)).collect::<Vec<_>>();
+        let f = |v: &[&[u8]]| v.iter().map(|b| b.to_vec()).collect::<Vec<_>>();
         let seven = 7u64.to_be_bytes();
-        let frames = vec![
-            Bytes::from_static(b"id"),
-            Bytes::new(),
-            Bytes::copy_from_slice(&seven),
-        ];
-        assert_eq!(parse_request(&frames).map(|r| r.1), Some(7));
+        assert_eq!(
+            parse_request(&f(&[b"id", b"", &seven])).map(|r| r.1),
+            Some(7)
+        );
         assert_eq!(
             parse_request(&f(&[b"id", b"", b"\x01\x00"])).map(|r| r.1),
             Some(256)

@@ -3,15 +3,14 @@
 
 mod common;
 
-use bytes::Bytes;
 use common::*;
 use kvroute_protocol::vllm_events::{decode_message, decode_payload, Event, EventBatch};
+use kvroute_testkit::zmq::{replay_raw, Subscriber};
 use kvroute_worker::{WorkerHandle, ZmqConfig, END_SEQ};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
-use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 /// Completes a token-id prompt (non-streaming: the answer comes after the prompt's blocks
 /// were published).
@@ -102,36 +101,28 @@ async fn events_are_numbered_replayable_and_restart_after_a_reset() {
     .await;
 }
 
-fn frames(m: ZmqMessage) -> Vec<Bytes> {
-    m.into_vec()
-}
-
-/// Sends a replay request from `start` and reads the answers up to the end marker.
-async fn replay(dealer: &mut DealerSocket, start: u64) -> Vec<EventBatch> {
-    let request = ZmqMessage::try_from(vec![
-        Bytes::new(),
-        Bytes::copy_from_slice(&start.to_be_bytes()),
-    ])
-    .unwrap();
-    dealer.send(request).await.unwrap();
-    let mut got = Vec::new();
-    loop {
-        let f = frames(dealer.recv().await.unwrap());
-        assert_eq!(f.len(), 3, "[empty, seq, payload]");
-        assert!(f[0].is_empty());
-        if f[1][..] == END_SEQ {
-            assert!(f[2].is_empty());
-            return got;
-        }
-        let seq = u64::from_be_bytes(f[1][..].try_into().unwrap());
-        let (ts, events, dp_rank) = decode_payload(&f[2]).unwrap();
-        got.push(EventBatch {
-            seq,
-            ts,
-            events,
-            dp_rank,
-        });
-    }
+/// Sends a replay request from `start` and reads the answers up to the end marker, checking
+/// vLLM 0.32's form: `["", topic, seq, payload]`, then `["", "", END_SEQ, ""]`.
+async fn replay(endpoint: &str, start: u64) -> Vec<EventBatch> {
+    let answer = replay_raw(endpoint, start, Duration::from_secs(10)).await;
+    let (end, batches) = answer.split_last().unwrap();
+    assert_eq!(end, &vec![vec![], vec![], END_SEQ.to_vec(), vec![]]);
+    batches
+        .iter()
+        .map(|f| {
+            assert_eq!(f.len(), 4, "[empty, topic, seq, payload]");
+            assert!(f[0].is_empty());
+            assert_eq!(f[1], b"kv-events");
+            let seq = u64::from_be_bytes(f[2][..].try_into().unwrap());
+            let (ts, events, dp_rank) = decode_payload(&f[3]).unwrap();
+            EventBatch {
+                seq,
+                ts,
+                events,
+                dp_rank,
+            }
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -139,6 +130,7 @@ async fn zmq_publishes_like_vllm_and_answers_replay_requests() {
     bounded(async {
         let zmq = ZmqConfig {
             publish: "tcp://127.0.0.1:0".into(),
+            connect: false,
             replay: Some("tcp://127.0.0.1:0".into()),
         };
         let w = start(config(), Some(zmq)).await;
@@ -147,9 +139,7 @@ async fn zmq_publishes_like_vllm_and_answers_replay_requests() {
         assert!(replay_ep.starts_with("tcp://127.0.0.1:") && !replay_ep.ends_with(":0"));
         let client = reqwest::Client::new();
 
-        let mut sub = SubSocket::new();
-        sub.connect(&pub_ep).await.unwrap();
-        sub.subscribe("kv-events").await.unwrap();
+        let sub = Subscriber::connect(&pub_ep);
         // The subscription reaches the publisher some time after `subscribe` returns (ZMQ's
         // slow joiner): publish fresh blocks until one arrives, within a bound.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -159,11 +149,11 @@ async fn zmq_publishes_like_vllm_and_answers_replay_requests() {
             let prompt: Vec<u32> = (0..32).map(|i| 10_000 + k * 100 + i).collect();
             k += 1;
             complete(&client, &w, &prompt, 1).await;
-            if let Ok(m) = tokio::time::timeout(Duration::from_millis(250), sub.recv()).await {
-                break m.unwrap();
+            if let Some(m) = sub.recv(Duration::from_millis(250)).await {
+                break m;
             }
         };
-        let f = frames(msg);
+        let f = msg;
         assert_eq!(&f[0][..], b"kv-events");
         let parts: Vec<&[u8]> = f.iter().map(|b| &b[..]).collect();
         let batch = decode_message(&parts).unwrap();
@@ -176,16 +166,14 @@ async fn zmq_publishes_like_vllm_and_answers_replay_requests() {
         assert_eq!(batch.dp_rank, Some(0));
 
         // Replay from 0: every buffered batch, then the end marker.
-        let mut dealer = DealerSocket::new();
-        dealer.connect(&replay_ep).await.unwrap();
-        let all = replay(&mut dealer, 0).await;
+        let all = replay(&replay_ep, 0).await;
         let local: Vec<EventBatch> = w.replay_from(0).iter().map(|b| (**b).clone()).collect();
         assert!(!all.is_empty());
         assert_eq!(all, local);
-        let tail = replay(&mut dealer, 1).await;
+        let tail = replay(&replay_ep, 1).await;
         assert_eq!(tail[..], local[1..]);
         assert!(
-            replay(&mut dealer, 1 << 40).await.is_empty(),
+            replay(&replay_ep, 1 << 40).await.is_empty(),
             "only the end marker"
         );
         w.shutdown().await;

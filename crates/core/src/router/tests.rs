@@ -184,10 +184,10 @@ fn no_workers_is_a_rejection_not_a_panic() {
 fn approximate_mode_learns_from_its_own_routing() {
     let cfg = RouterConfig {
         block_size: BS,
-        approx: Some(ApproxConfig {
+        approx: ApproxConfig {
             ttl_secs: 60.0,
             max_blocks_per_worker: 10_000,
-        }),
+        },
         policy: PolicyConfig {
             kind: crate::policy::PolicyKind::Kv,
             ..PolicyConfig::default()
@@ -196,8 +196,12 @@ fn approximate_mode_learns_from_its_own_routing() {
     };
     let mut r = Router::new(cfg).unwrap();
     for w in 1..=4 {
-        r.add_worker(WorkerId(w), WorkerCapacity::default())
-            .unwrap();
+        r.add_worker_with(
+            WorkerId(w),
+            WorkerCapacity::default(),
+            Tracking::Approximate,
+        )
+        .unwrap();
     }
     let t = tokens(800, 9);
     let p = prompt(&t);
@@ -232,7 +236,8 @@ fn explain_serialises_every_worker() {
     assert_eq!(ex.workers.len(), 3);
     assert_eq!(ex.workers.iter().filter(|w| w.chosen).count(), 1);
     let json = serde_json::to_value(&ex).unwrap();
-    assert_eq!(json["workers"][2]["matched_blocks"], 20);
+    // The whole prompt is stored, but its last block is computed (the hit stops at 319).
+    assert_eq!(json["workers"][2]["matched_blocks"], 19);
     assert_eq!(json["decision"], "dispatch");
     let expect = local_block_hashes(&t, BS, Namespace::default()).len();
     assert_eq!(ex.prompt_blocks, expect);
@@ -373,4 +378,98 @@ fn check_dispatch_agrees_with_dispatch() {
         let done = r.dispatch(id, &req(&p), s, Time::ZERO);
         assert_eq!(done.is_ok(), ok, "dispatch of {id:?} on {:?}", s.worker);
     }
+}
+
+#[test]
+fn a_fully_cached_block_aligned_prompt_is_predicted_one_block_short_as_engines_compute_it() {
+    let mut r = router(PolicyKind::Kv, AdmissionConfig::default());
+    let t = tokens(320, 4);
+    store(&mut r, 1, &t);
+    let RouteOutcome::Dispatch(sel) = r.route(&req(&prompt(&t))) else {
+        panic!()
+    };
+    // vLLM caps a hit at prompt length - 1: 319 tokens hold 19 full blocks.
+    assert_eq!((sel.worker, sel.matched_blocks), (WorkerId(1), 19));
+    assert_eq!(sel.cached_tokens, 304);
+    // One token more and the whole stored prefix counts.
+    let longer = prompt(&[t.clone(), vec![1]].concat());
+    let RouteOutcome::Dispatch(sel) = r.route(&req(&longer)) else {
+        panic!()
+    };
+    assert_eq!((sel.matched_blocks, sel.cached_tokens), (20, 320));
+}
+
+#[test]
+fn workers_tracked_by_events_and_approximately_share_one_router() {
+    let mut r = router(PolicyKind::Kv, AdmissionConfig::default());
+    r.add_worker_with(
+        WorkerId(4),
+        WorkerCapacity::default(),
+        Tracking::Approximate,
+    )
+    .unwrap();
+    assert_eq!(r.tracking(WorkerId(1)), Some(Tracking::Events));
+    assert_eq!(r.tracking(WorkerId(4)), Some(Tracking::Approximate));
+    assert_eq!(r.tracking(WorkerId(9)), None);
+    // Events of an approximately tracked worker are ignored.
+    let t = tokens(640, 3);
+    store(&mut r, 4, &t);
+    assert_eq!(r.cached_blocks(WorkerId(4)), 0);
+    // Its guesses come from dispatches to it.
+    let p = prompt(&t);
+    let sel = Selection {
+        worker: WorkerId(4),
+        matched_blocks: 0,
+        cached_tokens: 0,
+        cost: None,
+    };
+    r.check_dispatch(RequestId(1), &sel).unwrap();
+    r.dispatch(RequestId(1), &req(&p), &sel, Time::ZERO)
+        .unwrap();
+    r.finish(RequestId(1), Time::from_millis(10)).unwrap();
+    assert_eq!(r.cached_blocks(WorkerId(4)), 40);
+    // Worker 2 holds a shorter prefix by events: both count, the deeper one wins.
+    store(&mut r, 2, &t[..320]);
+    let ex = r.explain(&req(&p));
+    let depth = |w: u64| {
+        ex.workers
+            .iter()
+            .find(|x| x.worker == WorkerId(w))
+            .map(|x| x.matched_blocks)
+    };
+    assert_eq!((depth(2), depth(4)), (Some(20), Some(39)));
+    assert_eq!(ex.winner, Some(WorkerId(4)));
+    // Switching a worker to events drops its guesses.
+    r.add_worker_with(WorkerId(4), WorkerCapacity::default(), Tracking::Events)
+        .unwrap();
+    assert_eq!(r.cached_blocks(WorkerId(4)), 0);
+    assert_eq!(r.tracking(WorkerId(4)), Some(Tracking::Events));
+}
+
+#[test]
+fn an_unavailable_worker_keeps_its_index_but_is_not_chosen() {
+    let mut r = router(PolicyKind::Kv, AdmissionConfig::default());
+    let t = tokens(640, 8);
+    store(&mut r, 2, &t);
+    let p = prompt(&[t.clone(), vec![5]].concat());
+    r.set_available(WorkerId(2), false);
+    assert!(!r.is_available(WorkerId(2)));
+    let RouteOutcome::Dispatch(sel) = r.route(&req(&p)) else {
+        panic!()
+    };
+    assert_ne!(sel.worker, WorkerId(2));
+    assert_eq!(r.cached_blocks(WorkerId(2)), 40);
+    r.set_available(WorkerId(2), true);
+    let RouteOutcome::Dispatch(sel) = r.route(&req(&p)) else {
+        panic!()
+    };
+    assert_eq!((sel.worker, sel.matched_blocks), (WorkerId(2), 40));
+    // With every worker unavailable there is nobody to send to.
+    for w in 1..=3 {
+        r.set_available(WorkerId(w), false);
+    }
+    assert_eq!(
+        r.route(&req(&p)),
+        RouteOutcome::Reject(RejectReason::NoWorkers)
+    );
 }

@@ -1,86 +1,203 @@
-//! KV events over ZMQ, as vLLM and SGLang publish them: a SUB socket on the engine's PUB
-//! endpoint (reconnecting when the engine goes away), and the replay client of vLLM's ROUTER
-//! replay service: the client sends `["", start_seq (u64 big-endian)]` and receives
-//! `["", seq, payload]` for each batch the engine still holds, then `["", 0xFF..FF, ""]`.
+//! KV events over ZMQ, as vLLM and SGLang publish them, through libzmq (the `zmq` crate,
+//! the library the engines themselves use via pyzmq).
+//!
+//! - The SUB socket connects to the engine's PUB endpoint, or binds and lets the engine
+//!   connect (vLLM connects its PUB socket for a host endpoint and binds it only for a
+//!   wildcard one). It runs on a thread of its own with a socket monitor: every completed
+//!   handshake and every disconnect is reported on the feed ([`FeedItem::Connected`],
+//!   [`FeedItem::Disconnected`]), so the ingestion re-synchronises after a publisher went
+//!   away and came back. libzmq reconnects by itself with backoff; ZMTP heartbeats find a
+//!   publisher whose connection died silently; a frame over the configured size closes the
+//!   connection instead of allocating it.
+//! - The replay client is a DEALER: it sends `["", start_seq (u64 big-endian)]` and reads
+//!   one message per batch until the end marker. vLLM 0.32 answers `["", topic, seq,
+//!   payload]` and ends with `["", "", 0xFF..FF, ""]`; older publishers (and kvroute's
+//!   worker before it spoke vLLM's form) answer `["", seq, payload]` and end with
+//!   `["", 0xFF..FF, ""]`. Both are read.
 
-use super::{EventFeed, Replay};
+use super::{EventFeed, FeedItem, Replay};
 use futures_util::future::BoxFuture;
 use kvroute_protocol::vllm_events::{decode_message, EventBatch};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
-/// The sequence number that ends a replay answer.
-const END_SEQ: [u8; 8] = [0xFF; 8];
+/// The sequence number that ends a replay answer (-1 as a signed 8-byte integer).
+pub const END_SEQ: [u8; 8] = [0xFF; 8];
 
-/// Most batches one replay answer may carry.
-const MAX_REPLAY_BATCHES: usize = 100_000;
-
-/// Batches buffered between the socket and the index.
+/// Batches buffered between the socket thread and the index.
 const FEED_BUFFER: usize = 4096;
 
-/// A feed of `endpoint`'s batches (with replay from `replay`, when given). The SUB task
-/// runs until the receiver is dropped, reconnecting after disconnects.
-pub fn zmq_feed(worker: String, endpoint: String, replay: Option<String>) -> EventFeed {
+/// How often the socket thread looks whether its feed is still wanted, in milliseconds.
+const POLL_MS: i64 = 250;
+
+/// The process's libzmq context (its IO threads are shared by every socket).
+pub(crate) fn context() -> &'static zmq::Context {
+    static CTX: OnceLock<zmq::Context> = OnceLock::new();
+    CTX.get_or_init(zmq::Context::new)
+}
+
+/// How to reach one engine's KV event publisher.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ZmqSubscription {
+    /// The worker's name, for logs.
+    pub worker: String,
+    /// The endpoint (`tcp://host:port`).
+    pub endpoint: String,
+    /// Bind the SUB socket to `endpoint` (the engine connects) instead of connecting.
+    pub bind: bool,
+    /// The replay endpoint, when the engine serves one.
+    pub replay: Option<String>,
+    /// Largest message accepted, in bytes (a larger frame closes the connection).
+    pub max_message_bytes: usize,
+    /// Seconds between ZMTP heartbeats (0: none).
+    pub heartbeat_secs: f64,
+    /// Seconds without any traffic after a heartbeat before the connection is taken for
+    /// dead.
+    pub heartbeat_timeout_secs: f64,
+    /// The longest a replay answer may take, in seconds.
+    pub replay_timeout_secs: f64,
+}
+
+/// A feed of a publisher's batches, with its replay client. The socket thread runs until
+/// the feed's receiver is dropped.
+pub fn zmq_feed(sub: ZmqSubscription) -> std::io::Result<EventFeed> {
     let (tx, rx) = mpsc::channel(FEED_BUFFER);
-    tokio::spawn(subscribe_loop(worker.clone(), endpoint, tx));
-    EventFeed {
-        batches: rx,
-        replay: replay.map(|endpoint| Box::new(ZmqReplay { endpoint, worker }) as Box<dyn Replay>),
+    let replay = sub.replay.clone().map(|endpoint| {
+        Box::new(ZmqReplay {
+            endpoint,
+            worker: sub.worker.clone(),
+            max_message_bytes: sub.max_message_bytes,
+            timeout: Duration::from_secs_f64(sub.replay_timeout_secs),
+        }) as Box<dyn Replay>
+    });
+    std::thread::Builder::new()
+        .name(format!("kv-events-{}", sub.worker))
+        .spawn(move || subscribe_thread(sub, tx))?;
+    Ok(EventFeed { items: rx, replay })
+}
+
+fn subscribe_thread(sub: ZmqSubscription, tx: mpsc::Sender<FeedItem>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match run_socket(&sub, &tx) {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(worker = %sub.worker, endpoint = %sub.endpoint, error = %e, "KV event socket failed; retrying");
+                if tx.is_closed() {
+                    return;
+                }
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
     }
 }
 
-async fn subscribe_loop(worker: String, endpoint: String, tx: mpsc::Sender<Arc<EventBatch>>) {
-    let mut backoff = Duration::from_millis(100);
+fn millis(secs: f64) -> i32 {
+    (secs * 1000.0).round().clamp(0.0, f64::from(i32::MAX)) as i32
+}
+
+/// The socket's whole life: set up, then receive until the feed is dropped (Ok) or the
+/// socket fails (Err: the caller starts a new one).
+fn run_socket(sub: &ZmqSubscription, tx: &mpsc::Sender<FeedItem>) -> Result<(), zmq::Error> {
+    static MONITORS: AtomicU64 = AtomicU64::new(0);
+    let ctx = context();
+    let socket = ctx.socket(zmq::SUB)?;
+    socket.set_linger(0)?;
+    socket.set_maxmsgsize(i64::try_from(sub.max_message_bytes).unwrap_or(i64::MAX))?;
+    socket.set_rcvhwm(100_000)?;
+    socket.set_reconnect_ivl(100)?;
+    socket.set_reconnect_ivl_max(5_000)?;
+    if sub.heartbeat_secs > 0.0 {
+        socket.set_heartbeat_ivl(millis(sub.heartbeat_secs))?;
+        socket.set_heartbeat_timeout(millis(sub.heartbeat_timeout_secs))?;
+    }
+    socket.set_subscribe(b"")?;
+    let monitor_endpoint = format!(
+        "inproc://kvroute-events-monitor-{}",
+        MONITORS.fetch_add(1, Ordering::Relaxed)
+    );
+    let wanted = zmq::SocketEvent::HANDSHAKE_SUCCEEDED.to_raw()
+        | zmq::SocketEvent::DISCONNECTED.to_raw()
+        | zmq::SocketEvent::HANDSHAKE_FAILED_PROTOCOL.to_raw()
+        | zmq::SocketEvent::HANDSHAKE_FAILED_NO_DETAIL.to_raw();
+    socket.monitor(&monitor_endpoint, i32::from(wanted))?;
+    let monitor = ctx.socket(zmq::PAIR)?;
+    monitor.set_linger(0)?;
+    monitor.connect(&monitor_endpoint)?;
+    if sub.bind {
+        socket.bind(&sub.endpoint)?;
+        tracing::info!(worker = %sub.worker, endpoint = %sub.endpoint, "KV event socket bound; waiting for the engine to connect");
+    } else {
+        socket.connect(&sub.endpoint)?;
+        tracing::info!(worker = %sub.worker, endpoint = %sub.endpoint, "KV event socket connecting");
+    }
     loop {
         if tx.is_closed() {
-            return;
+            return Ok(());
         }
-        let mut sub = SubSocket::new();
-        let mut monitor = sub.monitor();
-        let connected = async {
-            sub.connect(&endpoint).await?;
-            sub.subscribe("").await
-        };
-        if let Err(e) = connected.await {
-            tracing::warn!(worker = %worker, endpoint = %endpoint, error = %e, "KV event subscription failed; retrying");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
-            continue;
-        }
-        tracing::info!(worker = %worker, endpoint = %endpoint, "subscribed to KV events");
-        backoff = Duration::from_millis(100);
-        loop {
-            tokio::select! {
-                msg = sub.recv() => match msg {
-                    Ok(m) => {
-                        let frames: Vec<&[u8]> = m.iter().map(|b| b.as_ref()).collect();
-                        match decode_message(&frames) {
-                            Ok(batch) => {
-                                if tx.send(Arc::new(batch)).await.is_err() {
-                                    return;
-                                }
-                            }
-                            Err(e) => tracing::warn!(worker = %worker, error = %e, "undecodable KV event message dropped"),
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(worker = %worker, error = %e, "KV event socket failed; reconnecting");
-                        break;
-                    }
-                },
-                ev = futures_util::StreamExt::next(&mut monitor) => match ev {
-                    Some(SocketEvent::Disconnected(_)) | None => {
-                        tracing::warn!(worker = %worker, "KV event publisher went away; reconnecting");
-                        break;
-                    }
-                    Some(_) => {}
-                },
-                () = tx.closed() => return,
+        let mut items = [
+            socket.as_poll_item(zmq::POLLIN),
+            monitor.as_poll_item(zmq::POLLIN),
+        ];
+        zmq::poll(&mut items, POLL_MS)?;
+        let (messages, events) = (items[0].is_readable(), items[1].is_readable());
+        // Connection changes first: a batch read after a reconnect belongs after it.
+        if events {
+            while let Some(item) = monitor_event(&monitor, &sub.worker)? {
+                if tx.blocking_send(item).is_err() {
+                    return Ok(());
+                }
             }
         }
-        let _ = sub.close().await;
+        if messages {
+            loop {
+                let frames = match socket.recv_multipart(zmq::DONTWAIT) {
+                    Ok(f) => f,
+                    Err(zmq::Error::EAGAIN) => break,
+                    Err(e) => return Err(e),
+                };
+                let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+                let item = match decode_message(&refs) {
+                    Ok(batch) => FeedItem::Batch(Arc::new(batch)),
+                    Err(e) => FeedItem::Undecodable(e.to_string()),
+                };
+                if tx.blocking_send(item).is_err() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// The next connection change the monitor reports, if one is waiting.
+fn monitor_event(monitor: &zmq::Socket, worker: &str) -> Result<Option<FeedItem>, zmq::Error> {
+    loop {
+        let frames = match monitor.recv_multipart(zmq::DONTWAIT) {
+            Ok(f) => f,
+            Err(zmq::Error::EAGAIN) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        // [event (u16) + value (u32), native byte order; endpoint]
+        let Some(head) = frames.first().and_then(|f| f.get(..2)) else {
+            continue;
+        };
+        let event = u16::from_ne_bytes([head[0], head[1]]);
+        let peer = frames
+            .get(1)
+            .map(|e| String::from_utf8_lossy(e).into_owned())
+            .unwrap_or_default();
+        if event == zmq::SocketEvent::HANDSHAKE_SUCCEEDED.to_raw() {
+            tracing::info!(worker, peer = %peer, "KV event publisher connected");
+            return Ok(Some(FeedItem::Connected));
+        }
+        if event == zmq::SocketEvent::DISCONNECTED.to_raw() {
+            tracing::warn!(worker, peer = %peer, "KV event publisher went away");
+            return Ok(Some(FeedItem::Disconnected));
+        }
+        tracing::warn!(worker, peer = %peer, event, "KV event connection refused by the handshake");
     }
 }
 
@@ -90,38 +207,106 @@ pub struct ZmqReplay {
     pub endpoint: String,
     /// The worker's name, for logs.
     pub worker: String,
+    /// Largest message accepted, in bytes.
+    pub max_message_bytes: usize,
+    /// The longest a whole answer may take.
+    pub timeout: Duration,
+}
+
+/// Most batches one replay answer may carry.
+const MAX_REPLAY_BATCHES: usize = 100_000;
+
+/// The batch an answer message carries, None at the end marker.
+fn replay_message(frames: &[Vec<u8>]) -> Result<Option<EventBatch>, String> {
+    let (seq, payload) = match frames {
+        // vLLM 0.32: ["", topic, seq, payload]
+        [_, _topic, seq, payload] => (seq, payload),
+        // older: ["", seq, payload]
+        [_, seq, payload] => (seq, payload),
+        _ => return Err(format!("replay answer with {} frames", frames.len())),
+    };
+    if seq.as_slice() == END_SEQ {
+        return Ok(None);
+    }
+    decode_message(&[b"", seq, payload])
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+impl ZmqReplay {
+    /// The blocking exchange, within `deadline`.
+    fn fetch(&self, from: u64, deadline: Instant) -> Result<Vec<Arc<EventBatch>>, String> {
+        let err = |e: zmq::Error| e.to_string();
+        let dealer = context().socket(zmq::DEALER).map_err(err)?;
+        dealer.set_linger(0).map_err(err)?;
+        dealer
+            .set_maxmsgsize(i64::try_from(self.max_message_bytes).unwrap_or(i64::MAX))
+            .map_err(err)?;
+        dealer.connect(&self.endpoint).map_err(err)?;
+        let request: [&[u8]; 2] = [b"", &from.to_be_bytes()];
+        dealer.send_multipart(request, 0).map_err(err)?;
+        let mut out = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero()
+                || dealer
+                    .poll(zmq::POLLIN, left.as_millis() as i64)
+                    .map_err(err)?
+                    == 0
+            {
+                return Err(format!(
+                    "no end of the replay answer after {} batches",
+                    out.len()
+                ));
+            }
+            let frames = dealer.recv_multipart(0).map_err(err)?;
+            match replay_message(&frames)? {
+                None => return Ok(out),
+                Some(b) => out.push(Arc::new(b)),
+            }
+            if out.len() > MAX_REPLAY_BATCHES {
+                return Err(format!("replay answer over {MAX_REPLAY_BATCHES} batches"));
+            }
+        }
+    }
 }
 
 impl Replay for ZmqReplay {
     fn replay_from(&self, from: u64) -> BoxFuture<'_, Result<Vec<Arc<EventBatch>>, String>> {
+        let me = ZmqReplay {
+            endpoint: self.endpoint.clone(),
+            worker: self.worker.clone(),
+            max_message_bytes: self.max_message_bytes,
+            timeout: self.timeout,
+        };
         Box::pin(async move {
-            let mut dealer = DealerSocket::new();
-            dealer
-                .connect(&self.endpoint)
+            let deadline = Instant::now() + me.timeout;
+            tokio::task::spawn_blocking(move || me.fetch(from, deadline))
                 .await
-                .map_err(|e| e.to_string())?;
-            let mut req = ZmqMessage::from(Vec::<u8>::new());
-            req.push_back(from.to_be_bytes().to_vec().into());
-            dealer.send(req).await.map_err(|e| e.to_string())?;
-            let mut out = Vec::new();
-            loop {
-                let m = dealer.recv().await.map_err(|e| e.to_string())?;
-                let frames: Vec<&[u8]> = m.iter().map(|b| b.as_ref()).collect();
-                // ["", seq, payload]; the topic frame of the live stream is not sent.
-                let [_, seq, payload] = frames.as_slice() else {
-                    return Err(format!("replay answer with {} frames", frames.len()));
-                };
-                if *seq == END_SEQ {
-                    break;
-                }
-                let batch = decode_message(&[b"", seq, payload]).map_err(|e| e.to_string())?;
-                out.push(Arc::new(batch));
-                if out.len() > MAX_REPLAY_BATCHES {
-                    return Err(format!("replay answer over {MAX_REPLAY_BATCHES} batches"));
-                }
-            }
-            let _ = dealer.close().await;
-            Ok(out)
+                .map_err(|e| format!("replay task: {e}"))?
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvroute_protocol::vllm_events::{encode_message, encode_payload};
+
+    #[test]
+    fn replay_answers_are_read_in_both_forms() {
+        let [topic, seq, payload] = encode_message("kv", 7, encode_payload(1.5, &[], None));
+        let four = vec![Vec::new(), topic, seq.clone(), payload.clone()];
+        let three = vec![Vec::new(), seq, payload];
+        for m in [four, three] {
+            let b = replay_message(&m).unwrap().unwrap();
+            assert_eq!((b.seq, b.ts), (7, 1.5));
+        }
+        let end4 = vec![Vec::new(), Vec::new(), END_SEQ.to_vec(), Vec::new()];
+        let end3 = vec![Vec::new(), END_SEQ.to_vec(), Vec::new()];
+        assert_eq!(replay_message(&end4), Ok(None));
+        assert_eq!(replay_message(&end3), Ok(None));
+        assert!(replay_message(&[Vec::new(), Vec::new()]).is_err());
+        assert!(replay_message(&[vec![], vec![1, 2], vec![0x90]]).is_err());
     }
 }

@@ -4,16 +4,9 @@ use crate::support::*;
 use kvroute_core::hashing::EngineHash;
 use kvroute_gateway::{EventFeed, WorkerSpec};
 use kvroute_protocol::vllm_events::{encode_message, encode_payload, Event, EventBatch};
+use kvroute_testkit::zmq::Publisher;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use zeromq::{Socket, SocketSend, ZmqMessage};
-
-fn frames_message(frames: [Vec<u8>; 3]) -> ZmqMessage {
-    let mut m = ZmqMessage::from(frames[0].clone());
-    m.push_back(frames[1].clone().into());
-    m.push_back(frames[2].clone().into());
-    m
-}
 
 /// A `BlockStored` of `blocks` blocks of 16 tokens starting at token `first`, map form.
 fn stored_map(seq: u64, first: u32, blocks: u32, parent: Option<u64>) -> [Vec<u8>; 3] {
@@ -42,12 +35,8 @@ fn stored_array(seq: u64, first: u32, blocks: u32, parent: Option<u64>) -> [Vec<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zmq_events_in_both_forms_update_the_index_and_a_restart_clears_it() {
     let a = worker("a").await;
-    let mut publisher = zeromq::PubSocket::new();
-    let endpoint = publisher
-        .bind("tcp://127.0.0.1:0")
-        .await
-        .unwrap()
-        .to_string();
+    let publisher = Publisher::bind("tcp://127.0.0.1:0");
+    let endpoint = publisher.endpoint.clone();
     let mut cfg = config(&[&a], "kv");
     cfg.workers[0] = WorkerSpec {
         url: a.url(),
@@ -61,24 +50,15 @@ async fn zmq_events_in_both_forms_update_the_index_and_a_restart_clears_it() {
     // the first batch again (as a new incarnation each time) until the index shows it.
     assert!(
         eventually(10, async || {
-            publisher
-                .send(frames_message(stored_map(0, 1000, 2, None)))
-                .await
-                .unwrap();
+            publisher.send(&stored_map(0, 1000, 2, None));
             index_blocks(&url, 0).await == 2
         })
         .await
     );
-    publisher
-        .send(frames_message(stored_array(1, 2000, 3, None)))
-        .await
-        .unwrap();
+    publisher.send(&stored_array(1, 2000, 3, None));
     assert!(eventually(10, async || index_blocks(&url, 0).await == 5).await);
     // The sequence goes back: the engine restarted, its old entries go.
-    publisher
-        .send(frames_message(stored_map(0, 3000, 1, None)))
-        .await
-        .unwrap();
+    publisher.send(&stored_map(0, 3000, 1, None));
     assert!(eventually(10, async || index_blocks(&url, 0).await == 1).await);
     let w = &debug_workers(&url).await["workers"][0]["worker"];
     assert!(w["restarts"].as_u64().unwrap() >= 1, "{w}");
@@ -105,13 +85,13 @@ async fn a_sequence_gap_is_filled_from_the_replay_service() {
     let published = Arc::new(std::sync::Mutex::new(Vec::<Arc<EventBatch>>::new()));
     let held = published.clone();
     let (tx, rx) = tokio::sync::mpsc::channel(8);
-    let feed = EventFeed {
-        batches: rx,
-        replay: Some(Box::new(BufferReplay(Arc::new(move |from| {
+    let feed = EventFeed::from_batches(
+        rx,
+        Some(Box::new(BufferReplay(Arc::new(move |from| {
             let held = held.lock().unwrap();
             held.iter().filter(|b| b.seq >= from).cloned().collect()
         })))),
-    };
+    );
     let gw = gateway_with_feeds(config(&[&a], "kv"), BTreeMap::from([(0, feed)])).await;
     let url = gw.url();
     published.lock().unwrap().push(all[0].clone());
@@ -140,6 +120,7 @@ async fn the_zmq_replay_client_speaks_the_workers_replay_protocol() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let zmq = kvroute_worker::ZmqConfig {
         publish: "tcp://127.0.0.1:0".into(),
+        connect: false,
         replay: Some("tcp://127.0.0.1:0".into()),
     };
     let cfg = kvroute_worker::WorkerConfig {
@@ -166,6 +147,8 @@ async fn the_zmq_replay_client_speaks_the_workers_replay_protocol() {
     let client = ZmqReplay {
         endpoint: w.zmq_replay_endpoint().unwrap(),
         worker: "w".into(),
+        max_message_bytes: 1 << 20,
+        timeout: std::time::Duration::from_secs(10),
     };
     let got = tokio::time::timeout(std::time::Duration::from_secs(10), client.replay_from(0))
         .await
@@ -189,12 +172,12 @@ async fn events_published_before_the_gateway_joined_come_from_the_replay_service
         .collect();
     let held = all[..3].to_vec();
     let (tx, rx) = tokio::sync::mpsc::channel(8);
-    let feed = EventFeed {
-        batches: rx,
-        replay: Some(Box::new(BufferReplay(Arc::new(move |from| {
+    let feed = EventFeed::from_batches(
+        rx,
+        Some(Box::new(BufferReplay(Arc::new(move |from| {
             held.iter().filter(|b| b.seq >= from).cloned().collect()
         })))),
-    };
+    );
     // All three batches went out before the gateway subscribed: the live feed brings none.
     let gw = gateway_with_feeds(config(&[&a], "kv"), BTreeMap::from([(0, feed)])).await;
     let url = gw.url();

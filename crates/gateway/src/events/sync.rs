@@ -1,0 +1,169 @@
+//! The decisions of event ingestion, without IO: what a batch's sequence number means, and
+//! what a replay answer says about the engine after its publisher went away and came back.
+//!
+//! An engine numbers its batches 0, 1, 2, ... per incarnation and keeps the last few
+//! thousand for replay. After a reconnect the gateway asks the replay service for the batch
+//! it applied last: the same batch (same sequence number and the same content) means the
+//! same incarnation, whose cache the index still mirrors; anything else means the engine
+//! restarted (its cache is gone) and the index is rebuilt from the replay.
+
+use kvroute_protocol::vllm_events::{Event, EventBatch};
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+/// A batch's sequence number and a digest of its content: tells one incarnation's batch
+/// from another's with the same number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mark {
+    /// The sequence number.
+    pub seq: u64,
+    digest: u64,
+}
+
+impl Mark {
+    /// The mark of `b`.
+    pub fn of(b: &EventBatch) -> Self {
+        let mut h = DefaultHasher::new();
+        b.ts.to_bits().hash(&mut h);
+        b.dp_rank.hash(&mut h);
+        b.events.len().hash(&mut h);
+        for e in &b.events {
+            match e {
+                Event::Stored {
+                    block_hashes,
+                    parent,
+                    token_ids,
+                    ..
+                } => {
+                    (0u8, block_hashes.first(), block_hashes.len()).hash(&mut h);
+                    (parent, token_ids.len(), token_ids.first()).hash(&mut h);
+                }
+                Event::Removed { block_hashes, .. } => {
+                    (1u8, block_hashes.first(), block_hashes.len()).hash(&mut h);
+                }
+                Event::Cleared => 2u8.hash(&mut h),
+                Event::Unknown(tag) => (3u8, tag).hash(&mut h),
+            }
+        }
+        Self {
+            seq: b.seq,
+            digest: h.finish(),
+        }
+    }
+}
+
+/// What a live batch with sequence `seq` means when `next` was expected (None: nothing
+/// seen yet).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// The next one: apply it.
+    Apply,
+    /// Batches `from..seq` were lost: fetch them, then apply this one.
+    Gap {
+        /// The first missing sequence number.
+        from: u64,
+    },
+    /// The number went back: a new engine incarnation. Clear, then apply.
+    Restart,
+}
+
+/// Classifies a live batch.
+pub fn classify(next: Option<u64>, seq: u64) -> Step {
+    match next {
+        None => Step::Apply,
+        Some(n) if seq == n => Step::Apply,
+        Some(n) if seq > n => Step::Gap { from: n },
+        // A PUB stream never repeats a batch: going back is a new engine incarnation.
+        Some(_) => Step::Restart,
+    }
+}
+
+/// What an answer of the replay service, asked from the last applied batch on, says.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The same incarnation: apply the answer's batches after position `from` (the index
+    /// still mirrors the cache).
+    Same {
+        /// Index into the answer of the first batch not applied yet.
+        from: usize,
+    },
+    /// Not the batch applied last: the engine restarted (or its ring no longer holds that
+    /// batch). Ask again from 0 and rebuild.
+    Changed,
+}
+
+/// Judges `answer` (batches from `last.seq` on) against the batch applied last.
+pub fn verdict(last: Mark, answer: &[std::sync::Arc<EventBatch>]) -> Verdict {
+    match answer.first() {
+        Some(b) if Mark::of(b) == last => Verdict::Same { from: 1 },
+        _ => Verdict::Changed,
+    }
+}
+
+/// The consecutive run of `answer` (sorted by sequence number) from its start, and whether
+/// it begins at the stream's first batch (then nothing before it was missed).
+pub fn complete_from_start(answer: &[std::sync::Arc<EventBatch>]) -> (usize, bool) {
+    let Some(first) = answer.first() else {
+        return (0, true);
+    };
+    let run = answer
+        .iter()
+        .enumerate()
+        .take_while(|(i, b)| b.seq == first.seq.wrapping_add(*i as u64))
+        .count();
+    (run, first.seq == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn batch(seq: u64, ts: f64) -> Arc<EventBatch> {
+        Arc::new(EventBatch {
+            seq,
+            ts,
+            events: vec![Event::Cleared],
+            dp_rank: None,
+        })
+    }
+
+    #[test]
+    fn sequence_numbers_are_classified() {
+        assert_eq!(classify(None, 17), Step::Apply);
+        assert_eq!(classify(Some(5), 5), Step::Apply);
+        assert_eq!(classify(Some(5), 9), Step::Gap { from: 5 });
+        assert_eq!(classify(Some(5), 4), Step::Restart);
+        assert_eq!(classify(Some(100), 0), Step::Restart);
+        assert_eq!(classify(Some(5), 0), Step::Restart);
+    }
+
+    #[test]
+    fn a_replay_answer_tells_the_same_engine_from_a_restarted_one() {
+        let last = Mark::of(&batch(4, 10.0));
+        // The same batch 4, then two more.
+        let same = [batch(4, 10.0), batch(5, 11.0), batch(6, 12.0)];
+        assert_eq!(verdict(last, &same), Verdict::Same { from: 1 });
+        // A batch 4 of another incarnation (another time): restarted.
+        assert_eq!(verdict(last, &[batch(4, 99.0)]), Verdict::Changed);
+        // Nothing from 4 on (a new engine with fewer batches) or a ring past 4.
+        assert_eq!(verdict(last, &[]), Verdict::Changed);
+        assert_eq!(verdict(last, &[batch(7, 13.0)]), Verdict::Changed);
+        // Content counts, not only the time.
+        let mut other = (*batch(4, 10.0)).clone();
+        other.events = vec![Event::Unknown("x".into())];
+        assert_eq!(verdict(last, &[Arc::new(other)]), Verdict::Changed);
+    }
+
+    #[test]
+    fn a_full_answer_is_complete_only_from_the_first_batch() {
+        assert_eq!(complete_from_start(&[]), (0, true));
+        assert_eq!(
+            complete_from_start(&[batch(0, 1.0), batch(1, 1.0), batch(3, 1.0)]),
+            (2, true)
+        );
+        assert_eq!(
+            complete_from_start(&[batch(5, 1.0), batch(6, 1.0)]),
+            (2, false)
+        );
+    }
+}
