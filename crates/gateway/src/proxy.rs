@@ -238,6 +238,8 @@ struct Watch {
     events: Vec<SseEvent>,
     last_token: Option<Instant>,
     usage: Option<Usage>,
+    /// The stream's `[DONE]` went by: the client has the whole answer.
+    completed: bool,
     done: bool,
 }
 
@@ -252,6 +254,7 @@ impl Watch {
             events: Vec::new(),
             last_token: None,
             usage: None,
+            completed: false,
             done: false,
         }
     }
@@ -263,8 +266,12 @@ impl Watch {
             return;
         }
         for ev in self.events.drain(..) {
-            let SseEvent::Data(d) = ev else {
-                continue;
+            let d = match ev {
+                SseEvent::Data(d) => d,
+                SseEvent::Done => {
+                    self.completed = true;
+                    continue;
+                }
             };
             // After the first token only the usage chunk needs reading; other chunks are
             // token chunks (for the inter-token gaps) and skip the JSON parse.
@@ -317,9 +324,16 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        // The client went away before the end: 499, as proxies log it.
+        // The stream was dropped before the worker's end. A client that read `[DONE]` may
+        // close at once (the official clients do): that request completed. Otherwise the
+        // client went away before the end: 499, as proxies log it.
         if !self.done {
-            self.end(StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST));
+            let status = if self.completed {
+                StatusCode::OK
+            } else {
+                StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST)
+            };
+            self.end(status);
         }
     }
 }

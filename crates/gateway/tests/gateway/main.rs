@@ -2,6 +2,7 @@
 
 mod events;
 mod health;
+mod streams;
 mod support;
 
 pub use health::scrape;

@@ -1,0 +1,90 @@
+//! How streamed answers are counted: a client that read `[DONE]` and closed at once (as the
+//! official clients do) completed its request; one that left before `[DONE]` did not (499).
+
+use crate::support::*;
+use axum::routing::{get, post};
+use futures_util::StreamExt;
+use std::time::Duration;
+
+/// A worker whose stream sends one token chunk and `[DONE]` (none for `max_tokens` 1), then
+/// holds the connection open for a long time before ending (so the client, not the worker,
+/// ends every stream here).
+async fn lingering_worker() -> String {
+    let stream = |axum::Json(body): axum::Json<serde_json::Value>| async move {
+        let done = body["max_tokens"] != 1;
+        let token = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
+        let parts: &[&'static str] = if done {
+            &[token, "data: [DONE]\n\n"]
+        } else {
+            &[token]
+        };
+        let chunks = futures_util::stream::iter(parts.to_vec())
+            .map(|s| Ok::<_, std::io::Error>(axum::body::Bytes::from_static(s.as_bytes())))
+            .chain(futures_util::stream::once(async {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                Ok(axum::body::Bytes::new())
+            }));
+        (
+            [("content-type", "text/event-stream")],
+            axum::body::Body::from_stream(chunks),
+        )
+    };
+    kvroute_testkit::serve(
+        axum::Router::new()
+            .route("/v1/chat/completions", post(stream))
+            .route("/health", get(|| async { "ok" })),
+    )
+    .await
+}
+
+/// Streams a chat request and reads until `[DONE]` (or only the first chunk), then drops
+/// the connection.
+async fn read_and_leave(url: &str, to_done: bool) {
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat(&[("user", "hi")], true, if to_done { 4 } else { 1 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut body = r.bytes_stream();
+    let mut seen = String::new();
+    while let Some(chunk) = body.next().await {
+        seen.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        if !to_done || seen.contains("[DONE]") {
+            break;
+        }
+    }
+    assert!(!to_done || seen.contains("[DONE]"), "{seen}");
+}
+
+fn count(metrics: &str, status: &str) -> f64 {
+    let name = format!("kvroute_requests_total{{model=\"{MODEL}\",status=\"{status}\"}}");
+    kvroute_testkit::sample(metrics, &name).unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_read_to_done_counts_as_completed_and_one_left_early_as_499() {
+    let mut cfg = config(&[], "kv");
+    cfg.workers = vec![kvroute_gateway::WorkerSpec {
+        url: lingering_worker().await,
+        name: Some("w".into()),
+        ..kvroute_gateway::WorkerSpec::default()
+    }];
+    let gw = gateway_with_feeds(cfg, std::collections::BTreeMap::new()).await;
+    let url = gw.url();
+    for _ in 0..3 {
+        read_and_leave(&url, true).await;
+    }
+    read_and_leave(&url, false).await;
+    assert!(
+        eventually(10, async || {
+            let m = crate::scrape(&url).await;
+            count(&m, "200") == 3.0 && count(&m, "499") == 1.0
+        })
+        .await,
+        "{}",
+        crate::scrape(&url).await
+    );
+    gw.shutdown().await;
+}
