@@ -111,8 +111,6 @@ struct Tracker {
     last: Option<Mark>,
     /// Live batches below this were applied from a replay already: skip them.
     skip_below: Option<u64>,
-    /// The last re-synchronisation succeeded (or there is no replay service).
-    synced: bool,
     /// The publisher went away and has not come back yet.
     away: bool,
     /// Events were lost for good since the index was last rebuilt.
@@ -147,13 +145,10 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
                 if t.away {
                     entry.events.resubscribes.fetch_add(1, Ordering::Relaxed);
                 }
-                let again = t.away || !t.synced;
                 t.away = false;
-                if again {
-                    resync(&gw, entry, replay, &mut t, "publisher connected").await;
-                } else {
-                    entry.set_cache_state(state_of(&t));
-                }
+                // What the engine published before this subscription held (at start, or
+                // while it was away) is in its replay buffer.
+                resync(&gw, entry, replay, &mut t, "publisher connected").await;
             }
             FeedItem::Disconnected => {
                 t.away = true;
@@ -240,14 +235,12 @@ async fn resync(
     why: &str,
 ) {
     let Some(replay) = replay else {
-        t.synced = true;
         entry.set_cache_state(state_of(t));
         return;
     };
     entry.set_cache_state(CacheState::CatchingUp);
     if let Some(last) = t.last {
         let Some(answer) = fetch(gw, &entry.name, replay, last.seq).await else {
-            t.synced = false;
             entry.set_cache_state(CacheState::Unknown);
             return;
         };
@@ -268,7 +261,6 @@ async fn resync(
         }
     }
     let Some(answer) = fetch(gw, &entry.name, replay, 0).await else {
-        t.synced = false;
         entry.set_cache_state(CacheState::Unknown);
         return;
     };
@@ -297,7 +289,6 @@ async fn resync(
 fn finish_sync(entry: &WorkerEntry, t: &mut Tracker, next: u64) {
     t.next = Some(next);
     t.skip_below = Some(next);
-    t.synced = true;
     entry.events.next_seq.store(next, Ordering::Relaxed);
     entry.set_cache_state(state_of(t));
 }

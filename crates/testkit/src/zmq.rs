@@ -123,3 +123,78 @@ pub async fn replay_raw(endpoint: &str, start: u64, timeout: Duration) -> Vec<Ve
     .await
     .expect("blocking task")
 }
+
+/// A ROUTER socket playing an engine's replay service (vLLM 0.32's protocol): answers
+/// `["", start]` with `["", topic, seq, payload]` for each held batch from `start` on, then
+/// `["", "", 0xFF x 8, ""]`. Runs on a thread of its own until dropped.
+pub struct ReplayServer {
+    /// Where it is bound (port resolved).
+    pub endpoint: String,
+    history: Arc<Mutex<Vec<(u64, Vec<u8>)>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ReplayServer {
+    /// Bound to `endpoint` (e.g. `tcp://127.0.0.1:0`), holding nothing yet.
+    pub fn bind(endpoint: &str) -> Self {
+        let socket = context().socket(zmq::ROUTER).expect("ROUTER socket");
+        socket.set_linger(0).expect("linger");
+        socket.bind(endpoint).expect("bind ROUTER");
+        let endpoint = endpoint_of(&socket);
+        let history: Arc<Mutex<Vec<(u64, Vec<u8>)>>> = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (h, s) = (history.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                if socket.poll(zmq::POLLIN, 50).expect("poll") == 0 {
+                    continue;
+                }
+                let req = socket.recv_multipart(0).expect("recv");
+                let [client, _, start] = req.as_slice() else {
+                    continue;
+                };
+                let Ok(start) = <[u8; 8]>::try_from(start.as_slice()) else {
+                    continue;
+                };
+                let start = u64::from_be_bytes(start);
+                let held: Vec<(u64, Vec<u8>)> = h
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .filter(|(seq, _)| *seq >= start)
+                    .cloned()
+                    .collect();
+                for (seq, payload) in held {
+                    let m: [&[u8]; 5] = [client, b"", b"", &seq.to_be_bytes(), &payload];
+                    socket.send_multipart(m, 0).expect("send");
+                }
+                let end: [&[u8]; 5] = [client, b"", b"", &[0xFF; 8], b""];
+                socket.send_multipart(end, 0).expect("send");
+            }
+        });
+        Self {
+            endpoint,
+            history,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Holds batch `seq` with `payload` from now on.
+    pub fn hold(&self, seq: u64, payload: Vec<u8>) {
+        self.history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((seq, payload));
+    }
+}
+
+impl Drop for ReplayServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

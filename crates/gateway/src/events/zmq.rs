@@ -78,20 +78,41 @@ pub fn zmq_feed(sub: ZmqSubscription) -> std::io::Result<EventFeed> {
     Ok(EventFeed { items: rx, replay })
 }
 
+/// How a socket's life ended.
+enum Ended {
+    /// The feed's receiver is gone.
+    Dropped,
+    /// The publisher went away (connect mode): a new socket connects again.
+    Reconnect {
+        /// A handshake had succeeded on this socket.
+        handshaked: bool,
+    },
+}
+
+/// Runs sockets one after another until the feed is dropped. In connect mode a socket
+/// whose publisher went away is replaced by a new one (after a backoff that grows while no
+/// handshake succeeds): libzmq reconnects by itself after a lost connection, but never after
+/// a protocol error (a frame over the size limit, a bad handshake), which also shows only as
+/// a disconnect.
 fn subscribe_thread(sub: ZmqSubscription, tx: mpsc::Sender<FeedItem>) {
     let mut backoff = Duration::from_millis(100);
     loop {
         match run_socket(&sub, &tx) {
-            Ok(()) => return,
+            Ok(Ended::Dropped) => return,
+            Ok(Ended::Reconnect { handshaked }) => {
+                if handshaked {
+                    backoff = Duration::from_millis(100);
+                }
+            }
             Err(e) => {
                 tracing::warn!(worker = %sub.worker, endpoint = %sub.endpoint, error = %e, "KV event socket failed; retrying");
-                if tx.is_closed() {
-                    return;
-                }
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
+        if tx.is_closed() {
+            return;
+        }
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_secs(5));
     }
 }
 
@@ -99,9 +120,9 @@ fn millis(secs: f64) -> i32 {
     (secs * 1000.0).round().clamp(0.0, f64::from(i32::MAX)) as i32
 }
 
-/// The socket's whole life: set up, then receive until the feed is dropped (Ok) or the
-/// socket fails (Err: the caller starts a new one).
-fn run_socket(sub: &ZmqSubscription, tx: &mpsc::Sender<FeedItem>) -> Result<(), zmq::Error> {
+/// The socket's whole life: set up, then receive until the feed is dropped, the publisher
+/// goes away (connect mode) or the socket fails (Err); the caller starts a new one.
+fn run_socket(sub: &ZmqSubscription, tx: &mpsc::Sender<FeedItem>) -> Result<Ended, zmq::Error> {
     static MONITORS: AtomicU64 = AtomicU64::new(0);
     let ctx = context();
     let socket = ctx.socket(zmq::SUB)?;
@@ -134,9 +155,10 @@ fn run_socket(sub: &ZmqSubscription, tx: &mpsc::Sender<FeedItem>) -> Result<(), 
         socket.connect(&sub.endpoint)?;
         tracing::info!(worker = %sub.worker, endpoint = %sub.endpoint, "KV event socket connecting");
     }
+    let mut handshaked = false;
     loop {
         if tx.is_closed() {
-            return Ok(());
+            return Ok(Ended::Dropped);
         }
         let mut items = [
             socket.as_poll_item(zmq::POLLIN),
@@ -145,10 +167,13 @@ fn run_socket(sub: &ZmqSubscription, tx: &mpsc::Sender<FeedItem>) -> Result<(), 
         zmq::poll(&mut items, POLL_MS)?;
         let (messages, events) = (items[0].is_readable(), items[1].is_readable());
         // Connection changes first: a batch read after a reconnect belongs after it.
+        let mut gone = false;
         if events {
             while let Some(item) = monitor_event(&monitor, &sub.worker)? {
+                gone |= matches!(item, FeedItem::Disconnected);
+                handshaked |= matches!(item, FeedItem::Connected);
                 if tx.blocking_send(item).is_err() {
-                    return Ok(());
+                    return Ok(Ended::Dropped);
                 }
             }
         }
@@ -165,9 +190,12 @@ fn run_socket(sub: &ZmqSubscription, tx: &mpsc::Sender<FeedItem>) -> Result<(), 
                     Err(e) => FeedItem::Undecodable(e.to_string()),
                 };
                 if tx.blocking_send(item).is_err() {
-                    return Ok(());
+                    return Ok(Ended::Dropped);
                 }
             }
+        }
+        if gone && !sub.bind {
+            return Ok(Ended::Reconnect { handshaked });
         }
     }
 }

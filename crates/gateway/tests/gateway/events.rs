@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// A `BlockStored` of `blocks` blocks of 16 tokens starting at token `first`, map form.
-fn stored_map(seq: u64, first: u32, blocks: u32, parent: Option<u64>) -> [Vec<u8>; 3] {
+pub fn stored_map(seq: u64, first: u32, blocks: u32, parent: Option<u64>) -> [Vec<u8>; 3] {
     let event = Event::Stored {
         block_hashes: (0..blocks)
             .map(|b| EngineHash(u64::from(first + b)))

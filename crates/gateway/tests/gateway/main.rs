@@ -2,6 +2,7 @@
 
 mod events;
 mod health;
+mod resync;
 mod streams;
 mod support;
 

@@ -1,0 +1,245 @@
+//! A publisher that goes away and comes back, over real ZMQ sockets: the same engine (its
+//! replay service holds the batch applied last) keeps its index and is caught up; a restarted
+//! one (another stream) has its index rebuilt; a peer announcing a huge frame is dropped and
+//! reconnected, not read; the gateway can bind its SUB socket for engines that connect.
+
+use crate::events::stored_map;
+use crate::support::*;
+use kvroute_gateway::WorkerSpec;
+use kvroute_testkit::zmq::{Publisher, ReplayServer};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// An engine's two sockets: its PUB and its replay ROUTER.
+struct Engine {
+    publisher: Option<Publisher>,
+    replay: ReplayServer,
+}
+
+impl Engine {
+    fn start(publish: &str, replay: &str) -> Self {
+        Self {
+            publisher: Some(Publisher::bind(publish)),
+            replay: ReplayServer::bind(replay),
+        }
+    }
+
+    /// Publishes a batch (held for replay; sent live when `live`).
+    fn publish(&self, frames: [Vec<u8>; 3], live: bool) {
+        let seq = u64::from_be_bytes(frames[1][..].try_into().unwrap());
+        self.replay.hold(seq, frames[2].clone());
+        if live {
+            self.publisher.as_ref().unwrap().send(&frames);
+        }
+    }
+}
+
+fn worker_json(w: &serde_json::Value) -> &serde_json::Value {
+    &w["workers"][0]["worker"]
+}
+
+async fn field(url: &str, name: &str) -> serde_json::Value {
+    worker_json(&debug_workers(url).await)[name].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_that_comes_back_is_caught_up_or_rebuilt_after_a_restart() {
+    let a = worker("a").await;
+    let engine = Engine::start("tcp://127.0.0.1:0", "tcp://127.0.0.1:0");
+    let (pub_ep, replay_ep) = (
+        engine.publisher.as_ref().unwrap().endpoint.clone(),
+        engine.replay.endpoint.clone(),
+    );
+    let mut cfg = config(&[&a], "kv");
+    cfg.workers[0] = WorkerSpec {
+        url: a.url(),
+        name: Some("a".into()),
+        events: Some(pub_ep.clone()),
+        replay: Some(replay_ep.clone()),
+        ..WorkerSpec::default()
+    };
+    let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
+    let url = gw.url();
+    engine.publish(stored_map(0, 1000, 2, None), true);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Batch 0 may have gone out before the subscription held: batch 1 then shows the gap,
+    // which the replay service fills.
+    engine.publish(stored_map(1, 2000, 1, None), true);
+    assert!(eventually(10, async || index_blocks(&url, 0).await == 3).await);
+    assert_eq!(field(&url, "cache_state").await, "exact");
+
+    // The publisher goes away (the engine lives on: its replay service too).
+    let mut engine = engine;
+    engine.publisher = None;
+    assert!(eventually(10, async || field(&url, "disconnects").await == 1).await);
+    assert_eq!(field(&url, "cache_state").await, "unknown");
+    assert_eq!(index_blocks(&url, 0).await, 3, "the index is kept");
+    // While it was away it published a batch nobody received.
+    engine.publish(stored_map(2, 3000, 1, None), false);
+    engine.publisher = Some(Publisher::bind(&pub_ep));
+    assert!(eventually(10, async || field(&url, "resubscribes").await == 1).await);
+    assert!(eventually(10, async || index_blocks(&url, 0).await == 4).await);
+    let w = debug_workers(&url).await;
+    let w = worker_json(&w);
+    assert_eq!(w["cache_state"], "exact", "{w}");
+    assert_eq!(w["restarts"], 0, "{w}");
+
+    // Now the engine restarts: a new stream (from 0, other blocks) on the same ports.
+    drop(engine);
+    assert!(eventually(10, async || field(&url, "disconnects").await == 2).await);
+    let engine = Engine::start(&pub_ep, &replay_ep);
+    engine.publish(stored_map(0, 5000, 2, None), false);
+    assert!(eventually(10, async || field(&url, "restarts").await == 1).await);
+    assert!(eventually(10, async || index_blocks(&url, 0).await == 2).await);
+    assert_eq!(field(&url, "cache_state").await, "exact");
+    // Its next batch follows on live.
+    engine.publish(stored_map(1, 6000, 1, None), true);
+    assert!(eventually(10, async || index_blocks(&url, 0).await == 3).await);
+    assert_eq!(field(&url, "restarts").await, 1);
+    let metrics = crate::scrape(&url).await;
+    assert_eq!(
+        kvroute_testkit::sample(&metrics, "kvroute_kv_event_restarts_total{worker=\"a\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        kvroute_testkit::sample(
+            &metrics,
+            "kvroute_worker_cache_state{state=\"exact\",worker=\"a\"}"
+        ),
+        Some(1.0)
+    );
+    gw.shutdown().await;
+    a.shutdown().await;
+}
+
+/// A raw TCP peer that speaks ZMTP 3.0 as a PUB socket, then announces a frame of 2^62
+/// bytes. Counts the connections it accepted.
+fn huge_frame_publisher() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut reader = conn.try_clone().unwrap();
+            std::thread::spawn(move || {
+                let mut sink = [0u8; 256];
+                while matches!(reader.read(&mut sink), Ok(n) if n > 0) {}
+            });
+            let mut greeting = vec![0xFF, 0, 0, 0, 0, 0, 0, 0, 0, 0x7F, 3, 0];
+            greeting.extend_from_slice(b"NULL");
+            greeting.resize(64, 0);
+            let mut ready = vec![5u8];
+            ready.extend_from_slice(b"READY");
+            ready.push(11);
+            ready.extend_from_slice(b"Socket-Type");
+            ready.extend_from_slice(&3u32.to_be_bytes());
+            ready.extend_from_slice(b"PUB");
+            let mut out = greeting;
+            out.extend_from_slice(&[0x04, ready.len() as u8]);
+            out.extend_from_slice(&ready);
+            // A message frame (long size, no more frames) of 2^62 bytes.
+            out.push(0x02);
+            out.extend_from_slice(&(1u64 << 62).to_be_bytes());
+            out.extend_from_slice(&[0u8; 64]);
+            let _ = conn.write_all(&out);
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    (endpoint, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_announcing_a_huge_frame_is_dropped_and_reconnected_not_read() {
+    let a = worker("a").await;
+    let (endpoint, accepted) = huge_frame_publisher();
+    let mut cfg = config(&[&a], "kv");
+    cfg.workers[0] = WorkerSpec {
+        url: a.url(),
+        name: Some("a".into()),
+        events: Some(endpoint),
+        ..WorkerSpec::default()
+    };
+    let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
+    let url = gw.url();
+    // The gateway drops the connection at the frame header and connects again.
+    assert!(
+        eventually(20, async || accepted
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 3)
+        .await
+    );
+    // Still serving.
+    let (status, _, body) = post(
+        &url,
+        "/v1/chat/completions",
+        &chat(&[("user", "still there?")], false, 2),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(index_blocks(&url, 0).await, 0);
+    gw.shutdown().await;
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_binds_for_an_engine_that_connects_its_publisher() {
+    // A free port for the gateway to bind.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let events = format!("tcp://127.0.0.1:{port}");
+    let zmq = kvroute_worker::ZmqConfig {
+        publish: events.clone(),
+        connect: true,
+        replay: Some("tcp://127.0.0.1:0".into()),
+    };
+    let w = kvroute_worker::spawn(
+        kvroute_worker::WorkerConfig {
+            model: MODEL.into(),
+            profile: "tiny-fast".into(),
+            speedup: 20.0,
+            worker_name: "w".into(),
+            ..Default::default()
+        },
+        kvroute_preprocess::Preprocessor::builtin(),
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        Some(zmq),
+    )
+    .await
+    .unwrap();
+    let mut cfg = config(&[&w], "kv");
+    cfg.workers[0].events = Some(format!("bind:{events}"));
+    cfg.workers[0].replay = w.zmq_replay_endpoint();
+    let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
+    let url = gw.url();
+    // Until the engine's connection and subscription hold, what it publishes is lost (a
+    // later batch shows the gap, which the replay fills): ask until the index shows blocks.
+    let system = "A shared system prompt that spans several blocks. ".repeat(12);
+    let mut n = 0;
+    assert!(
+        eventually(10, async || {
+            n += 1;
+            let user = format!("question {n}");
+            let turn = [("system", system.as_str()), ("user", user.as_str())];
+            let (status, _, body) =
+                post(&url, "/v1/chat/completions", &chat(&turn, false, 2)).await;
+            assert_eq!(status, 200, "{body}");
+            index_blocks(&url, 0).await > 0
+        })
+        .await
+    );
+    assert_eq!(field(&url, "cache_state").await, "exact");
+    assert_eq!(
+        field(&url, "events_endpoint").await,
+        format!("bind:{events}")
+    );
+    gw.shutdown().await;
+    w.shutdown().await;
+}
