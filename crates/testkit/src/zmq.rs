@@ -124,13 +124,16 @@ pub async fn replay_raw(endpoint: &str, start: u64, timeout: Duration) -> Vec<Ve
     .expect("blocking task")
 }
 
+/// Held batches: (sequence number, payload).
+type History = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
+
 /// A ROUTER socket playing an engine's replay service (vLLM 0.32's protocol): answers
 /// `["", start]` with `["", topic, seq, payload]` for each held batch from `start` on, then
 /// `["", "", 0xFF x 8, ""]`. Runs on a thread of its own until dropped.
 pub struct ReplayServer {
     /// Where it is bound (port resolved).
     pub endpoint: String,
-    history: Arc<Mutex<Vec<(u64, Vec<u8>)>>>,
+    history: History,
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -142,7 +145,7 @@ impl ReplayServer {
         socket.set_linger(0).expect("linger");
         socket.bind(endpoint).expect("bind ROUTER");
         let endpoint = endpoint_of(&socket);
-        let history: Arc<Mutex<Vec<(u64, Vec<u8>)>>> = Arc::default();
+        let history: History = Arc::default();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (h, s) = (history.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
