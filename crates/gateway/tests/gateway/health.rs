@@ -2,7 +2,7 @@
 
 use crate::support::*;
 use futures_util::StreamExt;
-use kvroute_gateway::WorkerSpec;
+use kvroute_gateway::{EventFeed, WorkerSpec};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shed_mode_answers_503_with_retry_after_and_counts_it() {
@@ -303,4 +303,139 @@ async fn without_a_tokenizer_the_gateway_routes_in_approximate_mode() {
     gw.shutdown().await;
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// A stub engine whose `/health` answers at once, or (while `slow` is set) only after the
+/// gateway's health timeout.
+async fn stub_engine(slow: std::sync::Arc<std::sync::atomic::AtomicBool>) -> String {
+    use axum::routing::get;
+    kvroute_testkit::serve(axum::Router::new().route(
+        "/health",
+        get(move || {
+            let slow = slow.clone();
+            async move {
+                if slow.load(std::sync::atomic::Ordering::SeqCst) {
+                    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+                }
+                "ok"
+            }
+        }),
+    ))
+    .await
+}
+
+fn flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_engine_is_taken_out_but_keeps_its_index_and_is_checked_when_back() {
+    use kvroute_protocol::vllm_events::{decode_message, EventBatch};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let a = worker("a").await;
+    let slow = flag();
+    let stalled = stub_engine(slow.clone()).await;
+    let mut cfg = config(&[&a], "kv");
+    cfg.workers.push(WorkerSpec {
+        url: stalled,
+        name: Some("s".into()),
+        ..WorkerSpec::default()
+    });
+    let frames = crate::events::stored_map(0, 700, 3, None);
+    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    let batch: Arc<EventBatch> = Arc::new(decode_message(&refs).unwrap());
+    let asked = Arc::new(AtomicUsize::new(0));
+    let (held, count) = (batch.clone(), asked.clone());
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let feed = EventFeed::from_batches(
+        rx,
+        Some(Box::new(BufferReplay(Arc::new(move |from| {
+            count.fetch_add(1, Ordering::SeqCst);
+            if from == 0 {
+                vec![held.clone()]
+            } else {
+                Vec::new()
+            }
+        })))),
+    );
+    let mut feeds = std::collections::BTreeMap::new();
+    feeds.insert(1, feed);
+    feeds.insert(0, EventFeed::from_broadcast(a.subscribe(), None));
+    let gw = gateway_with_feeds(cfg, feeds).await;
+    let url = gw.url();
+    tx.send(batch).await.unwrap();
+    assert!(eventually(10, async || index_blocks(&url, 1).await == 3).await);
+    let s = |v: serde_json::Value| v["workers"][1].clone();
+
+    // The engine stalls: its health checks time out while `a` passes. It is taken out of
+    // routing, and its index stays: a stall does not empty a cache.
+    slow.store(true, Ordering::SeqCst);
+    assert!(
+        eventually(15, async || s(debug_workers(&url).await)["worker"]
+            ["health"]
+            == "down")
+        .await
+    );
+    let w = s(debug_workers(&url).await);
+    assert_eq!(w["index_blocks"], 3, "{w}");
+    assert_eq!(w["worker"]["cache_state"], "exact", "{w}");
+    let before = asked.load(Ordering::SeqCst);
+
+    // Back: in service again, and its stream is checked with the replay service.
+    slow.store(false, Ordering::SeqCst);
+    assert!(
+        eventually(15, async || s(debug_workers(&url).await)["worker"]
+            ["health"]
+            == "up")
+        .await
+    );
+    assert!(eventually(10, async || asked.load(Ordering::SeqCst) > before).await);
+    let w = s(debug_workers(&url).await);
+    assert_eq!(w["index_blocks"], 3, "{w}");
+    assert_eq!(w["worker"]["restarts"], 0, "{w}");
+    gw.shutdown().await;
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_failing_in_the_same_round_do_not_empty_the_fleet() {
+    use std::sync::atomic::Ordering;
+    let (slow1, slow2) = (flag(), flag());
+    let mut cfg = config(&[], "kv");
+    cfg.workers = vec![
+        WorkerSpec {
+            url: stub_engine(slow1.clone()).await,
+            name: Some("x".into()),
+            ..WorkerSpec::default()
+        },
+        WorkerSpec {
+            url: stub_engine(slow2.clone()).await,
+            name: Some("y".into()),
+            ..WorkerSpec::default()
+        },
+    ];
+    let gw = gateway_with_feeds(cfg, std::collections::BTreeMap::new()).await;
+    let url = gw.url();
+    slow1.store(true, Ordering::SeqCst);
+    slow2.store(true, Ordering::SeqCst);
+    // Several rounds (0.2 s apart, each failing after the 1 s timeout) pass.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let w = debug_workers(&url).await;
+    for i in 0..2 {
+        assert_eq!(w["workers"][i]["worker"]["health"], "up", "{w}");
+    }
+    // One recovers: now the other, still failing, is taken out.
+    slow1.store(false, Ordering::SeqCst);
+    assert!(
+        eventually(15, async || debug_workers(&url).await["workers"][1]
+            ["worker"]["health"]
+            == "down")
+        .await
+    );
+    assert_eq!(
+        debug_workers(&url).await["workers"][0]["worker"]["health"],
+        "up"
+    );
+    gw.shutdown().await;
 }
