@@ -87,6 +87,13 @@ pub struct SimulateArgs {
     /// Delay of KV events from engine to router, ms.
     #[arg(long, default_value_t = 0.0)]
     pub(crate) kv_event_delay_ms: f64,
+    /// Engines publish no KV events: the router tracks their caches approximately (what it
+    /// routed to each, for `--approx-ttl-secs`).
+    #[arg(long)]
+    pub(crate) no_events: bool,
+    /// How long approximate tracking assumes a routed prompt stays cached, in seconds.
+    #[arg(long)]
+    pub(crate) approx_ttl_secs: Option<f64>,
     /// One JSON object per cell on stdout instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
@@ -377,6 +384,12 @@ pub(crate) fn sim_config(
     cfg.router.policy.kind = policy;
     cfg.router.admission.mode = a.admission;
     cfg.kv_event_delay = Duration::from_secs_f64(a.kv_event_delay_ms / 1e3);
+    if a.no_events {
+        cfg.tracking = kvroute_core::Tracking::Approximate;
+    }
+    if let Some(ttl) = a.approx_ttl_secs {
+        cfg.router.approx.ttl_secs = ttl;
+    }
     cfg.duration = a.duration_secs.map(Duration::from_secs_f64);
     cfg.warmup = Duration::from_secs_f64(a.warmup_secs);
     cfg.ramp = Duration::from_secs_f64(a.ramp_secs);

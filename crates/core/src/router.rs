@@ -422,6 +422,10 @@ impl Router {
             },
             now,
         )?;
+        if !self.approximate.is_empty() {
+            // Guesses expire as time passes, whoever drives the router.
+            self.approx.prune(now);
+        }
         if self.approximate.contains(&selection.worker) {
             if let Err(e) = self.approx.insert(selection.worker, &prompt.sequence, now) {
                 // Keep the ledger consistent with a refused dispatch.

@@ -125,6 +125,18 @@ impl GatewayHandle {
     }
 }
 
+/// Expires the router's approximate guesses and idle sessions once a second (dispatches
+/// expire guesses too; this keeps an idle gateway's memory honest).
+async fn prune(gw: Arc<Gateway>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = gw.now();
+        gw.router().prune(now);
+    }
+}
+
 /// Starts the gateway on `listener` with `preprocessor`. Workers with a ZMQ `events`
 /// endpoint are subscribed; `feeds` gives other workers' event feeds by their index in
 /// `config.workers` (the one-process demo wires in-process channels this way). A worker with
@@ -196,6 +208,7 @@ pub async fn spawn(
         tasks.push(tokio::spawn(events::ingest(gw.clone(), id, feed)));
     }
     tasks.push(tokio::spawn(health::run(gw.clone())));
+    tasks.push(tokio::spawn(prune(gw.clone())));
     let addr = listener.local_addr()?;
     let app = api::routes(gw.clone());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -27,7 +27,7 @@ mod trace_prompts;
 pub use driver::Workload;
 pub use sim::simulate;
 
-use kvroute_core::{RouteError, RouterConfig};
+use kvroute_core::{RouteError, RouterConfig, Tracking};
 use kvroute_engine::{EngineConfig, EngineMetrics, Profile, ProfileError};
 use kvroute_workload::{RequestRecord, Slo, Summary};
 use serde::Serialize;
@@ -44,6 +44,9 @@ pub struct SimConfig {
     pub engine: EngineConfig,
     /// Delay between an engine's KV event and the router seeing it.
     pub kv_event_delay: Duration,
+    /// How the router learns what engines cache: from their KV events, or approximately
+    /// (engines that publish no events; the router's own dispatches, TTL and cap).
+    pub tracking: Tracking,
     /// Closed loops stop starting requests after this much virtual time.
     pub duration: Option<Duration>,
     /// Requests arriving before this much virtual time are left out of the summary (they
@@ -75,6 +78,7 @@ impl SimConfig {
             },
             engine,
             kv_event_delay: Duration::ZERO,
+            tracking: Tracking::Events,
             duration: None,
             warmup: Duration::ZERO,
             ramp: Duration::ZERO,

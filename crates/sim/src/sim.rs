@@ -7,7 +7,8 @@ use crate::{SimConfig, SimError, SimResult, Workload};
 use kvroute_core::admission::QueueState;
 use kvroute_core::router::RouteOutcome;
 use kvroute_core::{
-    BlockSize, KvEvent, Namespace, RejectReason, RequestId, Router, Time, WorkerCapacity, WorkerId,
+    BlockSize, KvEvent, Namespace, RejectReason, RequestId, Router, Time, Tracking, WorkerCapacity,
+    WorkerId,
 };
 use kvroute_engine::{Engine, EnginePrompt, EngineRequest, StepOutput};
 use kvroute_workload::{BlockHashCache, ConversationId, RequestRecord, Status, Summary};
@@ -108,17 +109,20 @@ fn simulate_with(
     let mut router = Router::new(router_cfg)?;
     let mut engines = Vec::with_capacity(cfg.workers);
     for w in 0..cfg.workers {
-        router.add_worker(
+        router.add_worker_with(
             WorkerId(w as u64),
             WorkerCapacity {
                 kv_blocks: Some(cfg.engine.num_gpu_blocks as u64),
                 max_batch: Some(cfg.engine.max_num_seqs as u32),
             },
+            cfg.tracking,
         )?;
-        // Engines and router share this process: events name blocks by pool index and carry
-        // the router's hashes, so the index keeps each engine's names in an array.
-        router.use_block_ids(WorkerId(w as u64), cfg.engine.num_gpu_blocks);
-        router.reserve(WorkerId(w as u64), cfg.engine.num_gpu_blocks);
+        if cfg.tracking == Tracking::Events {
+            // Engines and router share this process: events name blocks by pool index and
+            // carry the router's hashes, so the index keeps each engine's names in an array.
+            router.use_block_ids(WorkerId(w as u64), cfg.engine.num_gpu_blocks);
+            router.reserve(WorkerId(w as u64), cfg.engine.num_gpu_blocks);
+        }
         let mut ecfg = cfg.engine.clone();
         ecfg.kv_events_with_tokens = false;
         let mut engine = Engine::new(ecfg).map_err(|e| SimError::Config(e.to_string()))?;
@@ -485,7 +489,10 @@ impl<'a> Sim<'a> {
             }
             self.last_token[i] = tok.time;
         }
-        if !out.events.is_empty() {
+        if self.cfg.tracking == Tracking::Approximate {
+            // Engines without an event publisher: the router never sees their events.
+            out.events.clear();
+        } else if !out.events.is_empty() {
             let events = std::mem::replace(&mut out.events, self.router.event_buffer());
             if self.cfg.kv_event_delay.is_zero() {
                 self.router.events(WorkerId(w as u64), events);

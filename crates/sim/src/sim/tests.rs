@@ -262,3 +262,71 @@ fn clients_whose_requests_all_fail_back_off_and_the_run_ends() {
     cfg.client_backoff = Duration::ZERO;
     assert!(cfg.validate().is_err());
 }
+
+/// Shared prefixes on engines that publish no events: the router's own guesses reach the
+/// workload's ideal hit rate (every repeat of a prefix hits, only each prefix's first use
+/// misses) when load does not force spreading. Returns (hit rate, ideal).
+fn shared_prefixes(policy: PolicyKind, tracking: Tracking, concurrency: usize) -> (f64, f64) {
+    let config = SyntheticConfig {
+        prefixes: 24,
+        prefix_tokens: 64,
+        suffix_tokens: 8,
+        zipf_s: 0.0,
+        max_tokens: 4,
+    };
+    let requests = 400;
+    let mut cfg = tiny(4, policy);
+    cfg.tracking = tracking;
+    let gen = Synthetic::new(config.clone(), 11).unwrap();
+    let r = simulate(
+        &cfg,
+        Workload::Synthetic {
+            gen,
+            concurrency,
+            requests,
+        },
+    )
+    .unwrap();
+    assert_eq!(r.summary.completed, requests as u64);
+    // The ideal: the same requests, each prefix's first use uncached.
+    let mut gen = Synthetic::new(config.clone(), 11).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    let (mut ideal, mut input) = (0usize, 0usize);
+    for _ in 0..requests {
+        let q = gen.next_request();
+        input += config.prefix_tokens + config.suffix_tokens;
+        if !seen.insert(q.prefix) {
+            ideal += config.prefix_tokens;
+        }
+    }
+    let hit = r.summary.hit_rate.unwrap();
+    (hit, ideal as f64 / input as f64)
+}
+
+#[test]
+fn approximate_tracking_reaches_the_ideal_hit_rate_of_shared_prefixes() {
+    let (rr, ideal) = shared_prefixes(PolicyKind::RoundRobin, Tracking::Approximate, 1);
+    assert!(rr < 0.9 * ideal, "round robin spreads: {rr} vs {ideal}");
+    for policy in [PolicyKind::Kv, PolicyKind::Predictive] {
+        // One request at a time: nothing forces the policy to spread.
+        let (exact, _) = shared_prefixes(policy, Tracking::Events, 1);
+        let (approx, _) = shared_prefixes(policy, Tracking::Approximate, 1);
+        assert!(
+            approx >= 0.99 * ideal,
+            "{policy:?}: {approx} vs ideal {ideal}"
+        );
+        assert!(
+            exact >= 0.99 * ideal,
+            "{policy:?}: {exact} vs ideal {ideal}"
+        );
+        // With two at a time the policies weigh load against reuse; guesses stay close to
+        // what the events give.
+        let (exact2, _) = shared_prefixes(policy, Tracking::Events, 2);
+        let (approx2, _) = shared_prefixes(policy, Tracking::Approximate, 2);
+        eprintln!("{policy:?}: c=1 events {exact:.4} approximate {approx:.4}; c=2 events {exact2:.4} approximate {approx2:.4}; ideal {ideal:.4}, round robin {rr:.4}");
+        assert!(
+            approx2 >= 0.95 * exact2,
+            "{policy:?}: {approx2} vs {exact2}"
+        );
+    }
+}
