@@ -1,0 +1,797 @@
+#!/usr/bin/env python3
+"""kvroute in front of two real vLLM 0.32 (CPU) engines: KV events, predictions, failures.
+
+    target/vllm-venv/bin/python scripts/vllm/test_real_vllm.py --kvroute target/debug/kvroute
+
+(scripts/vllm/run.sh installs the venv and the model first, then runs this.)
+
+Two engines serve a tiny random Llama (make_model.py) with prefix caching, 32-token blocks and
+KV events on ZMQ (PUB + replay ROUTER); `kvroute serve --policy predictive` with the model's
+tokenizer sits in front. Every request goes through the official `openai` client, streaming,
+with usage in the last chunk; the gateway's `x-kvroute-worker` and
+`x-kvroute-predicted-cached-tokens` headers are compared with the engine's own
+`usage.prompt_tokens_details.cached_tokens`. "Predicted right" means within one block (32
+tokens) of the reported figure. Scenarios:
+
+  b. a conversation begun on engine 1 before the gateway starts is known after catch-up;
+  a. multi-turn conversations: no failure, no 499, every KV event applied, predictions right;
+  c. engine 1 stalled 7 s (SIGSTOP/SIGCONT of its whole process group): index kept;
+  d. engine 2 killed and started again on the same ports: re-subscribed, predictions right;
+  e. engine 1 killed while requests run on both: nothing that had not started streaming fails.
+
+Each scenario prints its figures and PASS or FAIL; the last line is `N passed, M failed`, and
+the exit code is non-zero when any failed. Every process started here is stopped at the end,
+on failure, on a signal, and at the overall deadline.
+"""
+import argparse
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+from openai import OpenAI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import engine as eng  # noqa: E402
+
+BLOCK = eng.BLOCK_SIZE
+MODEL = eng.MODEL_NAME
+
+WORDS = (
+    "the of and to in is you that it he was for on are as with his they at be this have from or one "
+    "had by word but not what all were we when your can said there use an each which she do how "
+    "their if will up other about out many then them these so some her would make like him into "
+    "time has look two more write go see number no way could people my than first water been call "
+    "who oil its now find long down day did get come made may part over new sound take only little "
+    "work know place year live me back give most very after thing our just name good sentence man "
+    "think say great where help through much before line right too mean old any same tell boy follow "
+    "came want show also around form three small set put end does another well large must big even "
+    "such because turn here why ask went men read need land different home us move try kind hand "
+    "picture again change off play spell air away animal house point page letter mother answer found "
+    "study still learn should america world river mountain cloud stone paper glass light shadow"
+).split()
+
+
+def log(msg=""):
+    print(msg, flush=True)
+
+
+def text(rng, n_words):
+    out = []
+    for _ in range(n_words):
+        w = rng.choice(WORDS)
+        if rng.random() < 0.08:
+            w += str(rng.randint(0, 999))
+        out.append(w)
+    return " ".join(out)
+
+
+class Turn:
+    def __init__(self, conv, n):
+        self.conv = conv
+        self.n = n
+        self.worker = None
+        self.predicted = None
+        self.reported = None
+        self.prompt_tokens = None
+        self.completion_tokens = None
+        self.chunks = 0
+        self.ok = False
+        self.stage = None  # where it failed: request (no answer), headers (no chunk), stream
+        self.error = None
+        self.secs = None
+        self.t_start = None
+        self.t_end = None
+
+    @property
+    def close(self):
+        return (self.ok and self.predicted is not None and self.reported is not None
+                and abs(self.predicted - self.reported) <= BLOCK)
+
+    @property
+    def good(self):
+        return self.close and self.predicted > 0 and self.reported > 0
+
+    def fig(self):
+        tag = f"{self.conv.cid}.t{self.n}"
+        if not self.ok:
+            return f"{tag} FAILED at {self.stage}: {self.error}"
+        return (f"{tag} {self.worker} pred {self.predicted} rep {self.reported} "
+                f"(prompt {self.prompt_tokens})")
+
+
+class Conv:
+    def __init__(self, cid, rng, first_words):
+        self.cid = cid
+        self.rng = rng
+        self.messages = [{"role": "user", "content": f"Conversation {cid}. " + text(rng, first_words)}]
+        self.turns = []
+
+    @property
+    def last_worker(self):
+        ok = [t for t in self.turns if t.ok]
+        return ok[-1].worker if ok else None
+
+    def add_user(self, n_words=None):
+        n = n_words or self.rng.randint(30, 80)
+        self.messages.append({"role": "user", "content": text(self.rng, n)})
+
+
+def client_for(url, timeout=60.0):
+    return OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                  timeout=httpx.Timeout(timeout, connect=5.0))
+
+
+def do_turn(client, conv, max_tokens=16, extra_body=None, on_chunk=None, worker=None):
+    """One streamed chat turn; appends the reply to the conversation when it succeeds.
+    `worker` names the engine of a request sent straight to it (no gateway header)."""
+    t = Turn(conv, len(conv.turns) + 1)
+    t.t_start = time.time()
+    conv.turns.append(t)  # visible (worker, chunks) while it streams
+    parts = []
+    try:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=conv.messages, max_tokens=max_tokens, temperature=0.0,
+            stream=True, stream_options={"include_usage": True}, extra_body=extra_body)
+        t.worker = raw.headers.get("x-kvroute-worker") or worker
+        p = raw.headers.get("x-kvroute-predicted-cached-tokens")
+        t.predicted = int(p) if p is not None else None
+        stream = raw.parse()
+        t.stage = "headers"
+        for chunk in stream:
+            t.chunks += 1
+            t.stage = "stream"
+            if on_chunk is not None:
+                on_chunk(t)
+            for c in chunk.choices:
+                if c.delta and c.delta.content:
+                    parts.append(c.delta.content)
+            if chunk.usage is not None:
+                u = chunk.usage
+                t.prompt_tokens = u.prompt_tokens
+                t.completion_tokens = u.completion_tokens
+                d = u.prompt_tokens_details
+                t.reported = d.cached_tokens if d is not None and d.cached_tokens is not None else None
+        if t.prompt_tokens is None:
+            raise RuntimeError("no usage chunk")
+        t.ok = True
+        t.stage = None
+    except Exception as e:  # the failure is the figure
+        if t.stage is None:
+            t.stage = "request"
+        t.error = f"{type(e).__name__}: {str(e)[:160]}"
+    t.t_end = time.time()
+    t.secs = t.t_end - t.t_start
+    if t.ok:
+        conv.messages.append({"role": "assistant", "content": "".join(parts)})
+    return t
+
+
+class Result:
+    def __init__(self, name, title):
+        self.name = name
+        self.title = title
+        self.lines = []
+        self.checks = []  # (ok, text)
+        self.error = None
+
+    def info(self, s):
+        self.lines.append(s)
+        log(f"   {s}")
+
+    def check(self, ok, s):
+        self.checks.append((bool(ok), s))
+        log(f"   [{'ok' if ok else 'FAIL'}] {s}")
+
+    @property
+    def passed(self):
+        return self.error is None and bool(self.checks) and all(ok for ok, _ in self.checks)
+
+
+class Run:
+    def __init__(self, args):
+        self.args = args
+        self.rng = random.Random(args.seed)
+        os.makedirs(args.logs, exist_ok=True)
+        for f in ("engine1.log", "engine2.log", "gateway.log"):
+            try:
+                os.remove(os.path.join(args.logs, f))
+            except FileNotFoundError:
+                pass
+        py = args.python
+        self.e1 = eng.Engine("engine1", args.model, py, "0", os.path.join(args.logs, "engine1.log"))
+        self.e2 = eng.Engine("engine2", args.model, py, "1", os.path.join(args.logs, "engine2.log"))
+        self.gw = None
+        self.results = []
+        self.convs = []
+        self.lock = threading.Lock()
+
+    # ---- plumbing -------------------------------------------------------------------------
+
+    def procs(self):
+        return [p for p in (self.gw, self.e1, self.e2) if p is not None]
+
+    def cleanup(self):
+        for p in self.procs():
+            try:
+                p.stop(grace=3.0)
+            except Exception as e:
+                log(f"cleanup of {p.name}: {e}")
+
+    def names(self):
+        return {self.e1.gateway_name: "e1", self.e2.gateway_name: "e2"}
+
+    def w(self, name):
+        return self.names().get(name, name)
+
+    def new_conv(self, prefix, first_words=None):
+        with self.lock:
+            cid = f"{prefix}{len([c for c in self.convs if c.cid.startswith(prefix)])}"
+            c = Conv(cid, random.Random(self.rng.random()), first_words or self.rng.randint(330, 600))
+            self.convs.append(c)
+        return c
+
+    def gw_client(self, timeout=60.0):
+        return client_for(self.gw.url, timeout)
+
+    def worker_view(self, engine):
+        """A compact view of the gateway's /debug/workers entry for an engine."""
+        w = self.gw.workers().get(engine.gateway_name)
+        if w is None:
+            return {"missing": True}
+        inner = w.get("worker", {})
+        view = {
+            "health": inner.get("health"),
+            "index_blocks": w.get("index_blocks"),
+            "next_seq": inner.get("next_seq"),
+            "event_batches": inner.get("event_batches"),
+            "gaps": inner.get("gaps"),
+            "replayed": inner.get("replayed"),
+            "restarts": inner.get("restarts"),
+            "degraded": inner.get("degraded"),
+        }
+        for k in ("cache_state", "resubscribes"):  # newer gateways
+            for src in (w, inner):
+                if k in src:
+                    view[k] = src[k]
+        return view
+
+    def wait_health(self, engine, want, timeout):
+        deadline = time.time() + timeout
+        seen = None
+        while time.time() < deadline:
+            try:
+                seen = self.worker_view(engine).get("health")
+            except Exception as e:
+                seen = f"error {e}"
+            if seen == want:
+                return True, seen
+            time.sleep(0.2)
+        return False, seen
+
+    def settle(self, timeout=5.0):
+        """Waits until the gateway has no request in flight (its own accounting)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            m = self.gw.metrics()
+            if eng.metric_sum(m, "kvroute_inflight_requests") == 0:
+                return m
+            time.sleep(0.1)
+        return self.gw.metrics()
+
+    def memory(self, e):
+        pids = e.pids()
+        return f"{len(pids)} processes, PSS {eng.pss_mib(pids):.0f} MiB (RSS {eng.rss_mib(pids):.0f} MiB)"
+
+    # ---- start-up ---------------------------------------------------------------------------
+
+    def start_engines(self):
+        log("== start-up")
+        t0 = time.time()
+        self.e1.start()
+        self.e2.start()
+        s1 = self.e1.wait_ready()
+        s2 = self.e2.wait_ready()
+        log(f"   two engines started side by side in {time.time() - t0:.1f} s "
+            f"(engine1 {s1:.1f} s, engine2 {s2:.1f} s; each pinned to one core)")
+        for e in (self.e1, self.e2):
+            log(f"   {e.name}: {e.url} events {e.pub} replay {e.replay}; {self.memory(e)}")
+        # One 1,000-token prompt with 16 output tokens, straight to engine 2 (a prefix no
+        # scenario uses).
+        c2 = client_for(self.e2.url)
+        rng = random.Random(99)
+        probe = Conv("probe", rng, 400)
+        t = do_turn(c2, probe, max_tokens=16, extra_body={"min_tokens": 16})
+        if not t.ok:
+            raise RuntimeError(f"engine2 did not answer: {t.error}")
+        words = max(1, round(400 * 1000 / t.prompt_tokens))
+        probe2 = Conv("probe", rng, words)
+        cold = do_turn(c2, probe2, max_tokens=16, extra_body={"min_tokens": 16})
+        probe2.messages.pop()
+        warm = do_turn(c2, probe2, max_tokens=16, extra_body={"min_tokens": 16})
+        if not (cold.ok and warm.ok):
+            raise RuntimeError(f"engine2 did not answer: {cold.error or warm.error}")
+        log(f"   {cold.prompt_tokens}-token prompt + {cold.completion_tokens} output tokens on engine2: "
+            f"{cold.secs * 1000:.0f} ms uncached, {warm.secs * 1000:.0f} ms again "
+            f"({warm.reported} cached: the hit stops at prompt length - 1, rounded down to a block)")
+
+    def start_gateway(self):
+        self.gw = eng.Gateway(self.args.kvroute, [self.e1, self.e2], self.args.model,
+                              os.path.join(self.args.logs, "gateway.log"))
+        t0 = time.time()
+        self.gw.start()
+        self.gw.wait_ready()
+        log(f"   gateway {self.gw.url} ready in {time.time() - t0:.2f} s "
+            f"(--policy predictive --tokenizer {self.args.model} --block-size {BLOCK})")
+
+    # ---- scenarios --------------------------------------------------------------------------
+
+    def scenario_b_prepare(self):
+        """A conversation begun directly on engine 1, before the gateway exists."""
+        self.conv_b = self.new_conv("b", 500)
+        t = do_turn(client_for(self.e1.url), self.conv_b, worker=self.e1.gateway_name)
+        if not t.ok:
+            raise RuntimeError(f"engine1 did not answer: {t.error}")
+        self.conv_b_t1 = t
+
+    def scenario_b(self, r):
+        t1 = self.conv_b_t1
+        r.info(f"turn 1 sent straight to engine1 before the gateway started: prompt {t1.prompt_tokens} "
+               f"tokens, {t1.completion_tokens} generated")
+        deadline = time.time() + 10.0
+        view = self.worker_view(self.e1)
+        while time.time() < deadline and not view.get("index_blocks"):
+            time.sleep(0.2)
+            view = self.worker_view(self.e1)
+        r.info(f"gateway's view of engine1 after catch-up: {view}")
+        self.conv_b.add_user()
+        t = do_turn(self.gw_client(), self.conv_b)
+        r.info(f"turn 2 through the gateway: {self.fig(t)}")
+        r.check(t.ok, "turn 2 succeeded")
+        r.check(view.get("index_blocks", 0) > 0, f"engine1's blocks known after catch-up (index_blocks {view.get('index_blocks')})")
+        r.check(t.ok and t.worker == self.e1.gateway_name, f"routed to engine1, which holds the prefix (went to {self.w(t.worker)})")
+        r.check(t.good, f"predicted {t.predicted} > 0 and within {BLOCK} of reported {t.reported}")
+
+    def scenario_a(self, r, n_convs=8, n_turns=5):
+        m0 = self.settle()
+        convs = [self.new_conv("a") for _ in range(n_convs)]
+
+        def run_conv(c):
+            client = self.gw_client()
+            for k in range(n_turns):
+                if k > 0:
+                    c.add_user()
+                t = do_turn(client, c)
+                if not t.ok:
+                    return
+
+        t0 = time.time()
+        with ThreadPoolExecutor(n_convs) as ex:
+            list(ex.map(run_conv, convs))
+        secs = time.time() - t0
+        m1 = self.settle()
+        turns = [t for c in convs for t in c.turns]
+        failed = [t for t in turns if not t.ok]
+        firsts = [c.turns[0] for c in convs if c.turns and c.turns[0].ok]
+        follow = [t for c in convs for t in c.turns[1:]]
+        good = [t for t in follow if t.good]
+        per_worker = {}
+        for t in turns:
+            per_worker[self.w(t.worker)] = per_worker.get(self.w(t.worker), 0) + 1
+        moved = sum(1 for c in convs for a, b in zip(c.turns, c.turns[1:]) if a.ok and b.ok and a.worker != b.worker)
+        r.info(f"{n_convs} conversations x {n_turns} turns, streamed, max_tokens 16, 8 at once: "
+               f"{len(turns)} requests in {secs:.1f} s, {len(failed)} failed; per worker {per_worker}; "
+               f"first prompts {min(t.prompt_tokens for t in firsts) if firsts else '-'}-"
+               f"{max(t.prompt_tokens for t in firsts) if firsts else '-'} tokens; "
+               f"{moved} follow-ups changed worker")
+        for c in convs:
+            r.info("  " + " | ".join(self.fig(t) for t in c.turns))
+        status = {}
+        for (n, labels), v in m1.items():
+            if n == "kvroute_requests_total":
+                st = dict(labels).get("status")
+                status[st] = status.get(st, 0) + v - m0.get((n, labels), 0)
+        status = {k: int(v) for k, v in status.items() if v}
+        ev = self.event_delta(m0, m1)
+        r.info(f"kvroute_requests_total by status in this scenario: {status}")
+        r.info(f"kvroute_kv_events_total in this scenario: {ev}")
+        self.check_failures(r, failed)
+        r.check(status.get("499", 0) == 0, f"no status 499 for streams read to [DONE] ({status.get('499', 0)})")
+        not_applied = {k: v for k, v in ev.items() if k[2] != "applied"}
+        applied = sum(v for k, v in ev.items() if k[2] == "applied")
+        r.check(applied > 0 and not not_applied,
+                f"every KV event applied ({applied} applied; not applied: {not_applied or 'none'})")
+        pct = 100.0 * len(good) / len(follow) if follow else 0.0
+        r.check(follow and pct >= 95.0,
+                f"follow-ups predicted right (within {BLOCK}) with both > 0: {len(good)}/{len(follow)} ({pct:.1f}%, need >= 95%)")
+
+    def fig(self, t):
+        s = t.fig()
+        for name, sh in self.names().items():
+            s = s.replace(name, sh)
+        return s
+
+    def check_failures(self, r, failed):
+        r.check(not failed, f"no failed request ({len(failed)}: {[self.fig(t) for t in failed][:4]})")
+
+    def event_delta(self, m0, m1):
+        out = {}
+        for (n, labels), v in m1.items():
+            if n == "kvroute_kv_events_total":
+                d = dict(labels)
+                k = (self.w(d.get("worker")), d.get("type"), d.get("result"))
+                dv = v - m0.get((n, labels), 0)
+                if dv:
+                    out[k] = out.get(k, 0) + int(dv)
+        return out
+
+    def convs_on(self, engine, want=3, prefix="x", fresh=False, first_words=350):
+        """`want` conversations whose last turn went to `engine`: ones the gateway sent there
+        (unless `fresh`), else new ones begun straight on the engine, bypassing the gateway
+        (which learns of them from the engine's live KV events: waited for here)."""
+        on = [] if fresh else [c for c in self.convs if c.last_worker == engine.gateway_name
+                               and not c.cid.startswith(("probe", "e"))][:want]
+        if len(on) >= want:
+            return on
+        before = self.worker_view(engine).get("index_blocks") or 0
+        direct = client_for(engine.url)
+        blocks = 0
+        for _ in range(want - len(on)):
+            c = self.new_conv(prefix, first_words)
+            t = do_turn(direct, c, worker=engine.gateway_name)
+            if not t.ok:
+                raise RuntimeError(f"{engine.name} did not answer: {t.error}")
+            blocks += t.prompt_tokens // BLOCK
+            on.append(c)
+        deadline = time.time() + 5.0
+        now = before
+        while time.time() < deadline:
+            now = self.worker_view(engine).get("index_blocks") or 0
+            if now >= before + blocks:
+                break
+            time.sleep(0.05)
+        log(f"   ({want - len([c for c in on if c.cid.startswith(prefix)]) if not fresh else 0} of {want} "
+            f"conversations on {engine.name} from earlier turns; began {len([c for c in on if c.cid.startswith(prefix)])} "
+            f"straight on it; gateway's index for it {before} -> {now} blocks, {blocks} new prompt blocks)")
+        return on
+
+    def follow_ups(self, convs):
+        client = self.gw_client()
+        out = []
+        for c in convs:
+            c.add_user()
+            out.append(do_turn(client, c))
+        return out
+
+    def scenario_c(self, r, stall=7.0):
+        convs = self.convs_on(self.e1, want=3, prefix="c")
+        before = self.worker_view(self.e1)
+        r.info(f"engine1 before the stall: {before}; {len(convs)} conversations live on it")
+        n = self.e1.pause()
+        t0 = time.time()
+        seen = []
+        while time.time() - t0 < stall:
+            h = self.worker_view(self.e1)
+            step = (round(time.time() - t0, 1), h.get("health"), h.get("index_blocks"), h.get("cache_state"))
+            if not seen or seen[-1][1:] != step[1:]:
+                seen.append(step)
+            time.sleep(0.5)
+        self.e1.resume()
+        r.info(f"SIGSTOP to engine1's {n} processes for {time.time() - t0:.1f} s, then SIGCONT; "
+               f"gateway's view during the stall (s, health, index_blocks, cache_state): {seen}")
+        up, h = self.wait_health(self.e1, "up", 20.0)
+        after = self.worker_view(self.e1)
+        r.info(f"engine1 after SIGCONT ({'up' if up else 'not up: ' + str(h)}): {after}")
+        ts = self.follow_ups(convs)
+        for t in ts:
+            r.info("  " + self.fig(t))
+        r.check(up, "engine1 healthy again in the gateway's view within 20 s")
+        b, a = before.get("index_blocks") or 0, after.get("index_blocks") or 0
+        r.check(b > 0 and a >= b, f"index for engine1 not emptied by the stall (index_blocks {b} before, {a} after)")
+        self.check_failures(r, [t for t in ts if not t.ok])
+        r.check(ts and all(t.good and t.worker == self.e1.gateway_name for t in ts),
+                f"follow-ups after the stall go to engine1, predicted right and > 0: "
+                f"{sum(1 for t in ts if t.good and t.worker == self.e1.gateway_name)}/{len(ts)}")
+
+    def scenario_d(self, r):
+        convs = self.convs_on(self.e2, want=3, prefix="d")
+        before = self.worker_view(self.e2)
+        m0 = self.gw.metrics()
+        r.info(f"engine2 before the restart: {before}; {len(convs)} conversations live on it")
+        t0 = time.time()
+        self.e2.kill()
+        down, h = self.wait_health(self.e2, "down", 15.0)
+        r.info(f"engine2 killed (SIGKILL to its process group); gateway saw it "
+               f"{'down' if down else 'still ' + str(h)} after {time.time() - t0:.1f} s")
+        self.e2.start()
+        secs = self.e2.wait_ready()
+        up, h = self.wait_health(self.e2, "up", 30.0)
+        mid = self.worker_view(self.e2)
+        r.info(f"engine2 started again on the same ports in {secs:.1f} s; gateway's view: {mid}")
+        r.check(up, f"engine2 healthy again in the gateway's view ({h})")
+        # Follow-ups of its conversations: its cache is empty now.
+        first = self.follow_ups(convs)
+        for t in first:
+            r.info("  after restart: " + self.fig(t))
+        self.check_failures(r, [t for t in first if not t.ok])
+        r.check(first and all(t.close for t in first),
+                f"first follow-ups predicted right (engine2's cache is empty: 0 expected there): "
+                f"{sum(1 for t in first if t.close)}/{len(first)}")
+        on2 = [t for t in first if t.ok and t.worker == self.e2.gateway_name]
+        r.check(all(t.reported == 0 and t.predicted == 0 for t in on2),
+                f"those on engine2 predicted 0 == reported 0: {[(t.predicted, t.reported) for t in on2]}")
+        # The restarted engine must be written into the index again: conversations that
+        # went to it after the restart are predicted right on their next turn.
+        fresh = [t.conv for t in on2]
+        if not fresh:
+            r.info("no follow-up went to engine2: two conversations begin straight on it")
+            fresh = self.convs_on(self.e2, want=2, prefix="dn", fresh=True)
+        second = self.follow_ups(fresh)
+        for t in second:
+            r.info("  next turn: " + self.fig(t))
+        after = self.worker_view(self.e2)
+        m1 = self.gw.metrics()
+        ev = {k: v for k, v in self.event_delta(m0, m1).items() if k[0] == "e2"}
+        r.info(f"engine2 at the end: {after}; its KV events since the restart: {ev}")
+        r.check(second and all(t.good and t.worker == self.e2.gateway_name for t in second),
+                f"turns after a turn on the restarted engine2 go back to it, predicted right and > 0: "
+                f"{sum(1 for t in second if t.good and t.worker == self.e2.gateway_name)}/{len(second)}")
+        r.check(sum(v for k, v in ev.items() if k[2] == "applied") > 0,
+                "KV events of the restarted engine2 applied")
+
+    def scenario_e(self, r, long_tokens=3000, drivers=6, before_kill=1.0, after_kill=4.0):
+        m0 = self.gw.metrics()
+        # Long streams on both engines: follow-ups of short conversations begun on each
+        # engine (their prefix draws them back there), generating until max_tokens. Where the
+        # gateway sends none to an engine, one more goes straight to it, so that both are busy.
+        homes = self.convs_on(self.e1, 2, "el", fresh=True, first_words=60) + \
+            self.convs_on(self.e2, 2, "el", fresh=True, first_words=60)
+        threads = []
+        long_body = {"min_tokens": long_tokens, "ignore_eos": True}
+
+        def launch(client, c):
+            c.add_user(20)
+            th = threading.Thread(target=do_turn, args=(client, c), daemon=True,
+                                  kwargs={"max_tokens": long_tokens, "extra_body": long_body})
+            th.start()
+            threads.append(th)
+
+        def wait_streaming(cs):
+            deadline = time.time() + 20.0
+            while time.time() < deadline and not all(len(c.turns) >= 2 and c.turns[-1].chunks > 0 for c in cs):
+                time.sleep(0.05)
+
+        for c in homes:
+            launch(self.gw_client(120.0), c)
+        wait_streaming(homes)
+        lt = [c.turns[-1] for c in homes if len(c.turns) >= 2]
+        direct = []
+        for e in (self.e1, self.e2):
+            if not any(t.worker == e.gateway_name and t.chunks > 0 for t in lt):
+                c = self.new_conv("ed", 60)
+                th = threading.Thread(target=do_turn, args=(client_for(e.url, 120.0), c), daemon=True,
+                                      kwargs={"max_tokens": long_tokens, "extra_body": long_body,
+                                              "worker": e.gateway_name})
+                th.start()
+                threads.append(th)
+                direct.append(c)
+        if direct:
+            deadline = time.time() + 20.0
+            while time.time() < deadline and not all(c.turns and c.turns[-1].chunks > 0 for c in direct):
+                time.sleep(0.05)
+        r.info(f"long streams ({long_tokens} tokens) through the gateway: "
+               f"{self.per_worker(lt)}; straight to an engine the gateway sent none to: "
+               f"{self.per_worker([c.turns[-1] for c in direct])}")
+        lt += [c.turns[-1] for c in direct]
+        stop = threading.Event()
+        started = []  # conversations of the short requests, registered before they are sent
+
+        def driver(k):
+            client = self.gw_client(30.0)
+            while not stop.is_set():
+                c = self.new_conv("es", self.rng.randint(300, 600))
+                with self.lock:
+                    started.append(c)
+                do_turn(client, c)
+
+        ds = [threading.Thread(target=driver, args=(k,), daemon=True) for k in range(drivers)]
+        for d in ds:
+            d.start()
+        time.sleep(before_kill)
+        # Kill at a moment when some short request is in flight without a chunk yet.
+        deadline = time.time() + 3.0
+        while time.time() < deadline:
+            with self.lock:
+                pending = [c.turns[-1] for c in started if c.turns and c.turns[-1].t_end is None]
+            if any(t.chunks == 0 for t in pending):
+                break
+            time.sleep(0.001)
+        kill_at = time.time()
+        self.e1.kill()
+        streaming = {}
+        for t in lt:
+            if t.chunks > 0 and (t.t_end is None or t.t_end > kill_at):
+                streaming[self.w(t.worker)] = streaming.get(self.w(t.worker), 0) + 1
+        inflight = {}
+        for t in pending:
+            k = (self.w(t.worker) or "no answer yet", "streaming" if t.chunks else "no chunk yet")
+            inflight[k] = inflight.get(k, 0) + 1
+        r.info(f"engine1 killed (SIGKILL to its process group) {before_kill:.1f} s into a "
+               f"{drivers}-way stream of short requests (~500-1,000-token prompts); at that moment "
+               f"long streams streaming: {streaming}; short requests in flight: {inflight}")
+        time.sleep(after_kill)
+        stop.set()
+        for d in ds:
+            d.join(timeout=60.0)
+        for th in threads:
+            th.join(timeout=120.0)
+        m1 = self.settle()
+        shorts = [c.turns[-1] for c in started if c.turns]
+        every = shorts + lt
+
+        def bucket(ts):
+            out = {}
+            for t in ts:
+                k = "ok" if t.ok else f"failed at {t.stage}"
+                out[k] = out.get(k, 0) + 1
+            return out
+
+        before = [t for t in shorts if t.t_start < kill_at]
+        after = [t for t in shorts if t.t_start >= kill_at]
+        r.info(f"short requests started before the kill: {len(before)} {bucket(before)}, "
+               f"per worker {self.per_worker(before)}")
+        r.info(f"short requests started after the kill: {len(after)} {bucket(after)}, "
+               f"per worker {self.per_worker(after)}")
+        for name, eng_ in (("engine1", self.e1), ("engine2", self.e2)):
+            mine = [t for t in lt if t.worker == eng_.gateway_name]
+            r.info(f"long streams on {name}: {bucket(mine)}, "
+                   f"{[f'{t.completion_tokens or 0}/{t.chunks} tokens/chunks in {t.secs:.1f} s' for t in mine]}")
+        retries = eng.metric_sum(m1, "kvroute_retries_total") - eng.metric_sum(m0, "kvroute_retries_total")
+        errs = {}
+        status = {}
+        for (n, labels), v in m1.items():
+            d = dict(labels)
+            dv = int(v - m0.get((n, labels), 0))
+            if not dv:
+                continue
+            if n == "kvroute_upstream_errors_total":
+                errs[(self.w(d.get("worker")), d.get("kind"))] = dv
+            if n == "kvroute_requests_total":
+                status[d.get("status")] = status.get(d.get("status"), 0) + dv
+        r.info(f"gateway: retries {retries:.0f}, upstream errors {errs}, requests by status {status}")
+        for t in every:
+            if not t.ok:
+                r.info(f"  {self.fig(t)} (started {t.t_start - kill_at:+.3f} s from the kill, "
+                       f"{t.chunks} chunks)")
+        unstarted = [t for t in every if not t.ok and t.chunks == 0]
+        r.check(streaming.get("e1", 0) >= 1 and streaming.get("e2", 0) >= 1,
+                f"requests were streaming on both engines when engine1 was killed ({streaming})")
+        r.check(not unstarted, f"no request that had not started streaming failed ({len(unstarted)} did: "
+                               f"{[self.fig(t) for t in unstarted][:3]})")
+        r.check(after and all(t.ok and t.worker == self.e2.gateway_name for t in after[-drivers:]),
+                "requests after the kill are served by engine2")
+        broken = sum(1 for t in every if not t.ok)
+        r.check(status.get("499", 0) == 0,
+                f"no status 499: every stream was read to its end ([DONE] or the gateway's error "
+                f"event; {broken} broke, counted {status.get('502', 0)} x 502), got {status.get('499', 0)}")
+
+    def per_worker(self, ts):
+        out = {}
+        for t in ts:
+            out[self.w(t.worker)] = out.get(self.w(t.worker), 0) + 1
+        return out
+
+    # ---- driver -----------------------------------------------------------------------------
+
+    def run_scenario(self, name, title, fn):
+        r = Result(name, title)
+        log(f"\n== {name}. {title}")
+        t0 = time.time()
+        try:
+            fn(r)
+        except Exception as e:
+            r.error = f"{type(e).__name__}: {e}"
+            log(f"   ERROR {r.error}")
+            traceback.print_exc()
+        log(f"{'PASS' if r.passed else 'FAIL'} {name}: {title} ({time.time() - t0:.1f} s)")
+        self.results.append(r)
+        return r
+
+    def main(self):
+        t0 = time.time()
+        self.start_engines()
+        self.scenario_b_prepare()
+        self.start_gateway()
+        log(f"   scenarios start {time.time() - t0:.1f} s after launch")
+        ts = time.time()
+        self.run_scenario("b", "conversation begun on engine1 before the gateway: known after catch-up",
+                          self.scenario_b)
+        self.run_scenario("a", "multi-turn conversations through the gateway", self.scenario_a)
+        log(f"   engine memory: engine1 {self.memory(self.e1)}; engine2 {self.memory(self.e2)}")
+        self.run_scenario("c", "engine1 stalled 7 s (SIGSTOP/SIGCONT): index kept, predictions right",
+                          self.scenario_c)
+        self.run_scenario("d", "engine2 restarted on the same ports: re-subscribed, predictions right",
+                          self.scenario_d)
+        self.run_scenario("e", "engine1 killed mid-run: requests not yet streaming are retried",
+                          self.scenario_e)
+        log(f"\n== summary (scenarios {time.time() - ts:.0f} s, whole run {time.time() - t0:.0f} s)")
+        for r in self.results:
+            log(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.title}")
+            if not r.passed:
+                for ok, s in r.checks:
+                    if not ok:
+                        log(f"       failed: {s}")
+                if r.error:
+                    log(f"       error: {r.error}")
+        bad = [r for r in self.results if not r.passed]
+        if bad and self.gw is not None:
+            lines = [l for l in self.gw.log_tail(400).splitlines() if " WARN" in l or " ERROR" in l]
+            if lines:
+                log(f"   gateway warnings/errors (last {min(len(lines), 15)} of {len(lines)}):")
+                for l in lines[-15:]:
+                    log(f"     {l[:300]}")
+        log(f"   logs: {self.args.logs}")
+        return bad
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kvroute", required=True, help="the kvroute binary")
+    ap.add_argument("--model", default=os.path.join(ROOT, "target", "vllm-model"))
+    ap.add_argument("--python", default=sys.executable, help="the venv's python (runs vLLM)")
+    ap.add_argument("--logs", default=os.path.join(ROOT, "target", "vllm-test-logs"))
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--deadline", type=float, default=480.0, help="seconds before everything is stopped")
+    args = ap.parse_args()
+    args.kvroute = os.path.abspath(args.kvroute)
+    args.model = os.path.abspath(args.model)
+    if not os.access(args.kvroute, os.X_OK):
+        sys.exit(f"not an executable: {args.kvroute}")
+
+    run = Run(args)
+    done = threading.Event()
+
+    def on_signal(sig, _frame):
+        raise SystemExit(128 + sig)
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, on_signal)
+
+    def watchdog():
+        if not done.wait(args.deadline):
+            log(f"\nDEADLINE: {args.deadline:.0f} s passed; stopping every process started here")
+            run.cleanup()
+            log("0 passed, 1 failed")
+            os._exit(2)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    bad = None
+    try:
+        bad = run.main()
+    except SystemExit:
+        raise
+    except Exception as e:
+        log(f"\nERROR: {type(e).__name__}: {e}")
+        traceback.print_exc()
+    finally:
+        run.cleanup()
+        done.set()
+    if bad is None:
+        passed = sum(1 for r in run.results if r.passed)
+        log(f"{passed} passed, {len(run.results) - passed + 1} failed")
+        sys.exit(1)
+    passed = len(run.results) - len(bad)
+    log(f"{passed} passed, {len(bad)} failed")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
