@@ -6,12 +6,13 @@
 # (exact tracking: every repeat of a prefix lands where it is cached, the workload's ideal at
 # this load); predictive with no event source (approximate tracking). Prints each arm's hit
 # rate (cached / input tokens, from the workers' usage) and approximate / exact.
-# Usage: bash bench/approx-live.sh [REQUESTS]
+# Usage: bash bench/approx-live.sh [REQUESTS] [KV BLOCKS PER WORKER, default 512]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -q -p kvroute
 bin=target/release/kvroute
 n="${1:-300}"
+blocks="${2:-512}"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
@@ -23,7 +24,7 @@ start_workers() {
   for i in 1 2 3 4; do
     local hp zp rp
     hp=$(free_port); zp=$(free_port); rp=$(free_port)
-    "$bin" worker --port "$hp" --profile tiny-fast --speedup 20 --num-gpu-blocks 512 --name "w$i" \
+    "$bin" worker --port "$hp" --profile tiny-fast --speedup 20 --num-gpu-blocks "$blocks" --name "w$i" \
       --zmq-publish "tcp://127.0.0.1:$zp" --zmq-replay "tcp://127.0.0.1:$rp" >/dev/null 2>&1 &
     pids+=($!)
     wait_http "http://127.0.0.1:$hp/health"
@@ -50,7 +51,7 @@ arm() {
   pids=()
 }
 
-echo "requests per arm: $n (24 prefixes of 512 tokens, uniform, 32-token suffixes, concurrency 1)"
+echo "requests per arm: $n, $blocks KV blocks per worker (24 prefixes of 512 tokens, uniform, 32-token suffixes, concurrency 1)"
 read -r rr rr_done rr_failed < <(arm round_robin yes)
 read -r ex ex_done ex_failed < <(arm predictive yes)
 read -r ap ap_done ap_failed < <(arm predictive no)
