@@ -59,7 +59,8 @@ def group_pids(pgid):
             with open(f"/proc/{d}/stat") as f:
                 stat = f.read()
             fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[2]) == pgid:  # state ppid pgrp ...
+            # state ppid pgrp ...; a zombie is gone already (only its parent has to reap it)
+            if int(fields[2]) == pgid and fields[0] != "Z":
                 pids.append(int(d))
         except (OSError, ValueError, IndexError):
             pass
@@ -129,11 +130,13 @@ class Proc:
         return len(pids)
 
     def kill(self, timeout=15.0):
-        """SIGKILL to the whole group, then waits until none of it is left."""
+        """SIGKILL to the whole group, then waits until none of it is left; returns the time
+        the signal was sent."""
         if not self.pgid:
-            return
+            return time.time()
         self.signal(signal.SIGCONT)
         self.signal(signal.SIGKILL)
+        sent = time.time()
         deadline = time.time() + timeout
         if self.popen is not None:
             try:
@@ -143,6 +146,7 @@ class Proc:
         while self.pids() and time.time() < deadline:
             time.sleep(0.05)
         self.pgid = None
+        return sent
 
     def stop(self, grace=5.0):
         """SIGTERM, then SIGKILL after `grace` seconds."""

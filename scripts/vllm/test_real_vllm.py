@@ -360,7 +360,7 @@ class Run:
         r.check(t.ok and t.worker == self.e1.gateway_name, f"routed to engine1, which holds the prefix (went to {self.w(t.worker)})")
         r.check(t.good, f"predicted {t.predicted} > 0 and within {BLOCK} of reported {t.reported}")
 
-    def scenario_a(self, r, n_convs=8, n_turns=5):
+    def scenario_a(self, r, n_convs=8, n_turns=5, parallel=4):
         m0 = self.settle()
         convs = [self.new_conv("a") for _ in range(n_convs)]
 
@@ -374,7 +374,7 @@ class Run:
                     return
 
         t0 = time.time()
-        with ThreadPoolExecutor(n_convs) as ex:
+        with ThreadPoolExecutor(parallel) as ex:
             list(ex.map(run_conv, convs))
         secs = time.time() - t0
         m1 = self.settle()
@@ -387,7 +387,7 @@ class Run:
         for t in turns:
             per_worker[self.w(t.worker)] = per_worker.get(self.w(t.worker), 0) + 1
         moved = sum(1 for c in convs for a, b in zip(c.turns, c.turns[1:]) if a.ok and b.ok and a.worker != b.worker)
-        r.info(f"{n_convs} conversations x {n_turns} turns, streamed, max_tokens 16, 8 at once: "
+        r.info(f"{n_convs} conversations x {n_turns} turns, streamed, max_tokens 16, {parallel} at once: "
                f"{len(turns)} requests in {secs:.1f} s, {len(failed)} failed; per worker {per_worker}; "
                f"first prompts {min(t.prompt_tokens for t in firsts) if firsts else '-'}-"
                f"{max(t.prompt_tokens for t in firsts) if firsts else '-'} tokens; "
@@ -409,6 +409,12 @@ class Run:
         applied = sum(v for k, v in ev.items() if k[2] == "applied")
         r.check(applied > 0 and not not_applied,
                 f"every KV event applied ({applied} applied; not applied: {not_applied or 'none'})")
+        misses = [t for t in follow if not t.good]
+        moved_away = [t for t in misses if t.close and t.predicted == 0 and t.reported == 0]
+        r.info(f"follow-ups not predicted right with both > 0: {len(misses)} ({len(moved_away)} sent "
+               f"to a worker without their prefix, predicted 0 == reported 0; "
+               f"{len(misses) - len(moved_away)} mispredicted or failed: "
+               f"{[self.fig(t) for t in misses if t not in moved_away][:4]})")
         pct = 100.0 * len(good) / len(follow) if follow else 0.0
         r.check(follow and pct >= 95.0,
                 f"follow-ups predicted right (within {BLOCK}) with both > 0: {len(good)}/{len(follow)} ({pct:.1f}%, need >= 95%)")
@@ -547,13 +553,14 @@ class Run:
         r.check(sum(v for k, v in ev.items() if k[2] == "applied") > 0,
                 "KV events of the restarted engine2 applied")
 
-    def scenario_e(self, r, long_tokens=3000, drivers=6, before_kill=1.0, after_kill=4.0):
+    def scenario_e(self, r, long_tokens=3800, drivers=4, before_kill=1.0, after_kill=4.0):
         m0 = self.gw.metrics()
         # Long streams on both engines: follow-ups of short conversations begun on each
         # engine (their prefix draws them back there), generating until max_tokens. Where the
         # gateway sends none to an engine, one more goes straight to it, so that both are busy.
-        homes = self.convs_on(self.e1, 2, "el", fresh=True, first_words=60) + \
-            self.convs_on(self.e2, 2, "el", fresh=True, first_words=60)
+        homes = self.convs_on(self.e1, 1, "el", fresh=True, first_words=60) + \
+            self.convs_on(self.e2, 1, "el", fresh=True, first_words=60)
+        anchors = self.convs_on(self.e1, 3, "ea", fresh=True, first_words=400)
         threads = []
         long_body = {"min_tokens": long_tokens, "ignore_eos": True}
 
@@ -591,13 +598,23 @@ class Run:
                f"{self.per_worker(lt)}; straight to an engine the gateway sent none to: "
                f"{self.per_worker([c.turns[-1] for c in direct])}")
         lt += [c.turns[-1] for c in direct]
+        # Short requests: half are new questions on the long conversations begun on engine1
+        # (their cached prefix draws them there), half are new conversations (anywhere).
         stop = threading.Event()
         started = []  # conversations of the short requests, registered before they are sent
 
         def driver(k):
             client = self.gw_client(30.0)
+            n = 0
             while not stop.is_set():
-                c = self.new_conv("es", self.rng.randint(300, 600))
+                n += 1
+                if k % 2 == 0:
+                    a = anchors[(k // 2 + n) % len(anchors)]
+                    c = Conv(f"{a.cid}q{k}.{n}", random.Random(self.rng.random()), 1)
+                    c.messages = [dict(m) for m in a.messages[:2]]
+                    c.add_user()
+                else:
+                    c = self.new_conv("es", self.rng.randint(300, 600))
                 with self.lock:
                     started.append(c)
                 do_turn(client, c)
@@ -606,26 +623,30 @@ class Run:
         for d in ds:
             d.start()
         time.sleep(before_kill)
-        # Kill at a moment when some short request is in flight without a chunk yet.
+        # Kill at a moment when a question for engine1 is in flight without a chunk yet.
         deadline = time.time() + 3.0
         while time.time() < deadline:
             with self.lock:
                 pending = [c.turns[-1] for c in started if c.turns and c.turns[-1].t_end is None]
-            if any(t.chunks == 0 for t in pending):
+            if any(t.chunks == 0 and t.conv.cid.startswith("ea") for t in pending):
                 break
             time.sleep(0.001)
-        kill_at = time.time()
-        self.e1.kill()
+        t_kill = time.time()
+        kill_at = self.e1.kill()  # when SIGKILL was sent
+        killed_in = time.time() - t_kill
         streaming = {}
         for t in lt:
             if t.chunks > 0 and (t.t_end is None or t.t_end > kill_at):
                 streaming[self.w(t.worker)] = streaming.get(self.w(t.worker), 0) + 1
+        with self.lock:
+            questions = [c.turns[-1] for c in started if c.turns and c.cid.startswith("ea")]
         inflight = {}
         for t in pending:
             k = (self.w(t.worker) or "no answer yet", "streaming" if t.chunks else "no chunk yet")
             inflight[k] = inflight.get(k, 0) + 1
         r.info(f"engine1 killed (SIGKILL to its process group) {before_kill:.1f} s into a "
-               f"{drivers}-way stream of short requests (~500-1,000-token prompts); at that moment "
+               f"{drivers}-way stream of short requests (in {killed_in:.2f} s; ~500-1,000-token prompts, half of them "
+               f"new questions on {len(anchors)} conversations begun on engine1); at that moment "
                f"long streams streaming: {streaming}; short requests in flight: {inflight}")
         time.sleep(after_kill)
         stop.set()
@@ -653,7 +674,7 @@ class Run:
         for name, eng_ in (("engine1", self.e1), ("engine2", self.e2)):
             mine = [t for t in lt if t.worker == eng_.gateway_name]
             r.info(f"long streams on {name}: {bucket(mine)}, "
-                   f"{[f'{t.completion_tokens or 0}/{t.chunks} tokens/chunks in {t.secs:.1f} s' for t in mine]}")
+                   f"{[f'{t.completion_tokens or 0} tokens/{t.chunks} chunks from {t.t_start - kill_at:+.1f} s to {t.t_end - kill_at:+.1f} s of the kill' for t in mine]}")
         retries = eng.metric_sum(m1, "kvroute_retries_total") - eng.metric_sum(m0, "kvroute_retries_total")
         errs = {}
         status = {}
