@@ -10,6 +10,7 @@ and is signalled only through the group recorded at start.
 """
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -31,11 +32,35 @@ MAX_MODEL_LEN = 4096
 MODEL_NAME = "tiny-llama"
 
 
+_taken = set()
+
+
 def free_port():
-    """A TCP port free on every interface (vLLM's PUB socket binds tcp://*:PORT)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("0.0.0.0", 0))
-        return s.getsockname()[1]
+    """A TCP port free on every interface (vLLM's PUB socket binds tcp://*:PORT), chosen
+    below the kernel's ephemeral range: vLLM picks its own internal ports (API server <->
+    engine core) from that range at start-up, and a port handed out from it could be taken
+    by the other engine between this check and the engine's bind."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    hi = max(2000, min(low, 65536)) - 1
+    lo = max(1024, hi - 20000)
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randint(lo, hi)
+        if port in _taken:
+            continue
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+        _taken.add(port)
+        return port
+    raise RuntimeError("no free port found")
 
 
 def http_get(url, timeout=2.0):
@@ -177,6 +202,9 @@ class Engine(Proc):
         self.python = python
         self.cpu = cpu
         self.http_port, self.pub_port, self.replay_port = ports or (free_port(), free_port(), free_port())
+
+    def new_ports(self):
+        self.http_port, self.pub_port, self.replay_port = free_port(), free_port(), free_port()
         self.started_at = None
         self.startup_secs = None
 
@@ -222,7 +250,7 @@ class Engine(Proc):
             "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "32",
             "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--enforce-eager",
             "--kv-events-config", json.dumps(kv_events),
-            "--uvicorn-log-level", "warning", "--disable-log-stats",
+            "--uvicorn-log-level", "warning",
         ]
 
     def env(self):
