@@ -439,3 +439,43 @@ async fn health_checks_failing_in_the_same_round_do_not_empty_the_fleet() {
     );
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_without_events_are_tracked_approximately_even_with_a_tokenizer() {
+    let (a, b) = (worker("a").await, worker("b").await);
+    // The builtin tokenizer, and no event source for either worker.
+    let cfg = config(&[&a, &b], "kv");
+    let gw = gateway_with_feeds(cfg, std::collections::BTreeMap::new()).await;
+    let url = gw.url();
+    let w = debug_workers(&url).await;
+    for i in 0..2 {
+        assert_eq!(
+            w["workers"][i]["worker"]["cache_state"], "approximate",
+            "{w}"
+        );
+    }
+    let system = "A long shared system prompt for every turn. ".repeat(20);
+    let turn1 = [("system", system.as_str()), ("user", "first")];
+    let (s1, w1, j1) = post(&url, "/v1/chat/completions", &chat(&turn1, false, 4)).await;
+    assert_eq!(s1, 200, "{j1}");
+    let turn2 = [turn1[0], turn1[1], ("assistant", "ok"), ("user", "second")];
+    let (s2, w2, j2) = post(&url, "/v1/chat/completions", &chat(&turn2, false, 4)).await;
+    assert_eq!(s2, 200, "{j2}");
+    assert_eq!(w1, w2, "the follow-up goes where its prefix was sent");
+    assert!(
+        j2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(100),
+        "{j2}"
+    );
+    let metrics = crate::scrape(&url).await;
+    assert_eq!(
+        kvroute_testkit::sample(
+            &metrics,
+            "kvroute_worker_cache_state{state=\"approximate\",worker=\"a\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    gw.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
