@@ -15,9 +15,12 @@ tokens) of the reported figure. Scenarios:
 
   b. a conversation begun on engine 1 before the gateway starts is known after catch-up;
   a. multi-turn conversations: no failure, no 499, every KV event applied, predictions right;
+  f. the same block-aligned prompt sent again: predicted exactly as the engine counts it (a
+     full hit stops at prompt length - 1, so one block less than the prompt);
   c. engine 1 stalled 7 s (SIGSTOP/SIGCONT of its whole process group): index kept;
   d. engine 2 killed and started again on the same ports: re-subscribed, predictions right;
-  e. engine 1 killed while requests run on both: nothing that had not started streaming fails.
+  e. engine 1 hangs (SIGSTOP) for 1 s while requests run on both engines, then is killed
+     (SIGKILL): nothing that had not started streaming fails, nothing is counted 499.
 
 Each scenario prints its figures and PASS or FAIL; the last line is `N passed, M failed`, and
 the exit code is non-zero when any failed. Every process started here is stopped at the end,
@@ -499,13 +502,91 @@ class Run:
             f"straight on it; gateway's index for it {before} -> {now} blocks, {blocks} new prompt blocks)")
         return on
 
-    def follow_ups(self, convs):
+    def explain_raw(self, messages):
+        import json
+        import urllib.request
+        body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 16}).encode()
+        req = urllib.request.Request(self.gw.url + "/debug/explain", data=body,
+                                     headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5.0) as resp:
+            return json.load(resp)
+
+    def explain(self, conv):
+        """The gateway's /debug/explain for the conversation's next request, in short."""
+        try:
+            ex = self.explain_raw(conv.messages)
+        except Exception as e:
+            return f"explain failed: {e}"
+        ids = {}
+        try:
+            for name, w in self.gw.workers().items():
+                ids[w["worker"]["id"]] = self.w(name)
+        except Exception:
+            pass
+        parts = []
+        for w in ex.get("workers", []):
+            parts.append(f"{ids.get(w.get('worker'), w.get('worker'))}: matched {w.get('matched_blocks')} blocks, "
+                         f"cost {w.get('cost', 0):.4f}{'' if w.get('eligible', True) else ', not eligible'}"
+                         f"{', busy' if w.get('busy') else ''}")
+        return f"explain -> {ids.get(ex.get('winner'), ex.get('winner'))} ({'; '.join(parts)})"
+
+    def follow_ups(self, convs, explain=False):
         client = self.gw_client()
         out = []
         for c in convs:
             c.add_user()
-            out.append(do_turn(client, c))
+            why = self.explain(c) if explain else None
+            t = do_turn(client, c)
+            t.why = why
+            out.append(t)
         return out
+
+    def scenario_f(self, r):
+        """The same request sent again ("regenerate"), its prompt a whole number of blocks."""
+        c = next((c for c in self.convs if c.cid.startswith("a") and c.turns and c.turns[-1].ok), None)
+        if c is None:
+            c = self.new_conv("f", 400)
+            do_turn(self.gw_client(), c)
+        # A next user message that makes the prompt a multiple of the block size, found with
+        # the gateway's own count (/debug/explain's prompt_tokens).
+        c.add_user(40)
+        base = c.messages[-1]["content"]
+        n = None
+        for k in range(200):
+            c.messages[-1]["content"] = base + " " + text(random.Random(k), 1 + k % 40)
+            n = self.explain_raw(c.messages)["prompt_tokens"]
+            if n % BLOCK == 0:
+                break
+        if n % BLOCK:
+            raise RuntimeError("no block-aligned prompt found")
+        client = self.gw_client()
+        first = do_turn(client, c)
+        c.messages.pop()  # the reply: send exactly the same request again
+        # Wait until the gateway's match of the prompt on the worker that served it covers at
+        # least every block but the last (a gateway may cap it there already) and has not
+        # changed for 0.3 s: the first answer's KV events are in.
+        deadline = time.time() + 5.0
+        matched, since = None, time.time()
+        while time.time() < deadline:
+            ex = self.explain_raw(c.messages)
+            ids = {w["worker"]["id"]: name for name, w in self.gw.workers().items()}
+            m = max((w.get("matched_blocks", 0) for w in ex["workers"]
+                     if ids.get(w["worker"]) == first.worker), default=0)
+            if m != matched:
+                matched, since = m, time.time()
+            if matched >= (n - 1) // BLOCK and time.time() - since >= 0.3:
+                break
+            time.sleep(0.05)
+        again = do_turn(client, c)
+        r.info(f"a {n}-token prompt ({n // BLOCK} blocks) of conversation {c.cid}: first {self.fig(first)}; "
+               f"the gateway then matched {matched} blocks of it; sent again: {self.fig(again)}")
+        r.check(first.ok and again.ok, "both requests succeeded")
+        r.check(again.ok and again.reported == n - BLOCK,
+                f"the engine reports one block less than the prompt for a fully cached block-aligned "
+                f"prompt (its hit stops at prompt length - 1): {again.reported} == {n - BLOCK}")
+        r.check(again.ok and again.predicted == again.reported and again.worker == first.worker,
+                f"the gateway predicts exactly that on the same worker: predicted {again.predicted}, "
+                f"reported {again.reported}")
 
     def scenario_c(self, r, stall=7.0):
         convs = self.convs_on(self.e1, want=3, prefix="c")
@@ -526,9 +607,9 @@ class Run:
         up, h = self.wait_health(self.e1, "up", 20.0)
         after = self.worker_view(self.e1)
         r.info(f"engine1 after SIGCONT ({'up' if up else 'not up: ' + str(h)}): {after}")
-        ts = self.follow_ups(convs)
+        ts = self.follow_ups(convs, explain=True)
         for t in ts:
-            r.info("  " + self.fig(t))
+            r.info(f"  {self.fig(t)}; {t.why}")
         r.check(up, "engine1 healthy again in the gateway's view within 20 s")
         b, a = before.get("index_blocks") or 0, after.get("index_blocks") or 0
         r.check(b > 0 and a >= b, f"index for engine1 not emptied by the stall (index_blocks {b} before, {a} after)")
@@ -554,9 +635,9 @@ class Run:
         r.info(f"engine2 started again on the same ports in {secs:.1f} s; gateway's view: {mid}")
         r.check(up, f"engine2 healthy again in the gateway's view ({h})")
         # Follow-ups of its conversations: its cache is empty now.
-        first = self.follow_ups(convs)
+        first = self.follow_ups(convs, explain=True)
         for t in first:
-            r.info("  after restart: " + self.fig(t))
+            r.info(f"  after restart: {self.fig(t)}; {t.why}")
         self.check_failures(r, [t for t in first if not t.ok])
         r.check(first and all(t.close for t in first),
                 f"first follow-ups predicted right (engine2's cache is empty: 0 expected there): "
@@ -570,9 +651,9 @@ class Run:
         if not fresh:
             r.info("no follow-up went to engine2: two conversations begin straight on it")
             fresh = self.convs_on(self.e2, want=2, prefix="dn", fresh=True)
-        second = self.follow_ups(fresh)
+        second = self.follow_ups(fresh, explain=True)
         for t in second:
-            r.info("  next turn: " + self.fig(t))
+            r.info(f"  next turn: {self.fig(t)}; {t.why}")
         after = self.worker_view(self.e2)
         m1 = self.gw.metrics()
         ev = {k: v for k, v in self.event_delta(m0, m1).items() if k[0] == "e2"}
@@ -583,7 +664,7 @@ class Run:
         r.check(sum(v for k, v in ev.items() if k[2] == "applied") > 0,
                 "KV events of the restarted engine2 applied")
 
-    def scenario_e(self, r, drivers=6, before_kill=1.5, hang=0.5, after_kill=4.0):
+    def scenario_e(self, r, drivers=6, before_kill=1.5, hang=1.0, after_kill=4.0):
         m0 = self.gw.metrics()
         # Short requests from `drivers` clients: half are new questions on conversations begun
         # on engine1 (their cached ~700-token prefix draws them there), half new conversations.
@@ -615,19 +696,33 @@ class Run:
         # The engine dies the way a stuck one does: it stops answering (SIGSTOP) for `hang`
         # seconds while requests keep coming, so that some are in flight on it in every state
         # (accepted and not answered, answered and streaming), then SIGKILL to its group.
+        # It stops while a request to it has its answer's headers but no chunk yet, if one
+        # shows up within 3 s (a gateway that holds the headers until the first chunk never
+        # shows that state).
+        deadline = time.time() + 3.0
+        caught = False
+        while time.time() < deadline and not caught:
+            with self.lock:
+                caught = any(c.turns and c.turns[-1].t_end is None and c.turns[-1].chunks == 0
+                             and c.turns[-1].worker == self.e1.gateway_name for c in started)
+            if not caught:
+                time.sleep(0.0005)
         self.e1.pause()
         time.sleep(hang)
         with self.lock:
             pending = [c.turns[-1] for c in started if c.turns and c.turns[-1].t_end is None]
         kill_at = self.e1.kill()  # when SIGKILL was sent
+        on1 = [t for t in pending if t.worker in (None, self.e1.gateway_name) and not t.chunks]
         inflight = {}
         for t in pending:
             k = (self.w(t.worker) or "no answer yet", "streaming" if t.chunks else "no chunk yet")
             inflight[k] = inflight.get(k, 0) + 1
         r.info(f"{drivers} clients sending short streamed requests (~500-1,000-token prompts; half "
                f"of them new questions on {len(anchors)} conversations begun on engine1); after "
-               f"{before_kill:.1f} s engine1 is stopped (SIGSTOP) for {hang:.1f} s, then killed "
-               f"(SIGKILL to its process group). In flight at the kill: {inflight}")
+               f"{before_kill:.1f} s engine1 is stopped (SIGSTOP; "
+               f"{'while' if caught else 'no moment seen when'} a request to it had headers and no "
+               f"chunk) for {hang:.1f} s, then killed (SIGKILL to its process group). In flight at "
+               f"the kill: {inflight}")
         time.sleep(after_kill)
         stop.set()
         for d in ds:
@@ -668,7 +763,6 @@ class Run:
                 r.info(f"  {self.fig(t)} (sent {t.t_start - kill_at:+.3f} s from the kill, "
                        f"{t.chunks} chunks read)")
         unstarted = [t for t in every if not t.ok and t.chunks == 0]
-        on1 = [t for t in pending if t.worker in (None, self.e1.gateway_name) and not t.chunks]
         r.check(inflight and any(k[0] == "e2" for k in inflight) and on1,
                 f"requests in flight on both engines at the kill, some on engine1 not yet streaming "
                 f"({len(on1)} without a chunk, headed for or at engine1)")
@@ -714,6 +808,8 @@ class Run:
                           self.scenario_b)
         self.run_scenario("a", "multi-turn conversations through the gateway", self.scenario_a)
         log(f"   engine memory: engine1 {self.memory(self.e1)}; engine2 {self.memory(self.e2)}")
+        self.run_scenario("f", "the same block-aligned prompt sent again: predicted as the engine counts it",
+                          self.scenario_f)
         self.run_scenario("c", "engine1 stalled 7 s (SIGSTOP/SIGCONT): index kept, predictions right",
                           self.scenario_c)
         self.run_scenario("d", "engine2 restarted on the same ports: re-subscribed, predictions right",
