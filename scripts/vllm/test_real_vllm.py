@@ -593,7 +593,7 @@ class Run:
                 f"the gateway predicts exactly that on the same worker: predicted {again.predicted}, "
                 f"reported {again.reported}")
 
-    def turn_on(self, engine, conv):
+    def turn_on(self, engine, conv, words=None):
         """The conversation's next request through the gateway, judged for `engine`.
 
         Returns (turn, predicted, reported): what the gateway predicts for `engine` and what
@@ -603,6 +603,7 @@ class Run:
         prompt length - 1, in whole blocks) and the same request then goes straight to
         `engine` for its count. Either way the figures say whether the gateway's index of
         `engine` is right, whatever the policy chose."""
+        conv.add_user(words)
         msgs = [dict(m) for m in conv.messages]
         ex = self.explain_raw(msgs)
         ids = {w["worker"]["id"]: name for name, w in self.gw.workers().items()}
@@ -688,15 +689,19 @@ class Run:
         r.info(f"engine2 started again on the same ports in {secs:.1f} s; gateway's view: {mid}")
         r.check(up, f"engine2 healthy again in the gateway's view ({h})")
         # Follow-ups of its conversations: its cache is empty now, and the gateway must know.
-        first = [self.turn_on(self.e2, c) for c in convs]
+        # Their new messages are long (~300 tokens), so that a stale index would be off by
+        # several blocks on the next turn.
+        first = [self.turn_on(self.e2, c, words=200) for c in convs]
         self.judged(r, "after the restart", self.e2, first)
         self.check_failures(r, [t for t, _, _ in first if not t.ok])
         r.check(first and all(p is not None and rep is not None and p == 0 and rep == 0 for _, p, rep in first),
                 f"first follow-ups: predicted 0 == reported 0 for the restarted engine2: "
                 f"{[(p, rep) for _, p, rep in first]}")
-        # Their next turns: engine2 now holds their previous prompt, and the gateway must have
-        # it from engine2's events since the restart (a new subscription).
-        second = [self.turn_on(self.e2, c) for c in convs]
+        # Their next turns, and those of two conversations begun straight on engine2 after the
+        # restart: engine2 now holds their previous prompt, and the gateway must have it from
+        # engine2's events since the restart (a new subscription).
+        fresh = self.convs_on(self.e2, 2, "dn", fresh=True, first_words=400)
+        second = [self.turn_on(self.e2, c) for c in convs + fresh]
         self.judged(r, "next turn", self.e2, second)
         after = self.worker_view(self.e2)
         m1 = self.gw.metrics()
