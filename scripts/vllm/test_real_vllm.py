@@ -40,7 +40,6 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import openai
 from openai import OpenAI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -515,36 +514,6 @@ class Run:
                                      headers={"content-type": "application/json"})
         with urllib.request.urlopen(req, timeout=5.0) as resp:
             return json.load(resp)
-
-    def explain(self, conv):
-        """The gateway's /debug/explain for the conversation's next request, in short."""
-        try:
-            ex = self.explain_raw(conv.messages)
-        except Exception as e:
-            return f"explain failed: {e}"
-        ids = {}
-        try:
-            for name, w in self.gw.workers().items():
-                ids[w["worker"]["id"]] = self.w(name)
-        except Exception:
-            pass
-        parts = []
-        for w in ex.get("workers", []):
-            parts.append(f"{ids.get(w.get('worker'), w.get('worker'))}: matched {w.get('matched_blocks')} blocks, "
-                         f"cost {w.get('cost', 0):.4f}{'' if w.get('eligible', True) else ', not eligible'}"
-                         f"{', busy' if w.get('busy') else ''}")
-        return f"explain -> {ids.get(ex.get('winner'), ex.get('winner'))} ({'; '.join(parts)})"
-
-    def follow_ups(self, convs, explain=False):
-        client = self.gw_client()
-        out = []
-        for c in convs:
-            c.add_user()
-            why = self.explain(c) if explain else None
-            t = do_turn(client, c)
-            t.why = why
-            out.append(t)
-        return out
 
     def scenario_f(self, r):
         """The same request sent again ("regenerate"), its prompt a whole number of blocks."""
