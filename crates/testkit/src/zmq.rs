@@ -17,6 +17,23 @@ fn endpoint_of(socket: &zmq::Socket) -> String {
         .expect("utf-8 endpoint")
 }
 
+/// A free port of 127.0.0.1 below Linux's ephemeral range (32768 and up), for an endpoint a
+/// test binds again after closing it, or that is connected to before anything listens
+/// there: a connection to a free port of the ephemeral range can be given that very port as
+/// its own source and connect to itself.
+pub fn free_low_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let spread = (std::process::id() % 4000) as u16;
+    loop {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + (spread + k.wrapping_mul(7)) % 12_000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// A PUB socket playing an engine's KV event publisher.
 pub struct Publisher {
     socket: Mutex<zmq::Socket>,

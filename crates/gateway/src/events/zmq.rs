@@ -19,7 +19,7 @@ use super::{EventFeed, FeedItem, Replay};
 use futures_util::future::BoxFuture;
 use kvroute_protocol::vllm_events::{decode_message, EventBatch};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -31,12 +31,6 @@ const FEED_BUFFER: usize = 4096;
 
 /// How often the socket thread looks whether its feed is still wanted, in milliseconds.
 const POLL_MS: i64 = 250;
-
-/// The process's libzmq context (its IO threads are shared by every socket).
-pub(crate) fn context() -> &'static zmq::Context {
-    static CTX: OnceLock<zmq::Context> = OnceLock::new();
-    CTX.get_or_init(zmq::Context::new)
-}
 
 /// How to reach one engine's KV event publisher.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,8 +58,11 @@ pub struct ZmqSubscription {
 /// the feed's receiver is dropped.
 pub fn zmq_feed(sub: ZmqSubscription) -> std::io::Result<EventFeed> {
     let (tx, rx) = mpsc::channel(FEED_BUFFER);
+    // A libzmq context (and IO thread) per engine: one publisher's trouble stays its own.
+    let ctx = zmq::Context::new();
     let replay = sub.replay.clone().map(|endpoint| {
         Box::new(ZmqReplay {
+            ctx: ctx.clone(),
             endpoint,
             worker: sub.worker.clone(),
             max_message_bytes: sub.max_message_bytes,
@@ -74,7 +71,7 @@ pub fn zmq_feed(sub: ZmqSubscription) -> std::io::Result<EventFeed> {
     });
     std::thread::Builder::new()
         .name(format!("kv-events-{}", sub.worker))
-        .spawn(move || subscribe_thread(sub, tx))?;
+        .spawn(move || subscribe_thread(&ctx, sub, tx))?;
     Ok(EventFeed { items: rx, replay })
 }
 
@@ -90,14 +87,15 @@ enum Ended {
 }
 
 /// Runs sockets one after another until the feed is dropped. In connect mode a socket
-/// whose publisher went away is replaced by a new one (after a backoff that grows while no
-/// handshake succeeds): libzmq reconnects by itself after a lost connection, but never after
-/// a protocol error (a frame over the size limit, a bad handshake), which also shows only as
-/// a disconnect.
-fn subscribe_thread(sub: ZmqSubscription, tx: mpsc::Sender<FeedItem>) {
+/// whose publisher went away, or whose handshake failed, is replaced by a new one (after a
+/// backoff that grows while no handshake succeeds): libzmq reconnects by itself after a lost
+/// connection, but never after a protocol error (a frame over the size limit, a bad
+/// handshake, a TCP connection to itself), which shows only as a disconnect or a failed
+/// handshake.
+fn subscribe_thread(ctx: &zmq::Context, sub: ZmqSubscription, tx: mpsc::Sender<FeedItem>) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match run_socket(&sub, &tx) {
+        match run_socket(ctx, &sub, &tx) {
             Ok(Ended::Dropped) => return,
             Ok(Ended::Reconnect { handshaked }) => {
                 if handshaked {
@@ -122,9 +120,12 @@ fn millis(secs: f64) -> i32 {
 
 /// The socket's whole life: set up, then receive until the feed is dropped, the publisher
 /// goes away (connect mode) or the socket fails (Err); the caller starts a new one.
-fn run_socket(sub: &ZmqSubscription, tx: &mpsc::Sender<FeedItem>) -> Result<Ended, zmq::Error> {
+fn run_socket(
+    ctx: &zmq::Context,
+    sub: &ZmqSubscription,
+    tx: &mpsc::Sender<FeedItem>,
+) -> Result<Ended, zmq::Error> {
     static MONITORS: AtomicU64 = AtomicU64::new(0);
-    let ctx = context();
     let socket = ctx.socket(zmq::SUB)?;
     socket.set_linger(0)?;
     socket.set_maxmsgsize(i64::try_from(sub.max_message_bytes).unwrap_or(i64::MAX))?;
@@ -169,7 +170,14 @@ fn run_socket(sub: &ZmqSubscription, tx: &mpsc::Sender<FeedItem>) -> Result<Ende
         // Connection changes first: a batch read after a reconnect belongs after it.
         let mut gone = false;
         if events {
-            while let Some(item) = monitor_event(&monitor, &sub.worker)? {
+            while let Some(m) = monitor_event(&monitor, &sub.worker)? {
+                let item = match m {
+                    Monitor::Item(item) => item,
+                    Monitor::HandshakeFailed => {
+                        gone = true;
+                        continue;
+                    }
+                };
                 gone |= matches!(item, FeedItem::Disconnected);
                 handshaked |= matches!(item, FeedItem::Connected);
                 if tx.blocking_send(item).is_err() {
@@ -200,8 +208,18 @@ fn run_socket(sub: &ZmqSubscription, tx: &mpsc::Sender<FeedItem>) -> Result<Ende
     }
 }
 
+/// What the socket monitor reported.
+enum Monitor {
+    /// A connection change for the feed.
+    Item(FeedItem),
+    /// A handshake failed (a peer of the wrong kind, a bad greeting, or a TCP connection to
+    /// itself when nothing listens on a local port in the ephemeral range): libzmq never
+    /// retries such a connection.
+    HandshakeFailed,
+}
+
 /// The next connection change the monitor reports, if one is waiting.
-fn monitor_event(monitor: &zmq::Socket, worker: &str) -> Result<Option<FeedItem>, zmq::Error> {
+fn monitor_event(monitor: &zmq::Socket, worker: &str) -> Result<Option<Monitor>, zmq::Error> {
     loop {
         let frames = match monitor.recv_multipart(zmq::DONTWAIT) {
             Ok(f) => f,
@@ -219,18 +237,21 @@ fn monitor_event(monitor: &zmq::Socket, worker: &str) -> Result<Option<FeedItem>
             .unwrap_or_default();
         if event == zmq::SocketEvent::HANDSHAKE_SUCCEEDED.to_raw() {
             tracing::info!(worker, peer = %peer, "KV event publisher connected");
-            return Ok(Some(FeedItem::Connected));
+            return Ok(Some(Monitor::Item(FeedItem::Connected)));
         }
         if event == zmq::SocketEvent::DISCONNECTED.to_raw() {
             tracing::warn!(worker, peer = %peer, "KV event publisher went away");
-            return Ok(Some(FeedItem::Disconnected));
+            return Ok(Some(Monitor::Item(FeedItem::Disconnected)));
         }
         tracing::warn!(worker, peer = %peer, event, "KV event connection refused by the handshake");
+        return Ok(Some(Monitor::HandshakeFailed));
     }
 }
 
 /// The replay client of one engine.
 pub struct ZmqReplay {
+    /// The libzmq context its sockets are made in.
+    pub ctx: zmq::Context,
     /// The engine's replay endpoint.
     pub endpoint: String,
     /// The worker's name, for logs.
@@ -265,7 +286,7 @@ impl ZmqReplay {
     /// The blocking exchange, within `deadline`.
     fn fetch(&self, from: u64, deadline: Instant) -> Result<Vec<Arc<EventBatch>>, String> {
         let err = |e: zmq::Error| e.to_string();
-        let dealer = context().socket(zmq::DEALER).map_err(err)?;
+        let dealer = self.ctx.socket(zmq::DEALER).map_err(err)?;
         dealer.set_linger(0).map_err(err)?;
         dealer
             .set_maxmsgsize(i64::try_from(self.max_message_bytes).unwrap_or(i64::MAX))
@@ -302,6 +323,7 @@ impl ZmqReplay {
 impl Replay for ZmqReplay {
     fn replay_from(&self, from: u64) -> BoxFuture<'_, Result<Vec<Arc<EventBatch>>, String>> {
         let me = ZmqReplay {
+            ctx: self.ctx.clone(),
             endpoint: self.endpoint.clone(),
             worker: self.worker.clone(),
             max_message_bytes: self.max_message_bytes,

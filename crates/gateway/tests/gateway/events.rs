@@ -145,6 +145,7 @@ async fn the_zmq_replay_client_speaks_the_workers_replay_protocol() {
     let held = w.replay_from(0);
     assert!(!held.is_empty());
     let client = ZmqReplay {
+        ctx: zmq::Context::new(),
         endpoint: w.zmq_replay_endpoint().unwrap(),
         worker: "w".into(),
         max_message_bytes: 1 << 20,

@@ -6,7 +6,7 @@
 use crate::events::stored_map;
 use crate::support::*;
 use kvroute_gateway::WorkerSpec;
-use kvroute_testkit::zmq::{Publisher, ReplayServer};
+use kvroute_testkit::zmq::{free_low_port, Publisher, ReplayServer};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -45,7 +45,11 @@ async fn field(url: &str, name: &str) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publisher_that_comes_back_is_caught_up_or_rebuilt_after_a_restart() {
     let a = worker("a").await;
-    let engine = Engine::start("tcp://127.0.0.1:0", "tcp://127.0.0.1:0");
+    // Ports the engine binds again after a restart: below the ephemeral range.
+    let engine = Engine::start(
+        &format!("tcp://127.0.0.1:{}", free_low_port()),
+        &format!("tcp://127.0.0.1:{}", free_low_port()),
+    );
     let (pub_ep, replay_ep) = (
         engine.publisher.as_ref().unwrap().endpoint.clone(),
         engine.replay.endpoint.clone(),
@@ -188,12 +192,8 @@ async fn a_peer_announcing_a_huge_frame_is_dropped_and_reconnected_not_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_binds_for_an_engine_that_connects_its_publisher() {
-    // A free port for the gateway to bind.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A free port for the gateway to bind (the engine connects to it first).
+    let port = free_low_port();
     let events = format!("tcp://127.0.0.1:{port}");
     let zmq = kvroute_worker::ZmqConfig {
         publish: events.clone(),

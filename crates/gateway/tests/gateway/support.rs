@@ -80,6 +80,11 @@ pub async fn gateway_with_feeds(
     config: GatewayConfig,
     feeds: BTreeMap<usize, EventFeed>,
 ) -> GatewayHandle {
+    // Logs when asked (`RUST_LOG=kvroute_gateway=debug`), captured per test.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let pre = kvroute_gateway::load_preprocessor(&config).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     kvroute_gateway::spawn(config, pre, listener, feeds)
