@@ -122,6 +122,7 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
     let Some(entry) = gw.registry.get(worker) else {
         return;
     };
+    entry.has_feed.store(true, Ordering::Release);
     let mut t = Tracker::default();
     let replay = feed.replay.take();
     let replay = replay.as_deref();
@@ -133,9 +134,11 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
                 None => break,
             },
             () = entry.verify.notified() => {
-                if replay.is_some() && !t.away {
-                    resync(&gw, entry, replay, &mut t, "health check passed again").await;
-                }
+                // The worker answers again after failing: whether its engine restarted is
+                // for the replay service to say (even while the publisher is still away),
+                // before requests go there again.
+                resync(&gw, entry, replay, &mut t, "health check passed again").await;
+                gw.set_routable(entry.id);
                 continue;
             }
         };
@@ -161,6 +164,9 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
             }
         }
     }
+    // Nobody checks this worker's events any more: health checks alone bring it back.
+    entry.has_feed.store(false, Ordering::Release);
+    gw.set_routable(entry.id);
     tracing::info!(worker = %entry.name, "KV event feed ended");
 }
 

@@ -70,7 +70,29 @@ pub async fn forward(
                     timeout: false,
                 });
             }
-            Ok(resp) => return Ok(answer(gw, &call, guard, resp, sel.cached_tokens as u64).await),
+            Ok(resp) => match start_reading(gw, &call, resp).await {
+                Ok(read) => return Ok(answer(gw, &call, guard, read, sel.cached_tokens as u64)),
+                Err(message) => {
+                    // The answer broke off before its first byte reached the client (the
+                    // engine died or hung up): nothing was sent, so another worker can take
+                    // it.
+                    let name = worker_name(gw, worker);
+                    gw.metrics
+                        .upstream_errors
+                        .with_label_values(&[&name, "broken"])
+                        .inc();
+                    tracing::warn!(worker = %name, error = %message, request_id = call.request_id, "worker's answer broke off before its first byte");
+                    let e = GatewayError::Upstream {
+                        worker: name,
+                        message,
+                        timeout: false,
+                    };
+                    if attempt + 1 >= attempts {
+                        return Err(e);
+                    }
+                    last_error = Some(e);
+                }
+            },
             Err(e) => {
                 let name = worker_name(gw, worker);
                 let kind = if matches!(e, GatewayError::Upstream { timeout: true, .. }) {
@@ -139,37 +161,93 @@ async fn send(
     }
 }
 
+/// A worker's answer, read as far as needed to know that it is coming.
+struct Read {
+    status: StatusCode,
+    content_type: Option<HeaderValue>,
+    body: ReadBody,
+}
+
+enum ReadBody {
+    /// A stream whose first chunk arrived (empty when the stream ended at once).
+    Stream {
+        first: Bytes,
+        rest: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
+    },
+    /// A whole answer, or why it could not be read (`too_large`) with an error body.
+    Whole(Option<&'static str>, Bytes),
+}
+
+/// Reads a stream's first chunk, or a whole answer; Err when it broke off before any byte
+/// could reach the client (the request can then go elsewhere).
+async fn start_reading(
+    gw: &Arc<Gateway>,
+    call: &Call<'_>,
+    resp: reqwest::Response,
+) -> Result<Read, String> {
+    let status = resp.status();
+    let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let body = if call.view.stream && status.is_success() {
+        let mut rest = resp.bytes_stream().boxed();
+        let timeout = Duration::from_secs_f64(gw.config.upstream.first_byte_timeout_secs);
+        match tokio::time::timeout(timeout, rest.next()).await {
+            Ok(Some(Ok(first))) => ReadBody::Stream { first, rest },
+            Ok(None) => ReadBody::Stream {
+                first: Bytes::new(),
+                rest,
+            },
+            Ok(Some(Err(e))) => return Err(format!("the worker's stream broke off: {e}")),
+            Err(_) => return Err(format!("no stream chunk within {timeout:?}")),
+        }
+    } else {
+        match read_body(gw, resp).await {
+            (Some("broken"), _) => return Err("the worker's answer broke off".into()),
+            (code, body) => ReadBody::Whole(code, body),
+        }
+    };
+    Ok(Read {
+        status,
+        content_type,
+        body,
+    })
+}
+
 /// Builds the client's answer from the worker's; `predicted` is the prompt tokens the router
 /// expected the worker to hold.
-async fn answer(
+fn answer(
     gw: &Arc<Gateway>,
     call: &Call<'_>,
     guard: LedgerGuard,
-    resp: reqwest::Response,
+    read: Read,
     predicted: u64,
 ) -> Response {
-    let status = resp.status();
-    let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let Read {
+        status,
+        content_type,
+        body,
+    } = read;
     let worker = worker_name(gw, guard.worker);
-    let streaming = call.view.stream && status.is_success();
-    let mut out = if streaming {
-        let watch = Watch::new(gw.clone(), guard, call.view.model.clone(), call.started);
-        Response::new(Body::from_stream(watched(resp, watch)))
-    } else {
-        let (code, body) = read_body(gw, resp).await;
-        let status = if code.is_some() {
-            StatusCode::BAD_GATEWAY
-        } else {
-            status
-        };
-        let usage = serde_json::from_slice::<Peek>(&body)
-            .ok()
-            .and_then(|p| p.usage);
-        finish(gw, &call.view.model, status, call.started, usage.as_ref());
-        drop(guard);
-        let mut r = Response::new(Body::from(body));
-        *r.status_mut() = status;
-        r
+    let streaming = matches!(body, ReadBody::Stream { .. });
+    let mut out = match body {
+        ReadBody::Stream { first, rest } => {
+            let watch = Watch::new(gw.clone(), guard, call.view.model.clone(), call.started);
+            Response::new(Body::from_stream(watched(first, rest, watch)))
+        }
+        ReadBody::Whole(code, body) => {
+            let status = if code.is_some() {
+                StatusCode::BAD_GATEWAY
+            } else {
+                status
+            };
+            let usage = serde_json::from_slice::<Peek>(&body)
+                .ok()
+                .and_then(|p| p.usage);
+            finish(gw, &call.view.model, status, call.started, usage.as_ref());
+            drop(guard);
+            let mut r = Response::new(Body::from(body));
+            *r.status_mut() = status;
+            r
+        }
     };
     *out.status_mut() = if streaming { status } else { out.status() };
     let headers = out.headers_mut();
@@ -338,12 +416,18 @@ impl Drop for Watch {
     }
 }
 
-/// The worker's stream, watched; a break-off ends it with an error event.
+/// The worker's stream (its first chunk already read), watched; a break-off ends it with an
+/// error event.
 fn watched(
-    resp: reqwest::Response,
+    first: Bytes,
+    rest: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
     watch: Watch,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
-    let upstream = resp.bytes_stream();
+    let upstream = futures_util::stream::once(async move { Ok(first) })
+        .filter(|c: &reqwest::Result<Bytes>| {
+            std::future::ready(c.as_ref().map_or(true, |b| !b.is_empty()))
+        })
+        .chain(rest);
     futures_util::stream::unfold(
         (upstream.boxed(), watch, false),
         |(mut up, mut watch, over)| async move {

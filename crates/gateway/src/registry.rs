@@ -78,8 +78,11 @@ pub struct WorkerEntry {
     /// The KV event stream's state.
     pub events: EventStats,
     /// Notified when the worker passes its health check again after failing: its event
-    /// ingestion checks with the replay service whether the engine restarted meanwhile.
+    /// ingestion checks with the replay service whether the engine restarted meanwhile, and
+    /// then puts it back into routing.
     pub verify: tokio::sync::Notify,
+    /// Its events are ingested (a task answers `verify`).
+    pub has_feed: AtomicBool,
 }
 
 /// Counters of one worker's KV event stream.
@@ -221,6 +224,7 @@ impl Registry {
                 cache_state: AtomicU8::new(1),
                 events: EventStats::default(),
                 verify: tokio::sync::Notify::new(),
+                has_feed: AtomicBool::new(false),
             })
             .collect();
         Self { workers }

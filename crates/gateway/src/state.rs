@@ -142,11 +142,31 @@ impl Gateway {
             return;
         };
         if w.set_up(true) {
-            self.router().set_available(id, true);
-            w.verify.notify_one();
             self.metrics.worker_up.with_label_values(&[&w.name]).set(1);
-            tracing::info!(worker = %w.name, "worker back in service");
-            self.wake.notify_waiters();
+            if w.has_feed.load(Ordering::Acquire) {
+                // Routed to again once its event stream was checked: an engine that
+                // restarted meanwhile must not be predicted from its old index.
+                w.verify.notify_one();
+                tracing::info!(worker = %w.name, "worker answers again; checking its KV events before routing to it");
+            } else {
+                self.set_routable(id);
+            }
+        }
+    }
+
+    /// Puts a worker that is up back into routing (after its events were checked).
+    pub fn set_routable(&self, id: WorkerId) {
+        let Some(w) = self.registry.get(id) else {
+            return;
+        };
+        if w.is_up() {
+            let mut r = self.router();
+            if !r.is_available(id) {
+                r.set_available(id, true);
+                drop(r);
+                tracing::info!(worker = %w.name, "worker back in service");
+                self.wake.notify_waiters();
+            }
         }
     }
 

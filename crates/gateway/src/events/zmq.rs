@@ -110,7 +110,7 @@ fn subscribe_thread(ctx: &zmq::Context, sub: ZmqSubscription, tx: mpsc::Sender<F
             return;
         }
         std::thread::sleep(backoff);
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        backoff = (backoff * 2).min(Duration::from_secs(2));
     }
 }
 
@@ -131,7 +131,7 @@ fn run_socket(
     socket.set_maxmsgsize(i64::try_from(sub.max_message_bytes).unwrap_or(i64::MAX))?;
     socket.set_rcvhwm(100_000)?;
     socket.set_reconnect_ivl(100)?;
-    socket.set_reconnect_ivl_max(5_000)?;
+    socket.set_reconnect_ivl_max(2_000)?;
     if sub.heartbeat_secs > 0.0 {
         socket.set_heartbeat_ivl(millis(sub.heartbeat_secs))?;
         socket.set_heartbeat_timeout(millis(sub.heartbeat_timeout_secs))?;

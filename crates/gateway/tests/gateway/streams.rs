@@ -88,3 +88,63 @@ async fn a_stream_read_to_done_counts_as_completed_and_one_left_early_as_499() {
     );
     gw.shutdown().await;
 }
+
+/// A worker that answers 200 with stream headers, then drops the connection before any
+/// chunk (an engine dying right after accepting a request).
+async fn breaking_worker() -> String {
+    let stream = || async {
+        // The headers go out first; the connection drops a moment later.
+        let chunks = futures_util::stream::once(async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Err::<axum::body::Bytes, _>(std::io::Error::other("engine died"))
+        });
+        (
+            [("content-type", "text/event-stream")],
+            axum::body::Body::from_stream(chunks),
+        )
+    };
+    kvroute_testkit::serve(
+        axum::Router::new()
+            .route("/v1/chat/completions", post(stream))
+            .route("/health", get(|| async { "ok" })),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_breaks_before_its_first_chunk_is_retried_elsewhere() {
+    let good = worker("good").await;
+    let mut cfg = config(&[&good], "round_robin");
+    cfg.workers.insert(
+        0,
+        kvroute_gateway::WorkerSpec {
+            url: breaking_worker().await,
+            name: Some("broken".into()),
+            ..kvroute_gateway::WorkerSpec::default()
+        },
+    );
+    let gw = gateway_with_feeds(cfg, std::collections::BTreeMap::new()).await;
+    let url = gw.url();
+    for i in 0..4 {
+        let r = client()
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&chat(&[("user", &format!("question {i}"))], true, 4))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-kvroute-worker"], "good");
+        let text = r.text().await.unwrap();
+        assert!(text.contains("[DONE]"), "{text}");
+    }
+    let m = crate::scrape(&url).await;
+    assert!(
+        kvroute_testkit::sample(
+            &m,
+            "kvroute_upstream_errors_total{kind=\"broken\",worker=\"broken\"}"
+        ) >= Some(1.0),
+        "{m}"
+    );
+    gw.shutdown().await;
+    good.shutdown().await;
+}
