@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: the web UI's type check, build and unit tests (the binary embeds
 # ui/dist), unit, property and integration tests of every crate, a one-iteration smoke run of
-# every benchmark so they cannot rot, and the dashboard end to end in headless Chromium.
+# every benchmark so they cannot rot, the dashboard end to end in headless Chromium, and two
+# real vLLM 0.32 CPU engines behind the gateway (scripts/vllm/run.sh; the first run installs
+# vLLM into target/vllm-venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 (cd ui && npm ci --no-audit --no-fund && npm run build && npm test)
@@ -12,3 +14,4 @@ if [ ! -x "${CHROMIUM:-/usr/bin/chromium}" ]; then
   exit 1
 fi
 (cd ui && KVROUTE_BIN="${KVROUTE_BIN:-../target/debug/kvroute}" npm run e2e)
+bash scripts/vllm/run.sh
