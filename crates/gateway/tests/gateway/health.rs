@@ -277,20 +277,15 @@ async fn a_worker_that_comes_back_is_brought_back() {
     b2.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_a_tokenizer_the_gateway_routes_in_approximate_mode() {
-    let (a, b) = (worker("a").await, worker("b").await);
-    let mut cfg = config(&[&a, &b], "kv");
-    cfg.tokenizer = None;
-    // No event feeds: the router keeps its own guesses.
-    let gw = gateway_with_feeds(cfg, std::collections::BTreeMap::new()).await;
-    let url = gw.url();
+/// Two turns of a conversation: the second goes where the first was sent (the router's
+/// guess) and finds its prefix cached there.
+async fn a_follow_up_lands_on_its_guessed_prefix(url: &str) {
     let system = "A long shared system prompt for every turn. ".repeat(20);
     let turn1 = [("system", system.as_str()), ("user", "first")];
-    let (s1, w1, j1) = post(&url, "/v1/chat/completions", &chat(&turn1, false, 4)).await;
+    let (s1, w1, j1) = post(url, "/v1/chat/completions", &chat(&turn1, false, 4)).await;
     assert_eq!(s1, 200, "{j1}");
     let turn2 = [turn1[0], turn1[1], ("assistant", "ok"), ("user", "second")];
-    let (s2, w2, j2) = post(&url, "/v1/chat/completions", &chat(&turn2, false, 4)).await;
+    let (s2, w2, j2) = post(url, "/v1/chat/completions", &chat(&turn2, false, 4)).await;
     assert_eq!(s2, 200, "{j2}");
     assert_eq!(
         w1, w2,
@@ -300,6 +295,17 @@ async fn without_a_tokenizer_the_gateway_routes_in_approximate_mode() {
         j2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(100),
         "{j2}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_tokenizer_the_gateway_routes_in_approximate_mode() {
+    let (a, b) = (worker("a").await, worker("b").await);
+    let mut cfg = config(&[&a, &b], "kv");
+    cfg.tokenizer = None;
+    // No event feeds: the router keeps its own guesses.
+    let gw = gateway_with_feeds(cfg, std::collections::BTreeMap::new()).await;
+    let url = gw.url();
+    a_follow_up_lands_on_its_guessed_prefix(&url).await;
     gw.shutdown().await;
     a.shutdown().await;
     b.shutdown().await;
@@ -454,18 +460,7 @@ async fn workers_without_events_are_tracked_approximately_even_with_a_tokenizer(
             "{w}"
         );
     }
-    let system = "A long shared system prompt for every turn. ".repeat(20);
-    let turn1 = [("system", system.as_str()), ("user", "first")];
-    let (s1, w1, j1) = post(&url, "/v1/chat/completions", &chat(&turn1, false, 4)).await;
-    assert_eq!(s1, 200, "{j1}");
-    let turn2 = [turn1[0], turn1[1], ("assistant", "ok"), ("user", "second")];
-    let (s2, w2, j2) = post(&url, "/v1/chat/completions", &chat(&turn2, false, 4)).await;
-    assert_eq!(s2, 200, "{j2}");
-    assert_eq!(w1, w2, "the follow-up goes where its prefix was sent");
-    assert!(
-        j2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(100),
-        "{j2}"
-    );
+    a_follow_up_lands_on_its_guessed_prefix(&url).await;
     let metrics = crate::scrape(&url).await;
     assert_eq!(
         kvroute_testkit::sample(
