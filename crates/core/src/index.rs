@@ -73,6 +73,14 @@ impl Matches {
         Self { entries }
     }
 
+    /// Per worker, the deeper of `a`'s and `b`'s matches.
+    pub fn deepest(a: &Matches, b: &Matches) -> Self {
+        let mut entries: Vec<(WorkerId, usize)> = a.iter().chain(b.iter()).collect();
+        entries.sort_unstable_by(|x, y| x.0.cmp(&y.0).then(y.1.cmp(&x.1)));
+        entries.dedup_by_key(|e| e.0);
+        Self { entries }
+    }
+
     /// The matched depth of `worker` (0 when it matched nothing).
     pub fn depth(&self, worker: WorkerId) -> usize {
         self.entries

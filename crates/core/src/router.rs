@@ -40,6 +40,11 @@ pub struct RouterConfig {
     /// Approximate tracking (workers without KV events): how long and how much of what was
     /// routed to a worker is assumed cached.
     pub approx: ApproxConfig,
+    /// Seconds the prompt blocks of a request dispatched to a worker tracked by events count
+    /// as cached there before its events show them (0: off). Real engines publish a batch's
+    /// events a little after they answer (vLLM on CPU: up to a few hundred ms under load), so
+    /// a follow-up sent at once would otherwise miss what its previous turn just cached.
+    pub pending_secs: f64,
     /// Soft preference for a session's previous worker: its cost is multiplied by
     /// `1 - affinity_bias` (0 = off, up to 1).
     pub affinity_bias: f64,
@@ -61,6 +66,7 @@ impl Default for RouterConfig {
             policy: PolicyConfig::default(),
             admission: AdmissionConfig::default(),
             approx: ApproxConfig::default(),
+            pending_secs: 5.0,
             affinity_bias: 0.0,
             max_sessions: 65_536,
             session_ttl_secs: 600.0,
@@ -78,6 +84,12 @@ impl RouterConfig {
         self.policy.validate().map_err(bad)?;
         self.admission.validate().map_err(bad)?;
         self.approx.validate().map_err(bad)?;
+        if !(self.pending_secs.is_finite() && self.pending_secs >= 0.0) {
+            return Err(bad(format!(
+                "pending_secs must be >= 0, got {}",
+                self.pending_secs
+            )));
+        }
         if !(0.0..=1.0).contains(&self.affinity_bias) {
             return Err(bad(format!(
                 "affinity_bias must be within 0..=1, got {}",
@@ -178,6 +190,9 @@ pub struct Router {
     block_size: BlockSize,
     index: PrefixIndex,
     approx: ApproxIndex,
+    /// Prompts just dispatched to workers tracked by events, until their events show them
+    /// (`pending_secs`; None: off).
+    pending: Option<ApproxIndex>,
     /// Workers tracked approximately (few; usually none).
     approximate: Vec<WorkerId>,
     /// Workers offered to no policy for now (few; usually none).
@@ -198,6 +213,15 @@ impl Router {
             block_size,
             index: PrefixIndex::with_max_workers(block_size, config.max_workers),
             approx: ApproxIndex::new(block_size, &config.approx),
+            pending: (config.pending_secs > 0.0).then(|| {
+                ApproxIndex::new(
+                    block_size,
+                    &ApproxConfig {
+                        ttl_secs: config.pending_secs,
+                        ..config.approx.clone()
+                    },
+                )
+            }),
             approximate: Vec::new(),
             unavailable: Vec::new(),
             ledger: LoadLedger::with_max_inflight(block_size, config.max_inflight),
@@ -331,6 +355,9 @@ impl Router {
         } else {
             self.index.remove_worker(worker);
         }
+        if let Some(p) = &mut self.pending {
+            p.remove_worker(worker);
+        }
         self.unavailable.retain(|w| *w != worker);
         self.ledger.remove_worker(worker);
     }
@@ -340,6 +367,10 @@ impl Router {
     pub fn apply_event(&mut self, worker: WorkerId, event: &KvEvent) -> Result<(), IndexError> {
         if self.approximate.contains(&worker) {
             return Ok(());
+        }
+        if let (KvEvent::Cleared, Some(p)) = (event, &mut self.pending) {
+            // The engine lost its cache: what was sent there before is gone too.
+            p.remove_worker(worker);
         }
         self.index.apply(worker, event)
     }
@@ -357,6 +388,9 @@ impl Router {
     pub fn prune(&mut self, now: Time) {
         if !self.approximate.is_empty() {
             self.approx.prune(now);
+        }
+        if let Some(p) = &mut self.pending {
+            p.prune(now);
         }
         self.sessions.prune(now);
     }
@@ -398,6 +432,8 @@ impl Router {
         self.ledger.check_booking(request, selection.worker)?;
         if self.approximate.contains(&selection.worker) {
             self.approx.check_insert(selection.worker)?;
+        } else if let Some(p) = &self.pending {
+            p.check_insert(selection.worker)?;
         }
         Ok(())
     }
@@ -426,8 +462,16 @@ impl Router {
             // Guesses expire as time passes, whoever drives the router.
             self.approx.prune(now);
         }
-        if self.approximate.contains(&selection.worker) {
-            if let Err(e) = self.approx.insert(selection.worker, &prompt.sequence, now) {
+        let guesses = if self.approximate.contains(&selection.worker) {
+            Some(&mut self.approx)
+        } else if let Some(p) = &mut self.pending {
+            p.prune(now);
+            Some(p)
+        } else {
+            None
+        };
+        if let Some(g) = guesses {
+            if let Err(e) = g.insert(selection.worker, &prompt.sequence, now) {
                 // Keep the ledger consistent with a refused dispatch.
                 let _ = self.ledger.finish(request, now);
                 return Err(e.into());
@@ -457,17 +501,24 @@ impl Router {
         std::hint::black_box(self.matches(prompt));
     }
 
-    /// Matched depth per worker, from events or from guesses (a worker is in one of them).
+    /// Matched depth per worker: from events (or, for a worker just sent a prompt whose
+    /// events have not come yet, from that dispatch), or from guesses for workers tracked
+    /// approximately; the deepest of them.
     fn matches(&self, prompt: &BlockedPrompt) -> Matches {
-        let events = self.index.find_matches_seq(&prompt.sequence);
-        if self.approximate.is_empty() {
-            return events;
+        let mut found = self.index.find_matches_seq(&prompt.sequence);
+        for extra in [
+            (!self.approximate.is_empty()).then_some(&self.approx),
+            self.pending.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let more = extra.find_matches_seq(&prompt.sequence);
+            if !more.is_empty() {
+                found = Matches::deepest(&found, &more);
+            }
         }
-        let guessed = self.approx.find_matches_seq(&prompt.sequence);
-        if guessed.is_empty() {
-            return events;
-        }
-        Matches::from_pairs(events.iter().chain(guessed.iter()).collect())
+        found
     }
 
     fn evaluate(&self, req: &RouteRequest<'_>) -> Evaluation {

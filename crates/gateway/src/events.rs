@@ -398,6 +398,7 @@ fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
             results.push((event_type(e), result));
         }
     }
+    tracing::debug!(worker = %name, seq = batch.seq, events = batch.events.len(), ?results, "KV event batch applied");
     for (kind, result) in results {
         count(gw, name, kind, result);
     }

@@ -130,6 +130,7 @@ pub async fn admit(
         };
         match outcome {
             Ok(Some((sel, id))) => {
+                tracing::debug!(worker = %sel.worker, matched_blocks = sel.matched_blocks, prompt_tokens = prep.prompt.tokens, cost = ?sel.cost, "routed");
                 gw.metrics.inflight.inc();
                 break Ok((sel, id));
             }

@@ -74,6 +74,9 @@ impl SimConfig {
             workers,
             router: RouterConfig {
                 block_size: p.block_size,
+                // The simulated engines' events reach the router the moment their cache
+                // changes (or after `kv_event_delay`): nothing to bridge.
+                pending_secs: 0.0,
                 ..RouterConfig::default()
             },
             engine,

@@ -473,3 +473,51 @@ fn an_unavailable_worker_keeps_its_index_but_is_not_chosen() {
         RouteOutcome::Reject(RejectReason::NoWorkers)
     );
 }
+
+#[test]
+fn a_dispatched_prompt_counts_as_cached_until_its_events_come_or_time_passes() {
+    let cfg = RouterConfig {
+        block_size: BS,
+        pending_secs: 5.0,
+        ..RouterConfig::default()
+    };
+    let mut r = Router::new(cfg).unwrap();
+    for w in 1..=2 {
+        r.add_worker(WorkerId(w), WorkerCapacity::default())
+            .unwrap();
+    }
+    let t = tokens(640, 6);
+    let p = prompt(&t);
+    let sel = Selection {
+        worker: WorkerId(2),
+        matched_blocks: 0,
+        cached_tokens: 0,
+        cost: None,
+    };
+    r.check_dispatch(RequestId(1), &sel).unwrap();
+    r.dispatch(RequestId(1), &req(&p), &sel, Time::ZERO)
+        .unwrap();
+    r.finish(RequestId(1), Time::from_millis(100)).unwrap();
+    // No event yet: the follow-up still finds its prefix where it was sent.
+    let follow = prompt(&[t.clone(), tokens(100, 1)].concat());
+    let depth = |r: &Router| {
+        r.explain(&req(&follow))
+            .workers
+            .iter()
+            .map(|w| (w.worker, w.matched_blocks))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(depth(&r), vec![(WorkerId(1), 0), (WorkerId(2), 40)]);
+    // Events showing fewer blocks do not lower it; the deeper of the two counts.
+    store(&mut r, 2, &t[..320]);
+    assert_eq!(depth(&r)[1], (WorkerId(2), 40));
+    // A restart clears both.
+    r.apply_event(WorkerId(2), &KvEvent::Cleared).unwrap();
+    assert_eq!(depth(&r)[1], (WorkerId(2), 0));
+    // And the guess expires.
+    r.dispatch(RequestId(2), &req(&p), &sel, Time::from_millis(200))
+        .unwrap();
+    assert_eq!(depth(&r)[1], (WorkerId(2), 40));
+    r.prune(Time::from_millis(5_300));
+    assert_eq!(depth(&r)[1], (WorkerId(2), 0));
+}
