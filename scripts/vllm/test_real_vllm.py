@@ -21,9 +21,11 @@ tokens) of the reported figure. Scenarios:
      follow-ups predicted right for it (whether the policy sends them there or not);
   d. engine 2 killed and started again on the same ports: known empty at once, then
      re-subscribed and predicted right (again whatever the policy chooses);
-  e. the engine the gateway sends more to hangs (SIGSTOP) for 1 s while requests run, then
-     is killed (SIGKILL): nothing that had not started streaming fails, nothing is counted
-     499.
+  e. the engine the gateway sends more to hangs (SIGSTOP) for 1 s while requests run (more
+     are sent on its conversations while it is stopped), then is killed (SIGKILL): nothing
+     that had not started streaming fails, nothing is counted 499. When only the setup did
+     not hold (no request without a chunk in flight on it at the kill), the engine is started
+     again and the scenario repeated, at most 3 attempts.
 
 Each scenario prints its figures and PASS or FAIL; the last line is `N passed, M failed`, and
 the exit code is non-zero when any failed. Every process started here is stopped at the end,
@@ -686,7 +688,37 @@ class Run:
         r.info(f"the gateway sent {sum(1 for t, _, _ in first + second if t.worker == self.e2.gateway_name)} "
                f"of {len(first) + len(second)} of these to engine2 (its policy's choice, not judged here)")
 
-    def scenario_e(self, r, drivers=6, before_kill=1.5, hang=1.0, after_kill=4.0):
+    def scenario_e(self, r, attempts=3, **kw):
+        """Runs the scenario; when only its setup check failed (no request without a chunk
+        was in flight on the victim at the kill: a matter of timing, not of the gateway), the
+        killed engine is started again, the gateway waits for it, and the scenario is run
+        again, at most `attempts` times in all. Every check of the last attempt counts."""
+        for k in range(1, attempts + 1):
+            r.info(f"-- attempt {k} of at most {attempts}")
+            victim, checks = self.scenario_e_attempt(r, **kw)
+            setup_ok = checks[0][0]
+            others_ok = all(ok for ok, _ in checks[1:])
+            if setup_ok or not others_ok or k == attempts:
+                for ok, s in checks:
+                    r.check(ok, s)
+                return
+            for ok, s in checks:
+                r.info(f"attempt {k}: {'ok' if ok else 'not held'}: {s}")
+            r.info(f"attempt {k}: only the setup did not hold (every check of the gateway passed); "
+                   f"{victim.name} is started again and the scenario repeated")
+            t0 = time.time()
+            victim.start()
+            secs = victim.wait_ready()
+            up, h = self.wait_health(victim, "up", 30.0)
+            r.info(f"{victim.name} started again on the same ports in {secs:.1f} s; healthy in the "
+                   f"gateway's view {'after' if up else 'not within'} {time.time() - t0:.1f} s ({h})")
+            if not up:
+                r.check(False, f"{victim.name} healthy again in the gateway's view before attempt "
+                               f"{k + 1} ({h})")
+                return
+
+    def scenario_e_attempt(self, r, drivers=6, surge=4, before_kill=1.5, hang=1.0, after_kill=4.0):
+        """One run of scenario e; returns (victim, checks), the setup check first."""
         m0 = self.gw.metrics()
         # Short requests from `drivers` clients: a third are new questions on conversations
         # begun on engine1 (their cached ~700-token prefix draws them there), a third on
@@ -694,7 +726,15 @@ class Run:
         anchors = self.convs_on(self.e1, 2, "ea", fresh=True, first_words=400)
         anchors2 = self.convs_on(self.e2, 2, "eb", fresh=True, first_words=400)
         stop = threading.Event()
+        stop_surge = threading.Event()
         started = []  # conversations of the requests, registered before they are sent
+        surged = set()  # ids of the conversations the surge clients sent
+
+        def question(a, tag):
+            c = Conv(f"{a.cid}q{tag}", random.Random(self.rng.random()), 1)
+            c.messages = [dict(m) for m in a.messages[:2]]
+            c.add_user()
+            return c
 
         def driver(k):
             client = self.gw_client(30.0)
@@ -703,14 +743,25 @@ class Run:
                 n += 1
                 if k % 3 < 2:
                     home = anchors if k % 3 == 0 else anchors2
-                    a = home[(k // 3 + n) % len(home)]
-                    c = Conv(f"{a.cid}q{k}.{n}", random.Random(self.rng.random()), 1)
-                    c.messages = [dict(m) for m in a.messages[:2]]
-                    c.add_user()
+                    c = question(home[(k // 3 + n) % len(home)], f"{k}.{n}")
                 else:
                     c = self.new_conv("es", self.rng.randint(300, 600))
                 with self.lock:
                     started.append(c)
+                do_turn(client, c)
+
+        def surger(k, home):
+            # While the victim is stopped: new questions on its own conversations (their cached
+            # prefix draws them to it), one after another, so that some are headed for the
+            # victim when it is killed; none can have a chunk from a stopped engine.
+            client = self.gw_client(30.0)
+            n = 0
+            while not stop_surge.is_set():
+                n += 1
+                c = question(home[(k + n) % len(home)], f"s{k}.{n}")
+                with self.lock:
+                    started.append(c)
+                    surged.add(id(c))
                 do_turn(client, c)
 
         ds = [threading.Thread(target=driver, args=(k,), daemon=True) for k in range(drivers)]
@@ -725,13 +776,15 @@ class Run:
         n1 = sum(1 for t in so_far if t.worker == self.e1.gateway_name)
         n2 = sum(1 for t in so_far if t.worker == self.e2.gateway_name)
         victim, survivor = (self.e1, self.e2) if n1 >= n2 else (self.e2, self.e1)
+        home = anchors if victim is self.e1 else anchors2
         ss = self.w(survivor.gateway_name)
         # The engine dies the way a stuck one does: it stops answering (SIGSTOP) for `hang`
         # seconds while requests keep coming, so that some are in flight on it in every state
         # (accepted and not answered, answered and streaming), then SIGKILL to its group.
         # It stops while a request to it has its answer's headers but no chunk yet, if one
         # shows up within 3 s (a gateway that holds the headers until the first chunk never
-        # shows that state).
+        # shows that state). While it is stopped, `surge` more clients send questions on its
+        # conversations: the drivers' requests may all be streaming on it when it stops.
         deadline = time.time() + 3.0
         caught = False
         while time.time() < deadline and not caught:
@@ -741,25 +794,49 @@ class Run:
             if not caught:
                 time.sleep(0.0005)
         victim.pause()
+        ss_threads = [threading.Thread(target=surger, args=(k, home), daemon=True) for k in range(surge)]
+        for s in ss_threads:
+            s.start()
         time.sleep(hang)
+        stop_surge.set()
+        try:
+            booked = int(eng.metric_sum(self.gw.metrics(), "kvroute_worker_inflight_requests",
+                                        worker=victim.gateway_name))
+        except Exception as e:
+            booked = f"unknown ({e})"
+        # The requests in flight and their state (worker, chunks read) at the kill, taken just
+        # before it while the victim is still stopped; read later, those not streaming would
+        # have been retried elsewhere meanwhile, and show that worker and its chunks.
         with self.lock:
             pending = [c.turns[-1] for c in started if c.turns and c.turns[-1].t_end is None]
-        kill_at = victim.kill()  # when SIGKILL was sent
-        on1 = [t for t in pending if t.worker in (None, victim.gateway_name) and not t.chunks]
+            state = {id(t): (t.worker, t.chunks) for t in pending}
+        # SIGKILL straight to the stopped group (Engine.kill sends SIGCONT first, and the
+        # victim would run again for as long as it takes to list the group's processes: long
+        # enough, with these clients busy, to answer or finish the requests stuck on it).
+        try:
+            os.killpg(victim.pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        kill_at = time.time()  # when SIGKILL was sent
+        victim.kill()  # waits until none of its processes is left
+        on1 = [t for t in pending if state[id(t)][0] in (None, victim.gateway_name) and not state[id(t)][1]]
         inflight = {}
         for t in pending:
-            k = (self.w(t.worker) or "no answer yet", "streaming" if t.chunks else "no chunk yet")
+            w, n = state[id(t)]
+            k = (self.w(w) or "no answer yet", "streaming" if n else "no chunk yet")
             inflight[k] = inflight.get(k, 0) + 1
         r.info(f"{drivers} clients sending short streamed requests (~500-1,000-token prompts; a third "
                f"of them new questions on conversations begun on engine1, a third on engine2); after "
                f"{before_kill:.1f} s ({n1} sent to engine1, {n2} to engine2 so far) {victim.name} "
                f"is stopped (SIGSTOP; "
                f"{'while' if caught else 'no moment seen when'} a request to it had headers and no "
-               f"chunk) for {hang:.1f} s, then killed (SIGKILL to its process group). In flight at "
-               f"the kill: {inflight}")
+               f"chunk) for {hang:.1f} s, during which {surge} more clients send questions on its "
+               f"conversations, then killed (SIGKILL to its process group). In flight at "
+               f"the kill: {inflight} ({sum(1 for t in pending if id(t.conv) in surged)} of them "
+               f"from the {surge} surge clients); the gateway booked {booked} in flight on {victim.name}")
         time.sleep(after_kill)
         stop.set()
-        for d in ds:
+        for d in ds + ss_threads:
             d.join(timeout=60.0)
         m1 = self.settle()
         every = [c.turns[-1] for c in started if c.turns]
@@ -798,16 +875,19 @@ class Run:
                        f"{t.chunks} chunks read)")
         unstarted = [t for t in every if not t.ok and t.chunks == 0]
         r.info(f"in flight on {survivor.name} at the kill: {sum(v for k, v in inflight.items() if k[0] == ss)}")
-        r.check(on1, f"requests in flight on {victim.name} at the kill that had not started streaming "
-                     f"({len(on1)} without a chunk, headed for or at {victim.name}): the setup holds")
-        r.check(not unstarted, f"no request that had not started streaming failed ({len(unstarted)} did: "
-                               f"{[self.fig(t) for t in unstarted][:3]})")
-        r.check(after and all(t.ok and t.worker == survivor.gateway_name for t in after[-drivers:]),
-                f"requests after the kill are served by {survivor.name}")
         broken = sum(1 for t in every if not t.ok)
-        r.check(status.get("499", 0) == 0,
-                f"no status 499: every stream was read to its end ([DONE] or the gateway's error "
-                f"event; {broken} broke, counted {status.get('502', 0)} x 502), got {status.get('499', 0)}")
+        checks = [
+            (bool(on1), f"requests in flight on {victim.name} at the kill that had not started streaming "
+                        f"({len(on1)} without a chunk, headed for or at {victim.name}): the setup holds"),
+            (not unstarted, f"no request that had not started streaming failed ({len(unstarted)} did: "
+                            f"{[self.fig(t) for t in unstarted][:3]})"),
+            (bool(after) and all(t.ok and t.worker == survivor.gateway_name for t in after[-drivers:]),
+             f"requests after the kill are served by {survivor.name}"),
+            (status.get("499", 0) == 0,
+             f"no status 499: every stream was read to its end ([DONE] or the gateway's error "
+             f"event; {broken} broke, counted {status.get('502', 0)} x 502), got {status.get('499', 0)}"),
+        ]
+        return victim, checks
 
     def per_worker(self, ts):
         out = {}
