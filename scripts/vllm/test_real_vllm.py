@@ -397,7 +397,7 @@ class Run:
         r.check(t.ok and t.worker == self.e1.gateway_name, f"routed to engine1, which holds the prefix (went to {self.w(t.worker)})")
         r.check(t.good, f"predicted {t.predicted} > 0 and within {BLOCK} of reported {t.reported}")
 
-    def scenario_a(self, r, n_convs=8, n_turns=5, parallel=4):
+    def scenario_a(self, r, n_convs=12, n_turns=5, parallel=2):
         m0 = self.settle()
         r.info(f"gateway's view at the start: engine1 {self.worker_view(self.e1)}; "
                f"engine2 {self.worker_view(self.e2)}")

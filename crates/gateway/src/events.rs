@@ -138,7 +138,7 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
                 // for the replay service to say (even while the publisher is still away),
                 // before requests go there again.
                 resync(&gw, entry, replay, &mut t, "health check passed again").await;
-                gw.set_routable(entry.id);
+                gw.verified(entry.id);
                 continue;
             }
         };
@@ -166,7 +166,7 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
     }
     // Nobody checks this worker's events any more: health checks alone bring it back.
     entry.has_feed.store(false, Ordering::Release);
-    gw.set_routable(entry.id);
+    gw.verified(entry.id);
     tracing::info!(worker = %entry.name, "KV event feed ended");
 }
 

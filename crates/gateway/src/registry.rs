@@ -83,6 +83,8 @@ pub struct WorkerEntry {
     pub verify: tokio::sync::Notify,
     /// Its events are ingested (a task answers `verify`).
     pub has_feed: AtomicBool,
+    /// A passing health check asked for `verify`, not answered yet.
+    pub verifying: AtomicBool,
 }
 
 /// Counters of one worker's KV event stream.
@@ -225,6 +227,7 @@ impl Registry {
                 events: EventStats::default(),
                 verify: tokio::sync::Notify::new(),
                 has_feed: AtomicBool::new(false),
+                verifying: AtomicBool::new(false),
             })
             .collect();
         Self { workers }

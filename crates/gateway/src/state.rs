@@ -135,38 +135,46 @@ impl Gateway {
         }
     }
 
-    /// Puts a worker back into routing, and has its event ingestion check whether the
-    /// engine restarted meanwhile.
+    /// Puts a worker that answers again back into service. A worker with events is first
+    /// checked against its replay service by its event ingestion (an engine that restarted
+    /// meanwhile must not be predicted from its old index), which then calls
+    /// [`Gateway::verified`]; others come back at once.
     pub fn bring_back(&self, id: WorkerId) {
         let Some(w) = self.registry.get(id) else {
             return;
         };
-        if w.set_up(true) {
-            self.metrics.worker_up.with_label_values(&[&w.name]).set(1);
-            if w.has_feed.load(Ordering::Acquire) {
-                // Routed to again once its event stream was checked: an engine that
-                // restarted meanwhile must not be predicted from its old index.
+        if w.is_up() {
+            return;
+        }
+        if w.has_feed.load(Ordering::Acquire) {
+            if !w.verifying.swap(true, Ordering::AcqRel) {
                 w.verify.notify_one();
                 tracing::info!(worker = %w.name, "worker answers again; checking its KV events before routing to it");
-            } else {
-                self.set_routable(id);
+            }
+        } else {
+            self.mark_up(id);
+        }
+    }
+
+    /// The worker's events were checked (or can no longer be): back in service if a health
+    /// check had asked for it.
+    pub fn verified(&self, id: WorkerId) {
+        if let Some(w) = self.registry.get(id) {
+            if w.verifying.swap(false, Ordering::AcqRel) {
+                self.mark_up(id);
             }
         }
     }
 
-    /// Puts a worker that is up back into routing (after its events were checked).
-    pub fn set_routable(&self, id: WorkerId) {
+    fn mark_up(&self, id: WorkerId) {
         let Some(w) = self.registry.get(id) else {
             return;
         };
-        if w.is_up() {
-            let mut r = self.router();
-            if !r.is_available(id) {
-                r.set_available(id, true);
-                drop(r);
-                tracing::info!(worker = %w.name, "worker back in service");
-                self.wake.notify_waiters();
-            }
+        if w.set_up(true) {
+            self.router().set_available(id, true);
+            self.metrics.worker_up.with_label_values(&[&w.name]).set(1);
+            tracing::info!(worker = %w.name, "worker back in service");
+            self.wake.notify_waiters();
         }
     }
 
