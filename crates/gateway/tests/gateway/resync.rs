@@ -117,9 +117,19 @@ async fn a_publisher_that_comes_back_is_caught_up_or_rebuilt_after_a_restart() {
     a.shutdown().await;
 }
 
-/// A raw TCP peer that speaks ZMTP 3.0 as a PUB socket, then announces a frame of 2^62
-/// bytes. Counts the connections it accepted.
-fn huge_frame_publisher() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+/// What a raw publisher does after its handshake.
+#[derive(Clone, Copy)]
+enum Then {
+    /// Announces a frame of 2^62 bytes, then closes after a moment.
+    HugeFrame,
+    /// Keeps the connection open and never says a word again (no answer to heartbeats):
+    /// an engine whose host vanished.
+    Silent,
+}
+
+/// A raw TCP peer that speaks ZMTP 3.1 as a PUB socket, then does `then`. Counts the
+/// connections it accepted.
+fn raw_publisher(then: Then) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
@@ -134,7 +144,7 @@ fn huge_frame_publisher() -> (String, std::sync::Arc<std::sync::atomic::AtomicUs
                 let mut sink = [0u8; 256];
                 while matches!(reader.read(&mut sink), Ok(n) if n > 0) {}
             });
-            let mut greeting = vec![0xFF, 0, 0, 0, 0, 0, 0, 0, 0, 0x7F, 3, 0];
+            let mut greeting = vec![0xFF, 0, 0, 0, 0, 0, 0, 0, 0, 0x7F, 3, 1];
             greeting.extend_from_slice(b"NULL");
             greeting.resize(64, 0);
             let mut ready = vec![5u8];
@@ -146,12 +156,18 @@ fn huge_frame_publisher() -> (String, std::sync::Arc<std::sync::atomic::AtomicUs
             let mut out = greeting;
             out.extend_from_slice(&[0x04, ready.len() as u8]);
             out.extend_from_slice(&ready);
-            // A message frame (long size, no more frames) of 2^62 bytes.
-            out.push(0x02);
-            out.extend_from_slice(&(1u64 << 62).to_be_bytes());
-            out.extend_from_slice(&[0u8; 64]);
+            if let Then::HugeFrame = then {
+                // A message frame (long size, no more frames) of 2^62 bytes.
+                out.push(0x02);
+                out.extend_from_slice(&(1u64 << 62).to_be_bytes());
+                out.extend_from_slice(&[0u8; 64]);
+            }
             let _ = conn.write_all(&out);
-            std::thread::sleep(Duration::from_millis(200));
+            match then {
+                Then::HugeFrame => std::thread::sleep(Duration::from_millis(200)),
+                // Held open (and silent) for the rest of the test.
+                Then::Silent => std::mem::forget(conn),
+            }
         }
     });
     (endpoint, accepted)
@@ -160,7 +176,7 @@ fn huge_frame_publisher() -> (String, std::sync::Arc<std::sync::atomic::AtomicUs
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_announcing_a_huge_frame_is_dropped_and_reconnected_not_read() {
     let a = worker("a").await;
-    let (endpoint, accepted) = huge_frame_publisher();
+    let (endpoint, accepted) = raw_publisher(Then::HugeFrame);
     let mut cfg = config(&[&a], "kv");
     cfg.workers[0] = WorkerSpec {
         url: a.url(),
@@ -242,4 +258,41 @@ async fn the_gateway_binds_for_an_engine_that_connects_its_publisher() {
     );
     gw.shutdown().await;
     w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_gone_silent_is_found_by_heartbeats_and_connected_again() {
+    let a = worker("a").await;
+    let (endpoint, accepted) = raw_publisher(Then::Silent);
+    let mut cfg = config(&[&a], "kv");
+    cfg.workers[0] = WorkerSpec {
+        url: a.url(),
+        name: Some("a".into()),
+        events: Some(endpoint),
+        ..WorkerSpec::default()
+    };
+    cfg.upstream.event_heartbeat_secs = 0.2;
+    cfg.upstream.event_heartbeat_timeout_secs = 1.0;
+    let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
+    let url = gw.url();
+    // Its connection stays open but answers no heartbeat: the gateway drops it and
+    // connects again.
+    assert!(
+        eventually(20, async || field(&url, "disconnects").await.as_u64()
+            >= Some(1))
+        .await
+    );
+    assert!(
+        eventually(20, async || accepted
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 2)
+        .await
+    );
+    assert!(
+        eventually(20, async || field(&url, "resubscribes").await.as_u64()
+            >= Some(1))
+        .await
+    );
+    gw.shutdown().await;
+    a.shutdown().await;
 }
