@@ -61,6 +61,23 @@ fn req(p: &BlockedPrompt) -> RouteRequest<'_> {
     }
 }
 
+/// Sends `p` to `worker` as request `id` at `at_ms` and finishes it 10 ms later (a dispatch the
+/// policy did not choose: what a dispatch records is under test).
+fn send_to(r: &mut Router, worker: u64, id: u64, p: &BlockedPrompt, at_ms: u64) -> Selection {
+    let sel = Selection {
+        worker: WorkerId(worker),
+        matched_blocks: 0,
+        cached_tokens: 0,
+        cost: None,
+    };
+    r.check_dispatch(RequestId(id), &sel).unwrap();
+    r.dispatch(RequestId(id), &req(p), &sel, Time::from_millis(at_ms))
+        .unwrap();
+    r.finish(RequestId(id), Time::from_millis(at_ms + 10))
+        .unwrap();
+    sel
+}
+
 #[test]
 fn kv_routes_to_the_worker_holding_the_prefix() {
     let mut r = router(PolicyKind::Kv, AdmissionConfig::default());
@@ -417,16 +434,7 @@ fn workers_tracked_by_events_and_approximately_share_one_router() {
     assert_eq!(r.cached_blocks(WorkerId(4)), 0);
     // Its guesses come from dispatches to it.
     let p = prompt(&t);
-    let sel = Selection {
-        worker: WorkerId(4),
-        matched_blocks: 0,
-        cached_tokens: 0,
-        cost: None,
-    };
-    r.check_dispatch(RequestId(1), &sel).unwrap();
-    r.dispatch(RequestId(1), &req(&p), &sel, Time::ZERO)
-        .unwrap();
-    r.finish(RequestId(1), Time::from_millis(10)).unwrap();
+    send_to(&mut r, 4, 1, &p, 0);
     assert_eq!(r.cached_blocks(WorkerId(4)), 40);
     // Worker 2 holds a shorter prefix by events: both count, the deeper one wins.
     store(&mut r, 2, &t[..320]);
@@ -488,16 +496,7 @@ fn a_dispatched_prompt_counts_as_cached_until_its_events_come_or_time_passes() {
     }
     let t = tokens(640, 6);
     let p = prompt(&t);
-    let sel = Selection {
-        worker: WorkerId(2),
-        matched_blocks: 0,
-        cached_tokens: 0,
-        cost: None,
-    };
-    r.check_dispatch(RequestId(1), &sel).unwrap();
-    r.dispatch(RequestId(1), &req(&p), &sel, Time::ZERO)
-        .unwrap();
-    r.finish(RequestId(1), Time::from_millis(100)).unwrap();
+    send_to(&mut r, 2, 1, &p, 0);
     // No event yet: the follow-up still finds its prefix where it was sent.
     let follow = prompt(&[t.clone(), tokens(100, 1)].concat());
     let depth = |r: &Router| {
@@ -515,8 +514,7 @@ fn a_dispatched_prompt_counts_as_cached_until_its_events_come_or_time_passes() {
     r.apply_event(WorkerId(2), &KvEvent::Cleared).unwrap();
     assert_eq!(depth(&r)[1], (WorkerId(2), 0));
     // And the guess expires.
-    r.dispatch(RequestId(2), &req(&p), &sel, Time::from_millis(200))
-        .unwrap();
+    send_to(&mut r, 2, 2, &p, 200);
     assert_eq!(depth(&r)[1], (WorkerId(2), 40));
     r.prune(Time::from_millis(5_300));
     assert_eq!(depth(&r)[1], (WorkerId(2), 0));

@@ -117,6 +117,16 @@ async fn a_publisher_that_comes_back_is_caught_up_or_rebuilt_after_a_restart() {
     a.shutdown().await;
 }
 
+/// Worker `w` with its events from `endpoint` (no replay service).
+fn events_from(w: &kvroute_worker::WorkerHandle, endpoint: String) -> WorkerSpec {
+    WorkerSpec {
+        url: w.url(),
+        name: Some(w.name().to_string()),
+        events: Some(endpoint),
+        ..WorkerSpec::default()
+    }
+}
+
 /// What a raw publisher does after its handshake.
 #[derive(Clone, Copy)]
 enum Then {
@@ -178,12 +188,7 @@ async fn a_peer_announcing_a_huge_frame_is_dropped_and_reconnected_not_read() {
     let a = worker("a").await;
     let (endpoint, accepted) = raw_publisher(Then::HugeFrame);
     let mut cfg = config(&[&a], "kv");
-    cfg.workers[0] = WorkerSpec {
-        url: a.url(),
-        name: Some("a".into()),
-        events: Some(endpoint),
-        ..WorkerSpec::default()
-    };
+    cfg.workers[0] = events_from(&a, endpoint);
     let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
     let url = gw.url();
     // The gateway drops the connection at the frame header and connects again.
@@ -265,12 +270,7 @@ async fn a_publisher_gone_silent_is_found_by_heartbeats_and_connected_again() {
     let a = worker("a").await;
     let (endpoint, accepted) = raw_publisher(Then::Silent);
     let mut cfg = config(&[&a], "kv");
-    cfg.workers[0] = WorkerSpec {
-        url: a.url(),
-        name: Some("a".into()),
-        events: Some(endpoint),
-        ..WorkerSpec::default()
-    };
+    cfg.workers[0] = events_from(&a, endpoint);
     cfg.upstream.event_heartbeat_secs = 0.2;
     cfg.upstream.event_heartbeat_timeout_secs = 1.0;
     let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
