@@ -71,6 +71,7 @@ fn chain(first: u64, len: usize, parent: Option<EngineHash>) -> StoredBlocks {
             .collect(),
         block_size: BS,
         namespace: Namespace::default(),
+        block_keys: Vec::new(),
     }
 }
 
@@ -195,7 +196,7 @@ fn report_memory(label: &str, index: &PrefixIndex, rss_before: Option<u64>) {
 
 /// Local and sequence hashes of a prompt.
 fn hashes(tokens: &[u32]) -> (Vec<LocalBlockHash>, Vec<SequenceHash>) {
-    let locals = local_block_hashes(tokens, BS, Namespace::default());
+    let locals = local_block_hashes(tokens, BS);
     let seqs = sequence_hashes(&locals);
     (locals, seqs)
 }

@@ -65,6 +65,7 @@ fn stored(first: u64, blocks: usize, parent: Option<u64>) -> KvEvent {
         token_ids: tokens(first, blocks),
         block_size: BS,
         namespace: Namespace::default(),
+        block_keys: Vec::new(),
     })
 }
 

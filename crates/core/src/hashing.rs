@@ -2,9 +2,16 @@
 //!
 //! A prompt of `T` tokens splits into `floor(T / B)` full blocks of `B` tokens; the trailing
 //! partial block is never hashed nor indexed. Each full block gets a *local* hash (xxh3-64 of
-//! its token ids as little-endian `u32` bytes, seeded by the [`Namespace`]), and each position a
-//! *sequence* hash chained from the root: `s0 = l0`, `si = xxh3(s(i-1) || li)`. The sequence
-//! hash of block `i` therefore names the whole prefix up to and including block `i`.
+//! its token ids as little-endian `u32` bytes, with a fixed seed; a block with extra keys, such
+//! as an engine's multimodal identifiers, mixes their digest in: [`LocalBlockHash::keyed`]), and
+//! each position a *sequence* hash chained from the root: `s0 = l0`, `si = xxh3(s(i-1) || li)`.
+//! The sequence hash of block `i` therefore names the whole prefix up to and including block `i`.
+//!
+//! A [`Namespace`] (LoRA adapter, cache salt) changes only the root: its first block is chained
+//! from the namespace's seed, `s0 = xxh3(ns || l0)`, and every later block inherits it through
+//! the chain. This is how the engines key their caches (vLLM puts the salt in the first block's
+//! extra keys only, SGLang keeps a separate tree per key), and it lets a stored event that
+//! continues a chain (it names its parent) be hashed without knowing the chain's namespace.
 
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
@@ -35,7 +42,9 @@ impl EngineHash {
 }
 
 /// Keeps blocks of different adapters / cache salts apart: the same tokens under another LoRA
-/// or salt never share KV, so they must never share a hash.
+/// or salt never share KV, so they must never share a hash. It seeds the root of a chain
+/// ([`Namespace::root`]); the default namespace (the base model, no salt) has no seed, so its
+/// hashes are the plain chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Namespace {
     seed: u64,
@@ -71,9 +80,15 @@ impl Namespace {
         }
     }
 
-    /// The xxh3 seed of this namespace.
-    pub fn seed(&self) -> u64 {
-        self.seed
+    /// Whether this is the base model's namespace (no adapter, no salt).
+    pub fn is_default(&self) -> bool {
+        self.seed == HASH_SEED
+    }
+
+    /// The "parent" a chain in this namespace starts from: None for the default namespace,
+    /// else a sequence hash no prompt block can name (it is not a chained value).
+    pub fn root(&self) -> Option<SequenceHash> {
+        (!self.is_default()).then_some(SequenceHash(self.seed))
     }
 }
 
@@ -88,8 +103,19 @@ pub fn splitmix64(x: u64) -> u64 {
 }
 
 /// Local hash of one block of token ids (any length; callers pass full blocks).
-pub fn local_block_hash(tokens: &[u32], ns: Namespace) -> LocalBlockHash {
-    LocalBlockHash(hash_tokens_le(tokens, ns.seed))
+pub fn local_block_hash(tokens: &[u32]) -> LocalBlockHash {
+    LocalBlockHash(hash_tokens_le(tokens, HASH_SEED))
+}
+
+impl LocalBlockHash {
+    /// This block's hash with extra keys mixed in (`key` is their digest, e.g. of an engine's
+    /// multimodal identifiers): equal tokens with other keys never share a hash.
+    pub fn keyed(self, key: u64) -> Self {
+        let mut buf = [0u8; 16];
+        buf[..8].copy_from_slice(&self.0.to_le_bytes());
+        buf[8..].copy_from_slice(&key.to_le_bytes());
+        Self(xxh3_64_with_seed(&buf, HASH_SEED ^ 0x6b65_7973)) // "keys"
+    }
 }
 
 #[cfg(target_endian = "little")]
@@ -105,11 +131,11 @@ fn hash_tokens_le(tokens: &[u32], seed: u64) -> u64 {
 
 /// Local hashes of the full blocks of `tokens` (the trailing partial block is dropped).
 /// `block_size` must be non-zero (see [`crate::BlockSize`]).
-pub fn local_block_hashes(tokens: &[u32], block_size: usize, ns: Namespace) -> Vec<LocalBlockHash> {
+pub fn local_block_hashes(tokens: &[u32], block_size: usize) -> Vec<LocalBlockHash> {
     assert!(block_size > 0, "block size is validated by BlockSize");
     tokens
         .chunks_exact(block_size)
-        .map(|block| local_block_hash(block, ns))
+        .map(local_block_hash)
         .collect()
 }
 
@@ -137,7 +163,7 @@ pub fn sequence_hashes_from(
     out
 }
 
-/// Chained sequence hashes of a prompt's local hashes, from the root.
+/// Chained sequence hashes of a prompt's local hashes, from the root of the default namespace.
 pub fn sequence_hashes(locals: &[LocalBlockHash]) -> Vec<SequenceHash> {
     sequence_hashes_from(None, locals)
 }
@@ -172,18 +198,17 @@ pub struct BlockedPrompt {
 impl BlockedPrompt {
     /// Cuts `tokens` into blocks of `block_size` in namespace `ns` and hashes them.
     pub fn new(tokens: &[u32], block_size: crate::BlockSize, ns: Namespace) -> Self {
-        let local = local_block_hashes(tokens, block_size.get(), ns);
-        let sequence = sequence_hashes(&local);
-        Self {
-            tokens: tokens.len(),
-            local,
-            sequence,
-        }
+        Self::from_local(
+            tokens.len(),
+            local_block_hashes(tokens, block_size.get()),
+            ns,
+        )
     }
 
-    /// A prompt known only by its block hashes and length (simulated workloads).
-    pub fn from_local(tokens: usize, local: Vec<LocalBlockHash>) -> Self {
-        let sequence = sequence_hashes(&local);
+    /// A prompt known only by its block hashes and length (simulated workloads), in
+    /// namespace `ns`.
+    pub fn from_local(tokens: usize, local: Vec<LocalBlockHash>, ns: Namespace) -> Self {
+        let sequence = sequence_hashes_from(ns.root(), &local);
         Self {
             tokens,
             local,
@@ -204,14 +229,8 @@ mod tests {
     #[test]
     fn partial_tail_block_is_not_hashed() {
         let tokens: Vec<u32> = (0..35).collect();
-        assert_eq!(
-            local_block_hashes(&tokens, 16, Namespace::default()).len(),
-            2
-        );
-        assert_eq!(
-            local_block_hashes(&tokens[..15], 16, Namespace::default()).len(),
-            0
-        );
+        assert_eq!(local_block_hashes(&tokens, 16).len(), 2);
+        assert_eq!(local_block_hashes(&tokens[..15], 16).len(), 0);
     }
 
     #[test]
@@ -219,7 +238,7 @@ mod tests {
         let tokens = [1u32, 2, 0x0102_0304];
         let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
         assert_eq!(
-            local_block_hash(&tokens, Namespace::default()).0,
+            local_block_hash(&tokens).0,
             xxh3_64_with_seed(&bytes, HASH_SEED)
         );
     }
@@ -230,9 +249,8 @@ mod tests {
         let b: Vec<u32> = (100..116).collect();
         let ab: Vec<u32> = a.iter().chain(b.iter()).copied().collect();
         let ba: Vec<u32> = b.iter().chain(a.iter()).copied().collect();
-        let ns = Namespace::default();
-        let lab = local_block_hashes(&ab, 16, ns);
-        let lba = local_block_hashes(&ba, 16, ns);
+        let lab = local_block_hashes(&ab, 16);
+        let lba = local_block_hashes(&ba, 16);
         assert_eq!(lab[0], lba[1]);
         assert_eq!(lab[1], lba[0]);
         let sab = sequence_hashes(&lab);
@@ -243,26 +261,40 @@ mod tests {
     }
 
     #[test]
-    fn namespaces_separate_equal_tokens() {
-        let t: Vec<u32> = (0..16).collect();
-        let base = local_block_hash(&t, Namespace::default());
-        let lora = local_block_hash(&t, Namespace::new(Some("sql"), None));
-        let salt = local_block_hash(&t, Namespace::new(None, Some("sql")));
-        let both = local_block_hash(&t, Namespace::new(Some("s"), Some("ql")));
-        assert_ne!(base, lora);
-        assert_ne!(lora, salt);
-        assert_ne!(salt, both);
+    fn namespaces_separate_equal_tokens_from_the_root_on() {
+        let t: Vec<u32> = (0..32).collect();
+        let b = crate::BlockSize::new(16).unwrap();
+        let of = |ns| BlockedPrompt::new(&t, b, ns).sequence;
+        let base = of(Namespace::default());
+        let lora = of(Namespace::new(Some("sql"), None));
+        let salt = of(Namespace::new(None, Some("sql")));
+        let both = of(Namespace::new(Some("s"), Some("ql")));
+        for i in 0..2 {
+            assert_ne!(base[i], lora[i]);
+            assert_ne!(lora[i], salt[i]);
+            assert_ne!(salt[i], both[i]);
+        }
         assert_eq!(Namespace::new(None, None), Namespace::default());
-        assert_eq!(
-            lora,
-            local_block_hash(&t, Namespace::new(Some("sql"), None))
-        );
+        assert_eq!(Namespace::default().root(), None);
+        assert_eq!(base, sequence_hashes(&local_block_hashes(&t, 16)));
+        assert_eq!(lora, of(Namespace::new(Some("sql"), None)));
+        // The later blocks inherit the namespace through the chain alone.
+        assert_eq!(lora[1], chain(Some(lora[0]), local_block_hash(&t[16..])));
+    }
+
+    #[test]
+    fn extra_keys_separate_a_block() {
+        let t: Vec<u32> = (0..16).collect();
+        let l = local_block_hash(&t);
+        assert_ne!(l.keyed(1), l);
+        assert_ne!(l.keyed(1), l.keyed(2));
+        assert_eq!(l.keyed(7), local_block_hash(&t).keyed(7));
     }
 
     #[test]
     fn chained_from_parent_equals_chained_whole() {
         let t: Vec<u32> = (0..64).collect();
-        let l = local_block_hashes(&t, 16, Namespace::default());
+        let l = local_block_hashes(&t, 16);
         let whole = sequence_hashes(&l);
         let tail = sequence_hashes_from(Some(whole[1]), &l[2..]);
         assert_eq!(&whole[2..], &tail[..]);

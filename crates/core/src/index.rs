@@ -206,12 +206,19 @@ impl PrefixIndex {
                 block_size: bs,
             });
         }
+        if !s.block_keys.is_empty() && s.block_keys.len() != s.block_hashes.len() {
+            return Err(IndexError::KeyCountMismatch {
+                worker,
+                keys: s.block_keys.len(),
+                blocks: s.block_hashes.len(),
+            });
+        }
         let slot_ix = self.slot_for(worker)?;
         let slot = self.slots[slot_ix]
             .as_mut()
             .expect("slot_for returns a live slot");
         let mut prev = match s.parent {
-            None => None,
+            None => s.namespace.root(),
             Some(p) => match slot.blocks.get(p.0) {
                 Some(seq) => Some(SequenceHash(seq)),
                 None => {
@@ -225,8 +232,13 @@ impl PrefixIndex {
         let seqs: Vec<u64> = s
             .token_ids
             .chunks_exact(bs)
-            .map(|tokens| {
-                let seq = chain(prev, local_block_hash(tokens, s.namespace));
+            .enumerate()
+            .map(|(i, tokens)| {
+                let local = match s.block_keys.get(i) {
+                    Some(&key) if key != 0 => local_block_hash(tokens).keyed(key),
+                    _ => local_block_hash(tokens),
+                };
+                let seq = chain(prev, local);
                 prev = Some(seq);
                 seq.0
             })

@@ -27,6 +27,7 @@
 //!     token_ids: tokens[..8].to_vec(),
 //!     block_size: 4,
 //!     namespace: Namespace::default(),
+//!     block_keys: Vec::new(),
 //! }))?;
 //! // A request with that prefix goes there.
 //! let prompt = BlockedPrompt::new(&tokens, router.block_size(), Namespace::default());

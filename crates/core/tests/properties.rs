@@ -107,6 +107,7 @@ fn run_op(ix: &mut PrefixIndex, model: &mut Model, op: &Op, batched: bool) {
                 token_ids: blocks.iter().flat_map(|b| b.1).collect(),
                 block_size: if *bad_block_size { BS + 1 } else { BS },
                 namespace: Namespace::default(),
+                block_keys: Vec::new(),
             });
             let got = ix.apply(WorkerId(*worker), &ev);
             if *bad_block_size {
@@ -132,7 +133,7 @@ fn run_op(ix: &mut PrefixIndex, model: &mut Model, op: &Op, batched: bool) {
             };
             got.unwrap();
             for (h, toks) in blocks {
-                let s = chain(prev, local_block_hash(toks, Namespace::default()));
+                let s = chain(prev, local_block_hash(toks));
                 match m.get_mut(h) {
                     Some(e) if e.0 == s => e.1 += 1,
                     _ => {
@@ -200,10 +201,7 @@ fn run_op(ix: &mut PrefixIndex, model: &mut Model, op: &Op, batched: bool) {
 
 fn check_queries(ix: &PrefixIndex, model: &Model, queries: &[Vec<[u32; BS]>], workers: &[u64]) {
     for q in queries {
-        let locals: Vec<LocalBlockHash> = q
-            .iter()
-            .map(|b| local_block_hash(b, Namespace::default()))
-            .collect();
+        let locals: Vec<LocalBlockHash> = q.iter().map(|b| local_block_hash(b)).collect();
         let seqs = sequence_hashes(&locals);
         let m = ix.find_matches(&locals);
         for &w in workers {

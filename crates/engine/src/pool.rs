@@ -425,6 +425,7 @@ impl BlockPool {
                 ),
                 block_size: self.block_size,
                 namespace: ns,
+                block_keys: Vec::new(),
             })
         } else {
             KvEvent::StoredHashed(StoredHashed {

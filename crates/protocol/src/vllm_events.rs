@@ -113,6 +113,7 @@ impl Event {
                 token_ids: token_ids.clone(),
                 block_size: usize::try_from(*block_size).unwrap_or(usize::MAX),
                 namespace,
+                block_keys: Vec::new(),
             })),
             Event::Removed { block_hashes, .. } => Some(KvEvent::Removed {
                 block_hashes: block_hashes.clone(),

@@ -106,6 +106,7 @@ mod tests {
             token_ids: vec![1, 2],
             block_size: 2,
             namespace: Namespace::default(),
+            block_keys: Vec::new(),
         })
     }
 

@@ -58,7 +58,7 @@ impl BlockHashCache {
                     self.by_id.clear();
                     self.arena.clear();
                 }
-                let (bs, ns) = (self.block_size, self.ns);
+                let bs = self.block_size;
                 let n = block_tokens / bs;
                 if self.arena.last().is_none_or(|c| c.capacity() - c.len() < n) {
                     self.arena.push(Vec::with_capacity(CHUNK.max(n)));
@@ -66,7 +66,7 @@ impl BlockHashCache {
                 let chunk_ix = self.arena.len() - 1;
                 let chunk = &mut self.arena[chunk_ix];
                 let start = chunk.len();
-                chunk.extend(id_block_hashes(id, block_tokens, bs, ns, &mut self.scratch));
+                chunk.extend(id_block_hashes(id, block_tokens, bs, &mut self.scratch));
                 // Chunk lengths are bounded by CHUNK or one id's blocks, ids by `capacity`.
                 let span = Span(chunk_ix as u32, start as u32, chunk.len() as u32);
                 self.by_id.insert(key, span);
@@ -84,7 +84,7 @@ impl BlockHashCache {
                 ids, block_tokens, ..
             } if *block_tokens % bs == 0 => {
                 let bt = *block_tokens;
-                cut_hash_blocks(ids, bt, prompt.len(), bs, |id, full, out| {
+                cut_hash_blocks(ids, bt, prompt.len(), bs, self.ns, |id, full, out| {
                     out.extend_from_slice(&self.hashes(id, bt)[..full]);
                 })
             }
@@ -99,24 +99,23 @@ fn id_block_hashes<'s>(
     id: u64,
     block_tokens: usize,
     bs: usize,
-    ns: Namespace,
     scratch: &'s mut Vec<u32>,
 ) -> impl Iterator<Item = LocalBlockHash> + 's {
     scratch.clear();
     extend_tokens(scratch, block_key(id), 0, block_tokens);
-    scratch
-        .chunks_exact(bs)
-        .map(move |block| local_block_hash(block, ns))
+    scratch.chunks_exact(bs).map(local_block_hash)
 }
 
 /// A hash-block prompt (`ids` of `block_tokens`, `len` tokens in all) cut into router blocks
 /// of `bs` (a divisor of `block_tokens`): `push(id, n, out)` appends the first `n` block
-/// hashes of an id; only the partial last block's tokens are generated.
+/// hashes of an id; only the partial last block's tokens are generated. The chain starts at
+/// namespace `ns`'s root.
 fn cut_hash_blocks(
     ids: &[u64],
     block_tokens: usize,
     len: usize,
     bs: usize,
+    ns: Namespace,
     mut push: impl FnMut(u64, usize, &mut Vec<LocalBlockHash>),
 ) -> (BlockedPrompt, Vec<u32>) {
     let mut local = Vec::with_capacity(len / bs);
@@ -135,7 +134,7 @@ fn cut_hash_blocks(
         }
         left -= take;
     }
-    (BlockedPrompt::from_local(len, local), tail)
+    (BlockedPrompt::from_local(len, local, ns), tail)
 }
 
 /// Any prompt cut into router blocks by materialising its tokens.

@@ -48,8 +48,15 @@ pub struct StoredBlocks {
     pub token_ids: Vec<u32>,
     /// The engine's block size, checked against the index's.
     pub block_size: usize,
-    /// LoRA adapter / cache salt of the blocks.
+    /// LoRA adapter / cache salt of the chain: it seeds the chain's root, so it matters only
+    /// when `parent` is None (a continuation inherits its parent's namespace, as in the
+    /// engines).
     pub namespace: Namespace,
+    /// Extra keys of each block (a digest per block, 0 for none; an engine's multimodal
+    /// identifiers, prompt-embedding digests): mixed into that block's hash, so such blocks
+    /// match only prompts with the same keys. Empty when no block has any.
+    #[serde(default)]
+    pub block_keys: Vec<u64>,
 }
 
 /// Why an event was rejected. Rejections never change the index, except
@@ -109,6 +116,16 @@ pub enum IndexError {
         /// Engine block hashes carried.
         blocks: usize,
     },
+    /// A stored event whose extra keys are not one per block.
+    #[error("worker {worker}: stored event has {keys} extra-key entries for {blocks} blocks")]
+    KeyCountMismatch {
+        /// The worker that sent the event.
+        worker: WorkerId,
+        /// Extra-key entries carried.
+        keys: usize,
+        /// Blocks carried.
+        blocks: usize,
+    },
     /// The index already tracks its maximum number of workers.
     #[error("worker {worker}: the index already tracks its limit of {limit} workers")]
     TooManyWorkers {
@@ -135,17 +152,20 @@ pub enum RejectKind {
     TooManyWorkers,
     /// [`IndexError::HashCountMismatch`].
     HashCountMismatch,
+    /// [`IndexError::KeyCountMismatch`].
+    KeyCountMismatch,
 }
 
 impl RejectKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [RejectKind; 6] = [
+    pub const ALL: [RejectKind; 7] = [
         RejectKind::BlockSizeMismatch,
         RejectKind::TokenCountMismatch,
         RejectKind::UnknownParent,
         RejectKind::UnknownRemovedHash,
         RejectKind::TooManyWorkers,
         RejectKind::HashCountMismatch,
+        RejectKind::KeyCountMismatch,
     ];
 
     /// A stable snake_case name (metric labels).
@@ -157,6 +177,7 @@ impl RejectKind {
             RejectKind::UnknownRemovedHash => "unknown_removed_hash",
             RejectKind::TooManyWorkers => "too_many_workers",
             RejectKind::HashCountMismatch => "hash_count_mismatch",
+            RejectKind::KeyCountMismatch => "key_count_mismatch",
         }
     }
 }
@@ -171,6 +192,7 @@ impl IndexError {
             IndexError::UnknownRemovedHash { .. } => RejectKind::UnknownRemovedHash,
             IndexError::TooManyWorkers { .. } => RejectKind::TooManyWorkers,
             IndexError::HashCountMismatch { .. } => RejectKind::HashCountMismatch,
+            IndexError::KeyCountMismatch { .. } => RejectKind::KeyCountMismatch,
         }
     }
 }
@@ -185,7 +207,7 @@ pub struct EventStats {
     /// Blocks removed.
     pub blocks_removed: u64,
     /// Rejected events, by kind, in the order of [`RejectKind::ALL`].
-    pub rejected: [u64; 6],
+    pub rejected: [u64; 7],
 }
 
 impl EventStats {

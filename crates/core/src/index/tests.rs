@@ -19,6 +19,7 @@ fn stored(parent: Option<u64>, hashes: &[u64], ids: &[u32]) -> KvEvent {
         token_ids: tokens(ids),
         block_size: BS,
         namespace: Namespace::default(),
+        block_keys: Vec::new(),
     })
 }
 
@@ -29,7 +30,7 @@ fn removed(hashes: &[u64]) -> KvEvent {
 }
 
 fn query(ids: &[u32]) -> Vec<LocalBlockHash> {
-    local_block_hashes(&tokens(ids), BS, Namespace::default())
+    local_block_hashes(&tokens(ids), BS)
 }
 
 #[test]
@@ -86,8 +87,54 @@ fn namespaces_do_not_share_blocks() {
     s.namespace = Namespace::new(Some("adapter"), None);
     ix.apply(WorkerId(1), &KvEvent::Stored(s)).unwrap();
     assert!(ix.find_matches(&query(&[1])).is_empty());
-    let ns = local_block_hashes(&tokens(&[1]), BS, Namespace::new(Some("adapter"), None));
-    assert_eq!(ix.find_matches(&ns).depth(WorkerId(1)), 1);
+    let ns = Namespace::new(Some("adapter"), None);
+    let prompt = crate::BlockedPrompt::new(&tokens(&[1]), crate::BlockSize::new(BS).unwrap(), ns);
+    assert_eq!(ix.find_matches_seq(&prompt.sequence).depth(WorkerId(1)), 1);
+}
+
+#[test]
+fn a_continuation_inherits_its_chains_namespace() {
+    // vLLM names the salt only in the first block's extra keys: the event that continues
+    // the chain carries no namespace, and must still match salted prompts only.
+    let mut ix = index();
+    let salt = Namespace::new(None, Some("s1"));
+    let KvEvent::Stored(mut first) = stored(None, &[10], &[1]) else {
+        unreachable!()
+    };
+    first.namespace = salt;
+    ix.apply(WorkerId(1), &KvEvent::Stored(first)).unwrap();
+    ix.apply(WorkerId(1), &stored(Some(10), &[11], &[2]))
+        .unwrap();
+    let b = crate::BlockSize::new(BS).unwrap();
+    let salted = crate::BlockedPrompt::new(&tokens(&[1, 2]), b, salt);
+    assert_eq!(ix.find_matches_seq(&salted.sequence).depth(WorkerId(1)), 2);
+    assert!(ix.find_matches(&query(&[1, 2])).is_empty());
+    let other = crate::BlockedPrompt::new(&tokens(&[1, 2]), b, Namespace::new(None, Some("s2")));
+    assert!(ix.find_matches_seq(&other.sequence).is_empty());
+}
+
+#[test]
+fn keyed_blocks_match_only_their_keys() {
+    let mut ix = index();
+    let KvEvent::Stored(mut s) = stored(None, &[10, 11], &[1, 2]) else {
+        unreachable!()
+    };
+    s.block_keys = vec![0, 99];
+    ix.apply(WorkerId(1), &KvEvent::Stored(s.clone())).unwrap();
+    // The unkeyed first block matches; the keyed second does not match plain tokens.
+    assert_eq!(ix.find_matches(&query(&[1, 2])).depth(WorkerId(1)), 1);
+    let mut keyed = query(&[1, 2]);
+    keyed[1] = keyed[1].keyed(99);
+    assert_eq!(ix.find_matches(&keyed).depth(WorkerId(1)), 2);
+    s.block_keys = vec![99];
+    assert!(matches!(
+        ix.apply(WorkerId(2), &KvEvent::Stored(s)),
+        Err(IndexError::KeyCountMismatch {
+            keys: 1,
+            blocks: 2,
+            ..
+        })
+    ));
 }
 
 #[test]

@@ -47,6 +47,7 @@ fn store(r: &mut Router, w: u64, t: &[u32]) {
             token_ids: t[..n * BS].to_vec(),
             block_size: BS,
             namespace: Namespace::default(),
+            block_keys: Vec::new(),
         }),
     )
     .unwrap();
@@ -256,7 +257,7 @@ fn explain_serialises_every_worker() {
     // The whole prompt is stored, but its last block is computed (the hit stops at 319).
     assert_eq!(json["workers"][2]["matched_blocks"], 19);
     assert_eq!(json["decision"], "dispatch");
-    let expect = local_block_hashes(&t, BS, Namespace::default()).len();
+    let expect = local_block_hashes(&t, BS).len();
     assert_eq!(ex.prompt_blocks, expect);
 }
 

@@ -211,8 +211,8 @@ impl Seq {
                 let mut seqs = Vec::with_capacity(full + rest.div_ceil(bs));
                 for block in tokens.chunks_exact(bs) {
                     seqs.push(chain(
-                        seqs.last().copied(),
-                        local_block_hash(block, req.namespace),
+                        seqs.last().copied().or(req.namespace.root()),
+                        local_block_hash(block),
                     ));
                 }
                 let mut tail = Vec::with_capacity(bs);
@@ -274,8 +274,9 @@ impl Seq {
         }
         self.tail.push(tok);
         if self.tail.len() == bs {
-            let local = local_block_hash(&self.tail, self.ns);
-            self.seqs.push(chain(self.seqs.last().copied(), local));
+            let local = local_block_hash(&self.tail);
+            let parent = self.seqs.last().copied().or(self.ns.root());
+            self.seqs.push(chain(parent, local));
             self.tail.clear();
         }
     }

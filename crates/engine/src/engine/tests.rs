@@ -276,7 +276,7 @@ fn events_keep_the_index_in_step(with_tokens: bool, block_ids: bool) {
     assert!(removed > 0, "the test must exercise eviction");
     assert_eq!(ix.block_count(w), e.pool().cached_count());
     for p in &prompts {
-        let locals = local_block_hashes(p, 4, Namespace::default());
+        let locals = local_block_hashes(p, 4);
         let seqs = kvroute_core::hashing::sequence_hashes(&locals);
         assert_eq!(
             ix.find_matches(&locals).depth(w),

@@ -10,7 +10,7 @@ fn seqs_of(blocks: &[[u32; BS]]) -> Vec<SequenceHash> {
     blocks
         .iter()
         .map(|b| {
-            let s = chain(prev, local_block_hash(b, Namespace::default()));
+            let s = chain(prev, local_block_hash(b));
             prev = Some(s);
             s
         })

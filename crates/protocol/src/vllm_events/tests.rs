@@ -123,6 +123,7 @@ fn events_become_core_events() {
             token_ids: vec![1, 2, 3, 4],
             block_size: 2,
             namespace: ns,
+            block_keys: Vec::new(),
         })
     );
     assert_eq!(core[2], KvEvent::Cleared);
@@ -276,6 +277,7 @@ fn core_events_go_out_and_come_back() {
         token_ids: vec![1, 2, 3, 4],
         block_size: 2,
         namespace: Namespace::default(),
+        block_keys: Vec::new(),
     });
     let removed = KvEvent::Removed {
         block_hashes: vec![EngineHash(2)],

@@ -115,9 +115,9 @@ impl SharedBlockHashes {
                 .compare_exchange(EMPTY, BUSY, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok();
         if claimed {
-            let (bt, bs, ns) = (self.block_tokens, self.block_size, self.ns);
+            let (bt, bs) = (self.block_tokens, self.block_size);
             let out = &self.hashes[slot * self.per_id..(slot + 1) * self.per_id];
-            for (cell, h) in out.iter().zip(id_block_hashes(id, bt, bs, ns, scratch)) {
+            for (cell, h) in out.iter().zip(id_block_hashes(id, bt, bs, scratch)) {
                 cell.store(h.0, Ordering::Relaxed);
             }
             self.state[slot].store(READY, Ordering::Release);
@@ -130,8 +130,8 @@ impl SharedBlockHashes {
     fn push(&self, id: u64, n: usize, out: &mut Vec<LocalBlockHash>, scratch: &mut Vec<u32>) {
         let Some(slot) = self.slot(id) else {
             // Not an id of these prompts: hashed, not kept.
-            let (bt, bs, ns) = (self.block_tokens, self.block_size, self.ns);
-            out.extend(id_block_hashes(id, bt, bs, ns, scratch).take(n));
+            let (bt, bs) = (self.block_tokens, self.block_size);
+            out.extend(id_block_hashes(id, bt, bs, scratch).take(n));
             return;
         };
         self.claim_and_hash(slot, id, scratch);
@@ -169,6 +169,7 @@ impl SharedBlockHashes {
                 self.block_tokens,
                 prompt.len(),
                 self.block_size,
+                self.ns,
                 |id, n, out| self.push(id, n, out, scratch),
             ),
             _ => materialized(prompt, self.block_size, self.ns),
