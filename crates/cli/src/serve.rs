@@ -36,6 +36,10 @@ pub struct ServeArgs {
     /// A model name served (repeat for several); default: what the workers list.
     #[arg(long = "model")]
     pub models: Vec<String>,
+    /// A LoRA adapter name (repeat for several): requests naming it as `model` match only
+    /// the adapter's cached blocks. Adapters the workers list are added.
+    #[arg(long = "lora-adapter")]
+    pub lora_adapters: Vec<String>,
     /// What happens when every worker is busy: queue, shed or none.
     #[arg(long)]
     pub admission: Option<AdmissionMode>,
@@ -84,6 +88,9 @@ impl ServeArgs {
         }
         if !self.models.is_empty() {
             c.models = self.models.clone();
+        }
+        if !self.lora_adapters.is_empty() {
+            c.lora_adapters = self.lora_adapters.clone();
         }
         let adm = &mut c.router.admission;
         if let Some(m) = self.admission {

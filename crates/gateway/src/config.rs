@@ -15,6 +15,10 @@ pub struct GatewayConfig {
     pub port: u16,
     /// Model names served; empty: whatever the workers list at `/v1/models`.
     pub models: Vec<String>,
+    /// LoRA adapter names: a request whose `model` names one is hashed in that adapter's
+    /// namespace, so it matches only blocks the engines stored for the adapter. Adapters the
+    /// workers list at `/v1/models` (entries with a `parent`) are added to these.
+    pub lora_adapters: Vec<String>,
     /// Tokenizer directory (`tokenizer.json` + `tokenizer_config.json`), or `builtin` for the
     /// small tokenizer shipped with kvroute. None: approximate mode (routing on byte chunks of
     /// the rendered prompt, without KV events).
@@ -37,6 +41,7 @@ impl Default for GatewayConfig {
             host: "127.0.0.1".into(),
             port: 8000,
             models: Vec::new(),
+            lora_adapters: Vec::new(),
             tokenizer: None,
             router: RouterConfig::default(),
             workers: Vec::new(),

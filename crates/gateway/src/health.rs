@@ -51,10 +51,8 @@ async fn pass(gw: &Arc<Gateway>) {
             if !w.is_up() {
                 gw.bring_back(id);
             }
-            if gw.config.models.is_empty() {
-                let timeout = Duration::from_secs_f64(gw.config.health.timeout_secs);
-                learn_models(gw, w.spec.url.trim_end_matches('/'), timeout).await;
-            }
+            let timeout = Duration::from_secs_f64(gw.config.health.timeout_secs);
+            learn_models(gw, w.spec.url.trim_end_matches('/'), timeout).await;
             continue;
         }
         let failures = w.fail();
@@ -111,6 +109,6 @@ async fn learn_models(gw: &Gateway, base: &str, timeout: Duration) {
         return;
     }
     if let Ok(list) = serde_json::from_slice::<ModelList>(&bytes) {
-        gw.learn_models(list.data.into_iter().map(|m| m.id).collect());
+        gw.learn_models(list.data);
     }
 }

@@ -41,9 +41,11 @@ pub async fn prepare(
         return Err(ApiError::prompt_too_long(tokens.len(), limit).into());
     }
     let block_size = gw.router().block_size();
-    // Engines' events carry no cache salt or adapter name the index could key on, so every
-    // prompt is hashed in the default namespace.
-    let prompt = BlockedPrompt::new(&tokens, block_size, Namespace::default());
+    // Hashed as the engines key their caches: per LoRA adapter (a `model` naming one) and
+    // per cache salt.
+    let lora = gw.is_adapter(&view.model).then_some(view.model.as_str());
+    let namespace = Namespace::new(lora, view.cache_salt.as_deref());
+    let prompt = BlockedPrompt::new(&tokens, block_size, namespace);
     let session = session_header
         .map(str::to_string)
         .or_else(|| view.user.clone())

@@ -6,6 +6,7 @@ use crate::metrics::Metrics;
 use crate::registry::Registry;
 use kvroute_core::{KvEvent, QueueState, RequestId, Router, Time, WorkerId};
 use kvroute_preprocess::Preprocessor;
+use kvroute_protocol::openai::ModelCard;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock};
 use std::time::Instant;
@@ -32,7 +33,11 @@ pub struct Gateway {
     /// Woken whenever load is released or workers change, so queued requests retry.
     pub wake: Notify,
     models: RwLock<Vec<String>>,
+    adapters: RwLock<Vec<String>>,
 }
+
+/// At most this many model names and adapter names are learned from workers.
+const MAX_LEARNED_NAMES: usize = 1024;
 
 impl Gateway {
     /// The state for `config` (checked) with `preprocessor`.
@@ -45,6 +50,7 @@ impl Gateway {
     ) -> Self {
         let registry = Registry::new(&config.workers);
         let models = config.models.clone();
+        let adapters = config.lora_adapters.clone();
         Self {
             policy: config.router.policy.kind.as_str(),
             config,
@@ -58,6 +64,7 @@ impl Gateway {
             queue: Mutex::new(QueueState::default()),
             wake: Notify::new(),
             models: RwLock::new(models),
+            adapters: RwLock::new(adapters),
         }
     }
 
@@ -108,17 +115,33 @@ impl Gateway {
         models.is_empty() || models.iter().any(|m| m == model)
     }
 
-    /// Adds model names a worker listed (when none were configured).
-    pub fn learn_models(&self, names: Vec<String>) {
-        if !self.config.models.is_empty() {
-            return;
-        }
-        let mut models = self.models.write().unwrap_or_else(|p| p.into_inner());
-        for n in names {
-            if !models.contains(&n) && models.len() < 1024 {
-                models.push(n);
+    /// Adds the model names a worker listed (when none were configured) and the LoRA
+    /// adapters among them (entries with a parent model).
+    pub fn learn_models(&self, cards: Vec<ModelCard>) {
+        let learn = |list: &RwLock<Vec<String>>, names: &mut dyn Iterator<Item = &String>| {
+            let mut list = list.write().unwrap_or_else(|p| p.into_inner());
+            for n in names {
+                if !list.contains(n) && list.len() < MAX_LEARNED_NAMES {
+                    list.push(n.clone());
+                }
             }
+        };
+        if self.config.models.is_empty() {
+            learn(&self.models, &mut cards.iter().map(|c| &c.id));
         }
+        learn(
+            &self.adapters,
+            &mut cards
+                .iter()
+                .filter(|c| c.parent.as_ref().is_some_and(|p| *p != c.id))
+                .map(|c| &c.id),
+        );
+    }
+
+    /// Whether `model` names a LoRA adapter (configured or listed by a worker).
+    pub fn is_adapter(&self, model: &str) -> bool {
+        let adapters = self.adapters.read().unwrap_or_else(|p| p.into_inner());
+        adapters.iter().any(|a| a == model)
     }
 
     /// Takes a worker out of routing (it keeps its index entries and load: an engine that

@@ -166,6 +166,10 @@ pub struct ModelCard {
     pub created: u64,
     /// Who serves it.
     pub owned_by: String,
+    /// The base model, when this entry is a LoRA adapter (vLLM lists each adapter it serves
+    /// with its base model as `parent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
 }
 
 /// `GET /v1/models`.
@@ -180,16 +184,31 @@ pub struct ModelList {
 impl ModelList {
     /// A list of the given model names.
     pub fn of(names: &[String], created: u64, owned_by: &str) -> Self {
+        Self::with_adapters(names, None, &[], created, owned_by)
+    }
+
+    /// A list of the given model names and of LoRA adapters of `base` (listed with it as
+    /// their `parent`).
+    pub fn with_adapters(
+        names: &[String],
+        base: Option<&str>,
+        adapters: &[String],
+        created: u64,
+        owned_by: &str,
+    ) -> Self {
+        let card = |id: &String, parent: Option<&str>| ModelCard {
+            id: id.clone(),
+            object: "model".into(),
+            created,
+            owned_by: owned_by.into(),
+            parent: parent.map(str::to_string),
+        };
         Self {
             object: "list".into(),
             data: names
                 .iter()
-                .map(|n| ModelCard {
-                    id: n.clone(),
-                    object: "model".into(),
-                    created,
-                    owned_by: owned_by.into(),
-                })
+                .map(|n| card(n, None))
+                .chain(adapters.iter().map(|a| card(a, base)))
                 .collect(),
         }
     }
