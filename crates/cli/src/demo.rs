@@ -7,7 +7,7 @@ use clap::Args;
 use kvroute_core::PolicyKind;
 use kvroute_gateway::{EventFeed, GatewayConfig, Replay, WorkerSpec};
 use kvroute_preprocess::Preprocessor;
-use kvroute_protocol::vllm_events::EventBatch;
+use kvroute_protocol::kv_events::EventBatch;
 use kvroute_worker::{ReplaySource, WorkerConfig};
 use std::collections::BTreeMap;
 use std::sync::Arc;

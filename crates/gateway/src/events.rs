@@ -22,7 +22,7 @@ pub use self::zmq::{zmq_feed, ZmqReplay, ZmqSubscription, END_SEQ};
 use crate::registry::{CacheState, WorkerEntry};
 use crate::state::Gateway;
 use kvroute_core::{IndexError, KvEvent, Namespace, WorkerId};
-use kvroute_protocol::vllm_events::{Event, EventBatch};
+use kvroute_protocol::kv_events::{Event, EventBatch};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use sync::{classify, complete_from_start, verdict, Mark, Step, Verdict};

@@ -3,4 +3,4 @@
 //! return errors, never panic, and bound what they allocate.
 
 pub mod openai;
-pub mod vllm_events;
+pub mod kv_events;

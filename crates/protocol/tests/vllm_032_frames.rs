@@ -4,7 +4,7 @@
 //! the shared data folder is absent (a user's clone).
 
 use kvroute_core::{KvEvent, Namespace};
-use kvroute_protocol::vllm_events::{decode_message, Event};
+use kvroute_protocol::kv_events::{decode_message, Event};
 
 struct Sample {
     title: String,

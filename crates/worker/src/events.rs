@@ -3,7 +3,7 @@
 //! to in-process subscribers (a broadcast channel; the ZMQ publisher is one of them).
 
 use kvroute_core::KvEvent;
-use kvroute_protocol::vllm_events::{Event, EventBatch};
+use kvroute_protocol::kv_events::{Event, EventBatch};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::broadcast;

@@ -42,7 +42,7 @@ pub use zmq::END_SEQ;
 
 use kvroute_engine::{Engine, EngineMetrics};
 use kvroute_preprocess::Preprocessor;
-use kvroute_protocol::vllm_events::EventBatch;
+use kvroute_protocol::kv_events::EventBatch;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -15,7 +15,7 @@
 
 use crate::events::EventHub;
 use crate::{wait_shutdown, WorkerError, ZmqConfig};
-use kvroute_protocol::vllm_events::{encode_message, encode_payload, EventBatch};
+use kvroute_protocol::kv_events::{encode_message, encode_payload, EventBatch};
 use std::sync::{Arc, OnceLock};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;

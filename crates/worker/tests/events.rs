@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use kvroute_protocol::vllm_events::{decode_message, decode_payload, Event, EventBatch};
+use kvroute_protocol::kv_events::{decode_message, decode_payload, Event, EventBatch};
 use kvroute_testkit::zmq::{replay_raw, Subscriber};
 use kvroute_worker::{WorkerHandle, ZmqConfig, END_SEQ};
 use serde_json::json;

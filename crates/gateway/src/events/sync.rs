@@ -7,7 +7,7 @@
 //! same incarnation, whose cache the index still mirrors; anything else means the engine
 //! restarted (its cache is gone) and the index is rebuilt from the replay.
 
-use kvroute_protocol::vllm_events::{Event, EventBatch};
+use kvroute_protocol::kv_events::{Event, EventBatch};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 /// A batch's sequence number and a digest of its content: tells one incarnation's batch

@@ -17,7 +17,7 @@
 
 use super::{EventFeed, FeedItem, Replay};
 use futures_util::future::BoxFuture;
-use kvroute_protocol::vllm_events::{decode_message, EventBatch};
+use kvroute_protocol::kv_events::{decode_message, EventBatch};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -341,7 +341,7 @@ impl Replay for ZmqReplay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvroute_protocol::vllm_events::{encode_message, encode_payload};
+    use kvroute_protocol::kv_events::{encode_message, encode_payload};
 
     #[test]
     fn replay_answers_are_read_in_both_forms() {

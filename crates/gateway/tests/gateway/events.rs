@@ -3,7 +3,7 @@
 use crate::support::*;
 use kvroute_core::hashing::EngineHash;
 use kvroute_gateway::{EventFeed, WorkerSpec};
-use kvroute_protocol::vllm_events::{encode_message, encode_payload, Event, EventBatch};
+use kvroute_protocol::kv_events::{encode_message, encode_payload, Event, EventBatch};
 use kvroute_testkit::zmq::Publisher;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -78,7 +78,7 @@ async fn a_sequence_gap_is_filled_from_the_replay_service() {
     let batch = |seq: u64, first: u32| {
         let frames = stored_map(seq, first, 1, None);
         let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-        Arc::new(kvroute_protocol::vllm_events::decode_message(&refs).unwrap())
+        Arc::new(kvroute_protocol::kv_events::decode_message(&refs).unwrap())
     };
     let all: Vec<Arc<EventBatch>> = (0..4).map(|s| batch(s, 100 * (s as u32 + 1))).collect();
     // The replay buffer holds what the engine has published so far.
@@ -168,7 +168,7 @@ async fn events_published_before_the_gateway_joined_come_from_the_replay_service
         .map(|s| {
             let frames = stored_map(s, 100 * (s as u32 + 1), 1, None);
             let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-            Arc::new(kvroute_protocol::vllm_events::decode_message(&refs).unwrap())
+            Arc::new(kvroute_protocol::kv_events::decode_message(&refs).unwrap())
         })
         .collect();
     let held = all[..3].to_vec();

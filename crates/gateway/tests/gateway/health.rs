@@ -336,7 +336,7 @@ fn flag() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_engine_is_taken_out_but_keeps_its_index_and_is_checked_when_back() {
-    use kvroute_protocol::vllm_events::{decode_message, EventBatch};
+    use kvroute_protocol::kv_events::{decode_message, EventBatch};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     let a = worker("a").await;

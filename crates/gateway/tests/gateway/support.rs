@@ -2,7 +2,7 @@
 
 use kvroute_gateway::{EventFeed, GatewayConfig, GatewayHandle, Replay, WorkerSpec};
 use kvroute_preprocess::Preprocessor;
-use kvroute_protocol::vllm_events::EventBatch;
+use kvroute_protocol::kv_events::EventBatch;
 use kvroute_worker::{WorkerConfig, WorkerHandle};
 use std::collections::BTreeMap;
 use std::sync::Arc;
