@@ -56,6 +56,13 @@ pub struct WorkerArgs {
     /// ZMQ endpoint of the replay service, e.g. tcp://127.0.0.1:5558.
     #[arg(long, requires = "zmq_publish")]
     pub zmq_replay: Option<String>,
+    /// The KV events' wire form: vllm (0.32), sglang (0.5.23) or trtllm (its ZMQ
+    /// publisher).
+    #[arg(long)]
+    pub event_format: Option<kvroute_protocol::kv_events::EventFormat>,
+    /// A LoRA adapter served besides the base model (repeat for several).
+    #[arg(long = "lora-adapter")]
+    pub lora_adapters: Vec<String>,
 }
 
 impl WorkerArgs {
@@ -77,6 +84,12 @@ impl WorkerArgs {
         }
         if let Some(n) = &self.name {
             c.worker_name = n.clone();
+        }
+        if let Some(f) = self.event_format {
+            c.event_format = f;
+        }
+        if !self.lora_adapters.is_empty() {
+            c.lora_adapters = self.lora_adapters.clone();
         }
         c.validate()?;
         Ok(c)

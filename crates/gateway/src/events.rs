@@ -14,6 +14,7 @@
 //!   or unknown (events lost for good, history older than the replay buffer, publisher
 //!   away). Nothing here drops an index because an engine is slow or unreachable.
 
+pub mod groups;
 pub mod sync;
 mod zmq;
 
@@ -21,7 +22,7 @@ pub use self::zmq::{zmq_feed, ZmqReplay, ZmqSubscription, END_SEQ};
 
 use crate::registry::{CacheState, WorkerEntry};
 use crate::state::Gateway;
-use kvroute_core::{IndexError, KvEvent, Namespace, WorkerId};
+use kvroute_core::{IndexError, KvEvent, WorkerId};
 use kvroute_protocol::kv_events::{Event, EventBatch};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -374,12 +375,17 @@ fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
     let name = entry.name.as_str();
     let mut results: Vec<(&'static str, &'static str)> = Vec::with_capacity(batch.events.len());
     {
+        let mut groups = entry
+            .events
+            .groups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let mut router = gw.router();
         for e in &batch.events {
-            let result = if !e.is_device() {
-                "ignored"
+            let result = if let Err(ignored) = groups.judge(e) {
+                ignored
             } else {
-                match e.to_kv_event(Namespace::default()) {
+                match e.to_kv_event() {
                     None => "unknown",
                     Some(kv) => match router.apply_event(entry.id, &kv) {
                         Ok(()) => "applied",

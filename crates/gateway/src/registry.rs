@@ -90,6 +90,8 @@ pub struct WorkerEntry {
 /// Counters of one worker's KV event stream.
 #[derive(Default)]
 pub struct EventStats {
+    /// Which of its events count for its prefix cache (hybrid groups, tiers).
+    pub groups: std::sync::Mutex<crate::events::groups::Groups>,
     /// Next sequence number expected (0 before the first batch).
     pub next_seq: AtomicU64,
     /// Batches applied.

@@ -2,5 +2,5 @@
 //! errors) and the KV event streams engines publish. Decoders here take untrusted bytes: they
 //! return errors, never panic, and bound what they allocate.
 
-pub mod openai;
 pub mod kv_events;
+pub mod openai;

@@ -4,7 +4,7 @@
 //! the shared data folder is absent (a user's clone).
 
 use kvroute_core::{KvEvent, Namespace};
-use kvroute_protocol::kv_events::{decode_message, Event};
+use kvroute_protocol::kv_events::{decode_message, Event, Removed, Stored};
 
 struct Sample {
     title: String,
@@ -88,14 +88,17 @@ fn real_vllm_032_batches_decode_to_what_the_engine_sent() {
             match (want["type"].as_str().unwrap(), got) {
                 (
                     "BlockStored",
-                    Event::Stored {
+                    Event::Stored(Stored {
                         block_hashes,
                         parent,
                         token_ids,
                         block_size,
                         medium,
+                        group_idx,
+                        spec_kind,
+                        extra_keys,
                         ..
-                    },
+                    }),
                 ) => {
                     let got_hashes: Vec<u64> = block_hashes.iter().map(|h| h.0).collect();
                     assert_eq!(got_hashes, hashes(want), "{}", s.title);
@@ -110,14 +113,20 @@ fn real_vllm_032_batches_decode_to_what_the_engine_sent() {
                     assert_eq!(*block_size, 32);
                     assert_eq!(token_ids.len(), 32 * block_hashes.len());
                     assert_eq!(medium.as_deref(), Some("GPU"));
-                    // The router's view: one chain of 32-token blocks.
-                    let Some(KvEvent::Stored(st)) = got.to_kv_event(Namespace::default()) else {
+                    assert_eq!(*group_idx, Some(0));
+                    assert_eq!(spec_kind.as_deref(), Some("full_attention"));
+                    // One nil per block.
+                    assert_eq!(extra_keys, &vec![None; block_hashes.len()]);
+                    // The router's view: one chain of 32-token blocks, base namespace.
+                    let Some(KvEvent::Stored(st)) = got.to_kv_event() else {
                         panic!("{}: not a stored event", s.title);
                     };
                     assert_eq!(st.block_hashes.len(), block_hashes.len());
+                    assert_eq!(st.namespace, Namespace::default());
+                    assert!(st.block_keys.is_empty());
                     stored_blocks += block_hashes.len();
                 }
-                ("BlockRemoved", Event::Removed { block_hashes, .. }) => {
+                ("BlockRemoved", Event::Removed(Removed { block_hashes, .. })) => {
                     let got_hashes: Vec<u64> = block_hashes.iter().map(|h| h.0).collect();
                     assert_eq!(got_hashes, hashes(want), "{}", s.title);
                 }

@@ -2,6 +2,7 @@
 
 use crate::WorkerError;
 use kvroute_engine::{EngineConfig, Profile};
+use kvroute_protocol::kv_events::EventFormat;
 use serde::{Deserialize, Serialize};
 
 /// Settings of a simulated worker. Every field has a default, so a TOML or JSON document
@@ -35,6 +36,12 @@ pub struct WorkerConfig {
     pub max_prompt_tokens: usize,
     /// The ZMQ topic of KV event messages.
     pub topic: String,
+    /// Which engine's wire form the KV events take: `vllm` (0.32), `sglang` (0.5.23) or
+    /// `trtllm` (its ZMQ publisher).
+    pub event_format: EventFormat,
+    /// LoRA adapter names served besides the base model (listed at `/v1/models` with it as
+    /// their parent): a request naming one is cached in the adapter's namespace.
+    pub lora_adapters: Vec<String>,
     /// Event batches kept for replay.
     pub replay_buffer: usize,
     /// The worker's name in logs.
@@ -56,6 +63,8 @@ impl Default for WorkerConfig {
             max_body_bytes: 4 << 20,
             max_prompt_tokens: 131_072,
             topic: "kv-events".into(),
+            event_format: EventFormat::Vllm,
+            lora_adapters: Vec::new(),
             replay_buffer: 10_000,
             worker_name: "worker".into(),
         }

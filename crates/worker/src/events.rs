@@ -2,9 +2,9 @@
 //! numbers from 0 per engine incarnation), keeps the last batches for replay and hands them
 //! to in-process subscribers (a broadcast channel; the ZMQ publisher is one of them).
 
-use kvroute_core::KvEvent;
-use kvroute_protocol::kv_events::{Event, EventBatch};
-use std::collections::VecDeque;
+use kvroute_core::{KvEvent, Namespace};
+use kvroute_protocol::kv_events::{encode_payload, Event, EventBatch, EventFormat};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::broadcast;
 
@@ -19,7 +19,18 @@ const DP_RANK: i64 = 0;
 pub(crate) struct EventHub {
     state: Mutex<State>,
     tx: broadcast::Sender<Arc<EventBatch>>,
+    format: EventFormat,
+    /// The adapter name and cache salt of each namespace requests used (the engine's events
+    /// carry only the namespace's hash; the wire names them). Bounded by [`MAX_NAMES`].
+    names: Mutex<HashMap<Namespace, Names>>,
 }
+
+/// A namespace's adapter name and cache salt.
+type Names = (Option<String>, Option<String>);
+
+/// Namespaces remembered at most (started afresh beyond: a stored event of a namespace
+/// forgotten meanwhile goes out without its names).
+const MAX_NAMES: usize = 4096;
 
 struct State {
     next_seq: u64,
@@ -28,10 +39,12 @@ struct State {
 }
 
 impl EventHub {
-    /// A hub keeping the last `replay` batches.
-    pub(crate) fn new(replay: usize) -> Self {
+    /// A hub keeping the last `replay` batches, writing them in `format`.
+    pub(crate) fn new(replay: usize, format: EventFormat) -> Self {
         let (tx, _) = broadcast::channel(BROADCAST_CAPACITY);
         Self {
+            format,
+            names: Mutex::new(HashMap::new()),
             state: Mutex::new(State {
                 next_seq: 0,
                 buffer: VecDeque::with_capacity(replay.min(1024)),
@@ -46,10 +59,41 @@ impl EventHub {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Remembers the names of a namespace requests use.
+    pub(crate) fn name(&self, ns: Namespace, lora: Option<&str>, salt: Option<&str>) {
+        if ns.is_default() {
+            return;
+        }
+        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        if names.len() >= MAX_NAMES && !names.contains_key(&ns) {
+            names.clear();
+        }
+        names.insert(ns, (lora.map(str::to_string), salt.map(str::to_string)));
+    }
+
+    /// A batch's payload in the hub's wire format.
+    pub(crate) fn encode(&self, b: &EventBatch) -> Vec<u8> {
+        encode_payload(self.format, b.ts, &b.events, b.dp_rank)
+    }
+
     /// Publishes the events of one engine step at virtual time `ts` (seconds) as the next
     /// batch; nothing when there are none. Returns the batch.
     pub(crate) fn publish(&self, ts: f64, events: &[KvEvent]) -> Option<Arc<EventBatch>> {
-        let events: Vec<Event> = events.iter().filter_map(Event::from_kv_event).collect();
+        let events: Vec<Event> = {
+            let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+            events
+                .iter()
+                .filter_map(|e| {
+                    let (lora, salt) = match e {
+                        KvEvent::Stored(s) => names
+                            .get(&s.namespace)
+                            .map_or((None, None), |(l, t)| (l.as_deref(), t.as_deref())),
+                        _ => (None, None),
+                    };
+                    Event::from_kv_event(e, lora, salt)
+                })
+                .collect()
+        };
         if events.is_empty() {
             return None;
         }
@@ -112,7 +156,7 @@ mod tests {
 
     #[test]
     fn batches_are_numbered_buffered_and_broadcast() {
-        let hub = EventHub::new(3);
+        let hub = EventHub::new(3, EventFormat::Vllm);
         let mut rx = hub.subscribe();
         assert!(
             hub.publish(0.5, &[]).is_none(),
@@ -142,7 +186,7 @@ mod tests {
 
     #[test]
     fn a_zero_replay_buffer_keeps_nothing() {
-        let hub = EventHub::new(0);
+        let hub = EventHub::new(0, EventFormat::Vllm);
         hub.publish(1.0, &[stored(1)]).unwrap();
         assert!(hub.replay_from(0).is_empty());
     }

@@ -78,9 +78,14 @@ async fn generate(
 ) -> Result<Response, ApiError> {
     let bytes = read_body(&headers, body, s.cfg.max_body_bytes).await?;
     let (obj, view) = parse_request(endpoint, &bytes, s.cfg.max_prompt_tokens)?;
-    if view.model != s.cfg.model {
+    // The base model, or one of its LoRA adapters (whose blocks are its own).
+    let lora = if view.model == s.cfg.model {
+        None
+    } else if s.cfg.lora_adapters.contains(&view.model) {
+        Some(view.model.as_str())
+    } else {
         return Err(ApiError::model_not_found(&view.model));
-    }
+    };
     match obj.get("n") {
         None | Some(Value::Null) => {}
         Some(n) if n.as_u64() == Some(1) => {}
@@ -99,11 +104,14 @@ async fn generate(
     }
     let max_tokens = view.max_tokens.unwrap_or(s.cfg.default_max_tokens);
     let (id, hex) = s.ids.next();
+    let salt = view.cache_salt.as_deref().filter(|t| !t.is_empty());
+    let namespace = Namespace::new(lora, salt);
+    s.hub.name(namespace, lora, salt);
     let request = EngineRequest {
         id,
         prompt: kvroute_engine::EnginePrompt::Tokens(tokens),
         max_tokens,
-        namespace: Namespace::new(None, view.cache_salt.as_deref()),
+        namespace,
     };
     let (rx, guard) = submit(&s, request, view.stream).await?;
     let public_id = match endpoint {

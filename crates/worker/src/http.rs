@@ -34,6 +34,8 @@ pub(crate) struct Shared {
     pub(crate) metrics: Metrics,
     /// Unix seconds at start (`created` of the model card).
     pub(crate) started: u64,
+    /// The KV event hub (to name the namespaces requests use).
+    pub(crate) hub: Arc<crate::events::EventHub>,
 }
 
 /// The state handlers get.
@@ -90,7 +92,13 @@ pub(crate) fn unix_now() -> u64 {
 }
 
 async fn models(State(s): State<AppState>) -> Response {
-    let list = ModelList::of(std::slice::from_ref(&s.cfg.model), s.started, "kvroute");
+    let list = ModelList::with_adapters(
+        std::slice::from_ref(&s.cfg.model),
+        Some(&s.cfg.model),
+        &s.cfg.lora_adapters,
+        s.started,
+        "kvroute",
+    );
     match serde_json::to_string(&list) {
         Ok(body) => json_response(StatusCode::OK, body),
         Err(e) => error_response(&ApiError::new(ErrorKind::Internal, e.to_string())),

@@ -216,7 +216,10 @@ pub async fn spawn(
         .await
         .map_err(|e| WorkerError::Config(format!("building the output vocabulary: {e}")))?;
 
-    let hub = Arc::new(events::EventHub::new(config.replay_buffer));
+    let hub = Arc::new(events::EventHub::new(
+        config.replay_buffer,
+        config.event_format,
+    ));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     let (mut zmq_publish, mut zmq_replay) = (None, None);
@@ -251,6 +254,7 @@ pub async fn spawn(
         commands,
         pre: preprocessor.clone(),
         cfg: config.clone(),
+        hub: hub.clone(),
     });
     let app = http::router(shared);
     let mut stop = shutdown_rx.clone();

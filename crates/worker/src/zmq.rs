@@ -15,7 +15,7 @@
 
 use crate::events::EventHub;
 use crate::{wait_shutdown, WorkerError, ZmqConfig};
-use kvroute_protocol::kv_events::{encode_message, encode_payload, EventBatch};
+use kvroute_protocol::kv_events::encode_message;
 use std::sync::{Arc, OnceLock};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
@@ -106,7 +106,7 @@ pub(crate) async fn start(
         tasks.push(("zmq-replay", task));
     }
     tracing::info!(worker = %name, endpoint = %publish, topic = %topic, connect = cfg.connect, "ZMQ publisher ready");
-    let task = publish_loop(pub_socket, hub.subscribe(), topic, shutdown, name);
+    let task = publish_loop(pub_socket, hub.clone(), topic, shutdown, name);
     tasks.push(("zmq-publish", tokio::spawn(task)));
     Ok(ZmqTasks {
         publish,
@@ -117,11 +117,12 @@ pub(crate) async fn start(
 
 async fn publish_loop(
     socket: zmq::Socket,
-    mut rx: broadcast::Receiver<Arc<EventBatch>>,
+    hub: Arc<EventHub>,
     topic: String,
     mut shutdown: watch::Receiver<bool>,
     name: String,
 ) {
+    let mut rx = hub.subscribe();
     loop {
         let batch = tokio::select! {
             biased;
@@ -135,7 +136,7 @@ async fn publish_loop(
                 Err(broadcast::error::RecvError::Closed) => break,
             },
         };
-        let payload = encode_payload(batch.ts, &batch.events, batch.dp_rank);
+        let payload = hub.encode(&batch);
         let frames = encode_message(&topic, batch.seq, payload);
         // A PUB socket never blocks: past its high-water mark it drops, as vLLM's does.
         if let Err(e) = socket.send_multipart(frames, zmq::DONTWAIT) {
@@ -207,7 +208,7 @@ fn answer(
     };
     let batches = hub.replay_from(start);
     for b in &batches {
-        let payload = encode_payload(b.ts, &b.events, b.dp_rank);
+        let payload = hub.encode(b);
         let seq = b.seq.to_be_bytes();
         let message: [&[u8]; 5] = [client, b"", topic, &seq, &payload];
         socket.send_multipart(message, 0)?;

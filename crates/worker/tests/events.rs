@@ -37,14 +37,9 @@ fn stored_tokens(batches: &[Arc<EventBatch>]) -> Vec<u32> {
     let mut out = Vec::new();
     for b in batches {
         for e in &b.events {
-            if let Event::Stored {
-                token_ids,
-                block_size,
-                ..
-            } = e
-            {
-                assert_eq!(*block_size, 16);
-                out.extend_from_slice(token_ids);
+            if let Event::Stored(s) = e {
+                assert_eq!(s.block_size, 16);
+                out.extend_from_slice(&s.token_ids);
             }
         }
     }
@@ -70,10 +65,10 @@ async fn events_are_numbered_replayable_and_restart_after_a_reset() {
         assert_eq!(seqs, (0..got.len() as u64).collect::<Vec<_>>());
         let want: Vec<u32> = p1[..32].iter().chain(&p2[..32]).copied().collect();
         assert_eq!(stored_tokens(&got), want);
-        let Event::Stored { parent, .. } = &got[0].events[0] else {
+        let Event::Stored(first) = &got[0].events[0] else {
             panic!("{:?}", got[0]);
         };
-        assert_eq!(*parent, None, "the first block is a root");
+        assert_eq!(first.parent, None, "the first block is a root");
 
         let replay = w.replay_from(0);
         assert_eq!(replay, got, "the buffer holds what was broadcast");

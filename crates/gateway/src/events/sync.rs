@@ -28,17 +28,12 @@ impl Mark {
         b.events.len().hash(&mut h);
         for e in &b.events {
             match e {
-                Event::Stored {
-                    block_hashes,
-                    parent,
-                    token_ids,
-                    ..
-                } => {
-                    (0u8, block_hashes.first(), block_hashes.len()).hash(&mut h);
-                    (parent, token_ids.len(), token_ids.first()).hash(&mut h);
+                Event::Stored(s) => {
+                    (0u8, s.block_hashes.first(), s.block_hashes.len()).hash(&mut h);
+                    (s.parent, s.token_ids.len(), s.token_ids.first()).hash(&mut h);
                 }
-                Event::Removed { block_hashes, .. } => {
-                    (1u8, block_hashes.first(), block_hashes.len()).hash(&mut h);
+                Event::Removed(r) => {
+                    (1u8, r.block_hashes.first(), r.block_hashes.len()).hash(&mut h);
                 }
                 Event::Cleared => 2u8.hash(&mut h),
                 Event::Unknown(tag) => (3u8, tag).hash(&mut h),

@@ -341,11 +341,12 @@ impl Replay for ZmqReplay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvroute_protocol::kv_events::{encode_message, encode_payload};
+    use kvroute_protocol::kv_events::{encode_message, encode_payload, EventFormat};
 
     #[test]
     fn replay_answers_are_read_in_both_forms() {
-        let [topic, seq, payload] = encode_message("kv", 7, encode_payload(1.5, &[], None));
+        let [topic, seq, payload] =
+            encode_message("kv", 7, encode_payload(EventFormat::Vllm, 1.5, &[], None));
         let four = vec![Vec::new(), topic, seq.clone(), payload.clone()];
         let three = vec![Vec::new(), seq, payload];
         for m in [four, three] {

@@ -3,24 +3,30 @@
 use crate::support::*;
 use kvroute_core::hashing::EngineHash;
 use kvroute_gateway::{EventFeed, WorkerSpec};
-use kvroute_protocol::kv_events::{encode_message, encode_payload, Event, EventBatch};
+use kvroute_protocol::kv_events::{
+    encode_message, encode_payload, Event, EventBatch, EventFormat, Stored,
+};
 use kvroute_testkit::zmq::Publisher;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// A `BlockStored` of `blocks` blocks of 16 tokens starting at token `first`, map form.
 pub fn stored_map(seq: u64, first: u32, blocks: u32, parent: Option<u64>) -> [Vec<u8>; 3] {
-    let event = Event::Stored {
+    let event = Event::Stored(Stored {
         block_hashes: (0..blocks)
             .map(|b| EngineHash(u64::from(first + b)))
             .collect(),
         parent: parent.map(EngineHash),
         token_ids: (first..first + 16 * blocks).collect(),
         block_size: 16,
-        lora_id: None,
         medium: Some("GPU".into()),
-    };
-    encode_message("kv", seq, encode_payload(1.0, &[event], None))
+        ..Stored::default()
+    });
+    encode_message(
+        "kv",
+        seq,
+        encode_payload(EventFormat::Vllm, 1.0, &[event], None),
+    )
 }
 
 /// The same in the older positional-array form.

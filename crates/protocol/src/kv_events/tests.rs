@@ -1,6 +1,7 @@
 //! Golden messages assembled byte by byte from the documented format, in both event forms.
 
 use super::*;
+use kvroute_core::Namespace;
 use proptest::prelude::*;
 
 /// A msgpack fixstr (under 32 bytes).
@@ -80,18 +81,19 @@ fn array_form() -> Vec<u8> {
 
 fn expected() -> Vec<Event> {
     vec![
-        Event::Stored {
+        Event::Stored(Stored {
             block_hashes: vec![EngineHash(1), EngineHash(u64::MAX - 1)],
             parent: None,
             token_ids: vec![1, 2, 3, 4],
             block_size: 2,
-            lora_id: None,
             medium: Some("GPU".into()),
-        },
-        Event::Removed {
+            ..Stored::default()
+        }),
+        Event::Removed(Removed {
             block_hashes: vec![EngineHash(u64::MAX)],
             medium: Some("GPU".into()),
-        },
+            group_idx: None,
+        }),
         Event::Cleared,
     ]
 }
@@ -111,10 +113,7 @@ fn both_forms_decode_to_the_same_events() {
 #[test]
 fn events_become_core_events() {
     let ns = Namespace::default();
-    let core: Vec<_> = expected()
-        .iter()
-        .filter_map(|e| e.to_kv_event(ns))
-        .collect();
+    let core: Vec<_> = expected().iter().filter_map(Event::to_kv_event).collect();
     assert_eq!(
         core[0],
         KvEvent::Stored(StoredBlocks {
@@ -127,7 +126,7 @@ fn events_become_core_events() {
         })
     );
     assert_eq!(core[2], KvEvent::Cleared);
-    assert_eq!(Event::Unknown("BlockMoved".into()).to_kv_event(ns), None);
+    assert_eq!(Event::Unknown("BlockMoved".into()).to_kv_event(), None);
 }
 
 #[test]
@@ -158,12 +157,12 @@ fn unknown_types_parents_bytes_hashes_and_other_media() {
     let (ts, events, dp) = decode_payload(&payload).unwrap();
     assert_eq!((ts, dp), (0.0, None));
     assert_eq!(events[0], Event::Unknown("BlockMoved".into()));
-    let Event::Stored {
+    let Event::Stored(Stored {
         block_hashes,
         parent,
         medium,
         ..
-    } = &events[1]
+    }) = &events[1]
     else {
         panic!("{:?}", events[1]);
     };
@@ -247,19 +246,20 @@ proptest! {
         for (i, (hashes, parent, kind)) in chains.into_iter().enumerate() {
             let block_hashes: Vec<EngineHash> = hashes.into_iter().map(EngineHash).collect();
             events.push(match kind {
-                0 => Event::Stored {
+                0 => Event::Stored(Stored {
                     token_ids: (0..block_hashes.len() as u32 * 4).collect(),
                     block_hashes,
                     parent: parent.map(EngineHash),
                     block_size: 4,
                     lora_id: (i % 2 == 1).then_some(i as i64),
                     medium: Some("GPU".into()),
-                },
-                1 => Event::Removed { block_hashes, medium: None },
+                    ..Stored::default()
+                }),
+                1 => Event::Removed(Removed { block_hashes, medium: None, group_idx: None }),
                 _ => Event::Cleared,
             });
         }
-        let frames = encode_message("kv", seq, encode_payload(ts, &events, Some(0)));
+        let frames = encode_message("kv", seq, encode_payload(EventFormat::Vllm, ts, &events, Some(0)));
         let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         let batch = decode_message(&refs).unwrap();
         prop_assert_eq!(batch.seq, seq);
@@ -284,14 +284,12 @@ fn core_events_go_out_and_come_back() {
     };
     let wire: Vec<Event> = [&stored, &removed, &KvEvent::Cleared]
         .into_iter()
-        .filter_map(Event::from_kv_event)
+        .filter_map(|e| Event::from_kv_event(e, None, None))
         .collect();
-    let (_, back, rank) = decode_payload(&encode_payload(1.5, &wire, None)).unwrap();
+    let (_, back, rank) =
+        decode_payload(&encode_payload(EventFormat::Vllm, 1.5, &wire, None)).unwrap();
     assert_eq!(rank, None);
-    let core: Vec<KvEvent> = back
-        .iter()
-        .filter_map(|e| e.to_kv_event(Namespace::default()))
-        .collect();
+    let core: Vec<KvEvent> = back.iter().filter_map(Event::to_kv_event).collect();
     assert_eq!(core, vec![stored, removed, KvEvent::Cleared]);
     assert!(back.iter().all(Event::is_device));
 }
@@ -316,10 +314,11 @@ fn a_payload_may_be_a_map() {
     assert_eq!((ts, rank), (3.5, Some(2)));
     assert_eq!(
         events,
-        vec![Event::Removed {
+        vec![Event::Removed(Removed {
             block_hashes: vec![EngineHash(7), EngineHash(8)],
-            medium: None
-        }]
+            medium: None,
+            group_idx: None,
+        })]
     );
     let no_events =
         rmp_serde::to_vec_named(&std::collections::BTreeMap::from([("ts", 1.0)])).unwrap();

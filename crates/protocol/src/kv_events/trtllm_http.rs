@@ -1,0 +1,1 @@
+//! TensorRT-LLM's HTTP pull API (`POST /kv_cache_events`): JSON events, drained per call.
