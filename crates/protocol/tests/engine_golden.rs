@@ -79,14 +79,23 @@ fn vllm_lora_and_salt_keep_their_namespace_across_a_continuation() {
     };
     let ns = Namespace::new(Some("sql-adapter"), Some("tenant-7"));
     assert_eq!(core.namespace, ns);
-    assert!(core.block_keys.is_empty(), "LoRA name and salt are no block keys");
+    assert!(
+        core.block_keys.is_empty(),
+        "LoRA name and salt are no block keys"
+    );
     let (_, cont, _) = decode(VLLM_LORA_CONTINUED);
     let tokens: Vec<u32> = (1..=12).collect();
     let evs = [&first[0], &cont[0]];
     assert_eq!(depth(&evs, &tokens, ns), 3);
     assert_eq!(depth(&evs, &tokens, Namespace::default()), 0);
-    assert_eq!(depth(&evs, &tokens, Namespace::new(Some("sql-adapter"), None)), 0);
-    assert_eq!(depth(&evs, &tokens, Namespace::new(None, Some("tenant-7"))), 0);
+    assert_eq!(
+        depth(&evs, &tokens, Namespace::new(Some("sql-adapter"), None)),
+        0
+    );
+    assert_eq!(
+        depth(&evs, &tokens, Namespace::new(None, Some("tenant-7"))),
+        0
+    );
 }
 
 #[test]
@@ -102,7 +111,10 @@ fn vllm_multimodal_keys_make_a_block_match_nothing_textual() {
     assert_ne!(core.block_keys[1], 0);
     let tokens: Vec<u32> = (1..=8).collect();
     // The salted first block matches; the keyed second does not match text.
-    assert_eq!(depth(&[&events[0]], &tokens, Namespace::new(None, Some("s1"))), 1);
+    assert_eq!(
+        depth(&[&events[0]], &tokens, Namespace::new(None, Some("s1"))),
+        1
+    );
 }
 
 #[test]
@@ -165,7 +177,11 @@ fn sglang_every_era_decodes_with_its_salt_and_adapter() {
             unreachable!()
         };
         assert_eq!(core.namespace, ns, "{era}");
-        assert_eq!(depth(&[&events[0]], &(1..=8).collect::<Vec<_>>(), ns), 2, "{era}");
+        assert_eq!(
+            depth(&[&events[0]], &(1..=8).collect::<Vec<_>>(), ns),
+            2,
+            "{era}"
+        );
     }
     let (_, lora, _) = decode(SGLANG_0523_LORA);
     let s = stored(&lora[0]);
@@ -176,7 +192,10 @@ fn sglang_every_era_decodes_with_its_salt_and_adapter() {
         let Event::Removed(r) = &events[0] else {
             panic!("{events:?}")
         };
-        assert_eq!(r.block_hashes.iter().map(|h| h.0).collect::<Vec<_>>(), vec![h1, h2]);
+        assert_eq!(
+            r.block_hashes.iter().map(|h| h.0).collect::<Vec<_>>(),
+            vec![h1, h2]
+        );
         assert_eq!(r.medium.as_deref(), Some("GPU"));
     }
     let (_, events, rank) = decode(SGLANG_0523_CLEARED_NO_RANK);
