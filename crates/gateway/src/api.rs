@@ -102,7 +102,12 @@ async fn models(State(gw): State<Arc<Gateway>>) -> Response {
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    Json(ModelList::of(&gw.models(), created, "kvroute")).into_response()
+    let (models, adapters) = (gw.models(), gw.adapters());
+    let base = (models.len() == 1).then(|| models[0].as_str());
+    Json(ModelList::with_adapters(
+        &models, base, &adapters, created, "kvroute",
+    ))
+    .into_response()
 }
 
 async fn health(State(gw): State<Arc<Gateway>>) -> Response {

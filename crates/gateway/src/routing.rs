@@ -43,8 +43,9 @@ pub async fn prepare(
     let block_size = gw.router().block_size();
     // Hashed as the engines key their caches: per LoRA adapter (a `model` naming one) and
     // per cache salt.
-    let lora = gw.is_adapter(&view.model).then_some(view.model.as_str());
-    let namespace = Namespace::new(lora, view.cache_salt.as_deref());
+    let lora = gw.adapter_of(&view.model);
+    let salt = view.cache_salt.as_deref().filter(|s| !s.is_empty());
+    let namespace = Namespace::new(lora, salt);
     let prompt = BlockedPrompt::new(&tokens, block_size, namespace);
     let session = session_header
         .map(str::to_string)

@@ -109,10 +109,14 @@ impl Gateway {
             .clone()
     }
 
-    /// Whether `model` is served (always, while nothing is known).
+    /// Whether `model` is served (always, while nothing is known): a model, or a LoRA
+    /// adapter of one.
     pub fn serves(&self, model: &str) -> bool {
-        let models = self.models.read().unwrap_or_else(|p| p.into_inner());
-        models.is_empty() || models.iter().any(|m| m == model)
+        let known = {
+            let models = self.models.read().unwrap_or_else(|p| p.into_inner());
+            models.is_empty() || models.iter().any(|m| m == model)
+        };
+        known || self.adapter_of(model).is_some()
     }
 
     /// Adds the model names a worker listed (when none were configured) and the LoRA
@@ -138,10 +142,24 @@ impl Gateway {
         );
     }
 
-    /// Whether `model` names a LoRA adapter (configured or listed by a worker).
-    pub fn is_adapter(&self, model: &str) -> bool {
+    /// The LoRA adapter names known.
+    pub fn adapters(&self) -> Vec<String> {
+        self.adapters
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The LoRA adapter a request's `model` names (configured or listed by a worker): the
+    /// adapter's name itself (vLLM), or `base:adapter` (SGLang).
+    pub fn adapter_of<'m>(&self, model: &'m str) -> Option<&'m str> {
         let adapters = self.adapters.read().unwrap_or_else(|p| p.into_inner());
-        adapters.iter().any(|a| a == model)
+        let is = |name: &str| adapters.iter().any(|a| a == name);
+        if is(model) {
+            return Some(model);
+        }
+        let (_, adapter) = model.rsplit_once(':')?;
+        is(adapter).then_some(adapter)
     }
 
     /// Takes a worker out of routing (it keeps its index entries and load: an engine that

@@ -78,13 +78,18 @@ async fn generate(
 ) -> Result<Response, ApiError> {
     let bytes = read_body(&headers, body, s.cfg.max_body_bytes).await?;
     let (obj, view) = parse_request(endpoint, &bytes, s.cfg.max_prompt_tokens)?;
-    // The base model, or one of its LoRA adapters (whose blocks are its own).
+    // The base model, or one of its LoRA adapters (whose blocks are its own), named alone
+    // (vLLM) or as `base:adapter` (SGLang).
+    let adapter = |name: &str| s.cfg.lora_adapters.iter().any(|a| a == name);
     let lora = if view.model == s.cfg.model {
         None
-    } else if s.cfg.lora_adapters.contains(&view.model) {
+    } else if adapter(&view.model) {
         Some(view.model.as_str())
     } else {
-        return Err(ApiError::model_not_found(&view.model));
+        match view.model.rsplit_once(':') {
+            Some((base, a)) if base == s.cfg.model && adapter(a) => Some(a),
+            _ => return Err(ApiError::model_not_found(&view.model)),
+        }
     };
     match obj.get("n") {
         None | Some(Value::Null) => {}

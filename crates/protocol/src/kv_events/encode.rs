@@ -10,7 +10,9 @@
 //!   as signed integers, `medium`, `cache_salt` and `lora_name` only when set;
 //! - [`EventFormat::Trtllm`]: TensorRT-LLM's ZMQ publisher
 //!   (tensorrt_llm/_torch/pyexecutor/kv_cache_events.py): vLLM's fields without the hybrid
-//!   metadata, hashes as signed integers.
+//!   metadata, hashes as signed integers; `lora_name` and `extra_keys` as its schema defines
+//!   them (its publisher leaves both nil so far, so a real TensorRT-LLM does not tell
+//!   adapters and salts apart over ZMQ: see docs/engines.md).
 //!
 //! The batch is the positional array `[ts, events, dp_rank]` in all three.
 
@@ -135,7 +137,7 @@ impl Serialize for Wire<'_> {
                     EventFormat::Vllm | EventFormat::Trtllm => {
                         m.serialize_entry("medium", &s.medium)?;
                         m.serialize_entry("lora_name", &s.lora_name)?;
-                        if !s.extra_keys.is_empty() && f == EventFormat::Vllm {
+                        if !s.extra_keys.is_empty() {
                             m.serialize_entry("extra_keys", &s.extra_keys)?;
                         }
                         if f == EventFormat::Vllm {
