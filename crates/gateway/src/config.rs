@@ -33,6 +33,8 @@ pub struct GatewayConfig {
     pub health: HealthConfig,
     /// Calls to workers.
     pub upstream: UpstreamConfig,
+    /// The closed loop on prediction accuracy.
+    pub accuracy: crate::accuracy::AccuracyConfig,
 }
 
 impl Default for GatewayConfig {
@@ -48,6 +50,7 @@ impl Default for GatewayConfig {
             limits: Limits::default(),
             health: HealthConfig::default(),
             upstream: UpstreamConfig::default(),
+            accuracy: crate::accuracy::AccuracyConfig::default(),
         }
     }
 }
@@ -254,6 +257,7 @@ impl GatewayConfig {
         if self.workers.is_empty() {
             return Err(ConfigError("at least one worker is required".into()));
         }
+        self.accuracy.validate().map_err(ConfigError)?;
         let mut names = std::collections::BTreeSet::new();
         for w in &self.workers {
             w.validate()?;

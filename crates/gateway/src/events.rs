@@ -134,6 +134,16 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
                 Some(i) => i,
                 None => break,
             },
+            () = entry.repair.notified() => {
+                // Its predictions keep missing while the stream looked whole (events lost
+                // without a gap, a reset that kept its sequence): drop the index and build it
+                // again from everything the replay service holds.
+                clear(&gw, entry);
+                t.last = None;
+                t.lost = replay.is_none();
+                resync(&gw, entry, replay, &mut t, "predictions degraded").await;
+                continue;
+            }
             () = entry.verify.notified() => {
                 // The worker answers again after failing: whether its engine restarted is
                 // for the replay service to say (even while the publisher is still away),

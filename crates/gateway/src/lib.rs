@@ -8,6 +8,7 @@
 //! unchanged -> the answer streamed back while the gateway watches for the first token and
 //! usage; the booking is released by an RAII guard on first token, end, error or disconnect.
 
+pub mod accuracy;
 mod api;
 pub mod config;
 mod error;

@@ -2,8 +2,8 @@
 //! text exposition format that `promtool check metrics` accepts.
 
 use prometheus::{
-    exponential_buckets, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Every metric of the gateway.
@@ -53,6 +53,18 @@ pub struct Metrics {
     pub event_resubscribes: IntCounterVec,
     /// Prompt tokens the router expected the chosen worker to have cached.
     pub predicted_cached_tokens: Histogram,
+    /// Predictions against the engine's report, by worker and outcome (exact, over, under).
+    pub predictions: IntCounterVec,
+    /// Absolute prediction error in tokens, by worker.
+    pub prediction_error: HistogramVec,
+    /// Share of exact predictions in the worker's recent window.
+    pub prediction_exact_ratio: GaugeVec,
+    /// 1 while the worker's predictions are degraded, by reason.
+    pub prediction_degraded: IntGaugeVec,
+    /// Index repairs the accuracy loop started, by worker and reason.
+    pub prediction_repairs: IntCounterVec,
+    /// Requests whose prompt the engine counted differently than the gateway, by worker.
+    pub prompt_token_mismatches: IntCounterVec,
     /// Requests retried on another worker after a failure before the first byte.
     pub retries: IntCounter,
     /// Failed calls to workers, by worker and kind.
@@ -205,6 +217,49 @@ impl Metrics {
                 "kvroute_predicted_cached_tokens",
                 "Prompt tokens the router expected the chosen worker to have cached.",
                 token_buckets(),
+            )?,
+            predictions: counter_vec(
+                "kvroute_predictions_total",
+                "Predicted cached tokens against the engine's reported cached tokens, by worker and outcome (exact within a block, over, under).",
+                &["worker", "result"],
+            )?,
+            prediction_error: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "kvroute_prediction_error_tokens",
+                        "Absolute difference between predicted and engine-reported cached tokens, by worker.",
+                    )
+                    .buckets(token_buckets()),
+                    &["worker"],
+                )?;
+                registry.register(Box::new(h.clone()))?;
+                h
+            },
+            prediction_exact_ratio: {
+                let g = GaugeVec::new(
+                    Opts::new(
+                        "kvroute_worker_prediction_exact_ratio",
+                        "Share of exact predictions in the worker's recent window.",
+                    ),
+                    &["worker"],
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            prediction_degraded: gauge_vec(
+                "kvroute_worker_prediction_degraded",
+                "1 while the worker's predictions are degraded, by reason (over_predicting, under_predicting, token_counts_differ).",
+                &["worker", "reason"],
+            )?,
+            prediction_repairs: counter_vec(
+                "kvroute_prediction_repairs_total",
+                "Index rebuilds the accuracy loop started, by worker and reason.",
+                &["worker", "reason"],
+            )?,
+            prompt_token_mismatches: counter_vec(
+                "kvroute_prompt_token_mismatches_total",
+                "Requests whose prompt tokens the engine counted differently than the gateway (another tokenizer or chat template), by worker.",
+                &["worker"],
             )?,
             retries: counter(
                 "kvroute_retries_total",

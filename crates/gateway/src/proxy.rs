@@ -27,6 +27,14 @@ struct Peek {
     usage: Option<Usage>,
 }
 
+/// What the router expected of a request's worker, checked against the engine's usage.
+#[derive(Clone, Copy, Debug)]
+struct Prediction {
+    worker: kvroute_core::WorkerId,
+    predicted: u64,
+    prompt_tokens: u64,
+}
+
 /// One request on its way through the gateway.
 pub struct Call<'a> {
     /// The checked request.
@@ -71,7 +79,14 @@ pub async fn forward(
                 });
             }
             Ok(resp) => match start_reading(gw, &call, resp).await {
-                Ok(read) => return Ok(answer(gw, &call, guard, read, sel.cached_tokens as u64)),
+                Ok(read) => {
+                    let prediction = Prediction {
+                        worker,
+                        predicted: sel.cached_tokens as u64,
+                        prompt_tokens: prep.prompt.tokens as u64,
+                    };
+                    return Ok(answer(gw, &call, guard, read, prediction));
+                }
                 Err(message) => {
                     // The answer broke off before its first byte reached the client (the
                     // engine died or hung up): nothing was sent, so another worker can take
@@ -219,7 +234,7 @@ fn answer(
     call: &Call<'_>,
     guard: LedgerGuard,
     read: Read,
-    predicted: u64,
+    prediction: Prediction,
 ) -> Response {
     let Read {
         status,
@@ -230,7 +245,13 @@ fn answer(
     let streaming = matches!(body, ReadBody::Stream { .. });
     let mut out = match body {
         ReadBody::Stream { first, rest } => {
-            let watch = Watch::new(gw.clone(), guard, call.view.model.clone(), call.started);
+            let watch = Watch::new(
+                gw.clone(),
+                guard,
+                call.view.model.clone(),
+                call.started,
+                prediction,
+            );
             Response::new(Body::from_stream(watched(first, rest, watch)))
         }
         ReadBody::Whole(code, body) => {
@@ -242,7 +263,14 @@ fn answer(
             let usage = serde_json::from_slice::<Peek>(&body)
                 .ok()
                 .and_then(|p| p.usage);
-            finish(gw, &call.view.model, status, call.started, usage.as_ref());
+            finish(
+                gw,
+                &call.view.model,
+                status,
+                call.started,
+                usage.as_ref(),
+                prediction,
+            );
             drop(guard);
             let mut r = Response::new(Body::from(body));
             *r.status_mut() = status;
@@ -261,7 +289,10 @@ fn answer(
     if let Ok(v) = HeaderValue::from_str(&worker) {
         headers.insert(WORKER_HEADER, v);
     }
-    headers.insert(PREDICTED_CACHED_HEADER, HeaderValue::from(predicted));
+    headers.insert(
+        PREDICTED_CACHED_HEADER,
+        HeaderValue::from(prediction.predicted),
+    );
     out
 }
 
@@ -291,8 +322,16 @@ async fn read_body(gw: &Gateway, mut resp: reqwest::Response) -> (Option<&'stati
     }
 }
 
-/// Records a finished request.
-fn finish(gw: &Gateway, model: &str, status: StatusCode, started: Instant, usage: Option<&Usage>) {
+/// Records a finished request; a successful one whose usage reports cached tokens is a
+/// sample of the worker's prediction accuracy.
+fn finish(
+    gw: &Gateway,
+    model: &str,
+    status: StatusCode,
+    started: Instant,
+    usage: Option<&Usage>,
+    prediction: Prediction,
+) {
     let m = &gw.metrics;
     m.requests
         .with_label_values(&[model, status.as_str()])
@@ -303,6 +342,18 @@ fn finish(gw: &Gateway, model: &str, status: StatusCode, started: Instant, usage
         m.cached_tokens.observe(u.cached_tokens() as f64);
         m.output_tokens.observe(u.completion_tokens as f64);
         m.output_tokens_total.inc_by(u.completion_tokens);
+        if let (true, Some(details)) = (status.is_success(), &u.prompt_tokens_details) {
+            gw.observe_prediction(
+                prediction.worker,
+                crate::accuracy::Sample {
+                    predicted: prediction.predicted,
+                    cached: details.cached_tokens,
+                    gateway_prompt: prediction.prompt_tokens,
+                    engine_prompt: u.prompt_tokens,
+                    block_size: gw.config.router.block_size as u64,
+                },
+            );
+        }
     }
 }
 
@@ -318,11 +369,19 @@ struct Watch {
     usage: Option<Usage>,
     /// The stream's `[DONE]` went by: the client has the whole answer.
     completed: bool,
+    /// What the router expected of the worker.
+    prediction: Prediction,
     done: bool,
 }
 
 impl Watch {
-    fn new(gw: Arc<Gateway>, guard: LedgerGuard, model: String, started: Instant) -> Self {
+    fn new(
+        gw: Arc<Gateway>,
+        guard: LedgerGuard,
+        model: String,
+        started: Instant,
+        prediction: Prediction,
+    ) -> Self {
         Self {
             gw,
             guard: Some(guard),
@@ -333,6 +392,7 @@ impl Watch {
             last_token: None,
             usage: None,
             completed: false,
+            prediction,
             done: false,
         }
     }
@@ -394,6 +454,7 @@ impl Watch {
                 status,
                 self.started,
                 self.usage.as_ref(),
+                self.prediction,
             );
             self.guard = None;
         }

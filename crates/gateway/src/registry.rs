@@ -85,6 +85,13 @@ pub struct WorkerEntry {
     pub has_feed: AtomicBool,
     /// A passing health check asked for `verify`, not answered yet.
     pub verifying: AtomicBool,
+    /// Its recent predictions against what the engine reported.
+    pub accuracy: std::sync::Mutex<crate::accuracy::Tracker>,
+    /// When its index was last repaired (gateway time).
+    pub last_repair: std::sync::Mutex<Option<kvroute_core::Time>>,
+    /// Notified when its predictions keep missing: its event ingestion rebuilds the index
+    /// from the replay service.
+    pub repair: tokio::sync::Notify,
 }
 
 /// Counters of one worker's KV event stream.
@@ -198,6 +205,8 @@ pub struct WorkerReport {
     pub resubscribes: u64,
     /// The index may be wrong for it.
     pub degraded: bool,
+    /// Its predictions against the engine's reports: the recent window and totals.
+    pub accuracy: crate::accuracy::Summary,
 }
 
 /// The URL of `endpoint` on the worker at `base`.
@@ -230,6 +239,9 @@ impl Registry {
                 verify: tokio::sync::Notify::new(),
                 has_feed: AtomicBool::new(false),
                 verifying: AtomicBool::new(false),
+                accuracy: Default::default(),
+                last_repair: Default::default(),
+                repair: tokio::sync::Notify::new(),
             })
             .collect();
         Self { workers }
@@ -270,6 +282,11 @@ impl Registry {
                 disconnects: w.events.disconnects.load(Ordering::Relaxed),
                 resubscribes: w.events.resubscribes.load(Ordering::Relaxed),
                 degraded: w.events.degraded.load(Ordering::Relaxed),
+                accuracy: w
+                    .accuracy
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .summary(),
             })
             .collect()
     }

@@ -142,6 +142,76 @@ impl Gateway {
         );
     }
 
+    /// Compares a request's prediction with what the engine reported, per worker; a worker
+    /// whose predictions keep missing is marked degraded (logged, counted, in
+    /// `/debug/workers`) and, when it has an event stream, its index is rebuilt from the
+    /// replay service (at most once per cooldown).
+    pub fn observe_prediction(&self, worker: WorkerId, sample: crate::accuracy::Sample) {
+        let Some(entry) = self.registry.get(worker) else {
+            return;
+        };
+        let cfg = &self.config.accuracy;
+        let name = entry.name.as_str();
+        let m = &self.metrics;
+        let (rec, summary) = {
+            let mut t = entry.accuracy.lock().unwrap_or_else(|p| p.into_inner());
+            let rec = t.record(sample, cfg);
+            (rec, t.summary())
+        };
+        m.predictions
+            .with_label_values(&[name, rec.outcome.as_str()])
+            .inc();
+        m.prediction_error
+            .with_label_values(&[name])
+            .observe(sample.abs_error() as f64);
+        if let Some(r) = summary.exact_ratio {
+            m.prediction_exact_ratio.with_label_values(&[name]).set(r);
+        }
+        if rec.tokens_differ {
+            m.prompt_token_mismatches.with_label_values(&[name]).inc();
+        }
+        for d in [
+            crate::accuracy::Degraded::OverPredicting,
+            crate::accuracy::Degraded::UnderPredicting,
+            crate::accuracy::Degraded::TokenCountsDiffer,
+        ] {
+            m.prediction_degraded
+                .with_label_values(&[name, d.as_str()])
+                .set(i64::from(summary.degraded == Some(d)));
+        }
+        let Some(verdict) = rec.newly else {
+            return;
+        };
+        tracing::warn!(worker = %name, reason = verdict.as_str(), samples = summary.samples, exact_ratio = ?summary.exact_ratio, over = summary.over, under = summary.under, token_count_mismatches = summary.token_count_mismatches, "predictions degraded: {}", verdict.explain());
+        let repairable = verdict != crate::accuracy::Degraded::TokenCountsDiffer;
+        if !(repairable && cfg.repair && entry.has_feed.load(Ordering::Acquire)) {
+            return;
+        }
+        let now = self.now();
+        {
+            let mut last = entry.last_repair.lock().unwrap_or_else(|p| p.into_inner());
+            let cooldown = std::time::Duration::from_secs_f64(cfg.repair_cooldown_secs);
+            if last.is_some_and(|t| now.0.saturating_sub(t.0) < cooldown) {
+                tracing::info!(worker = %name, "index repair skipped: the last one is too recent");
+                return;
+            }
+            *last = Some(now);
+        }
+        entry
+            .accuracy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .repaired();
+        m.prediction_repairs
+            .with_label_values(&[name, verdict.as_str()])
+            .inc();
+        m.prediction_degraded
+            .with_label_values(&[name, verdict.as_str()])
+            .set(0);
+        tracing::warn!(worker = %name, reason = verdict.as_str(), "rebuilding the worker's index from its replay service");
+        entry.repair.notify_one();
+    }
+
     /// The LoRA adapter names known.
     pub fn adapters(&self) -> Vec<String> {
         self.adapters

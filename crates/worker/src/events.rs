@@ -23,6 +23,8 @@ pub(crate) struct EventHub {
     /// The adapter name and cache salt of each namespace requests used (the engine's events
     /// carry only the namespace's hash; the wire names them). Bounded by [`MAX_NAMES`].
     names: Mutex<HashMap<Namespace, Names>>,
+    /// Fault injection: batches go out live without their events (see `/admin/faults`).
+    blank_live: std::sync::atomic::AtomicBool,
 }
 
 /// A namespace's adapter name and cache salt.
@@ -45,6 +47,7 @@ impl EventHub {
         Self {
             format,
             names: Mutex::new(HashMap::new()),
+            blank_live: Default::default(),
             state: Mutex::new(State {
                 next_seq: 0,
                 buffer: VecDeque::with_capacity(replay.min(1024)),
@@ -69,6 +72,13 @@ impl EventHub {
             names.clear();
         }
         names.insert(ns, (lora.map(str::to_string), salt.map(str::to_string)));
+    }
+
+    /// Fault injection: publish batches live without their events (the replay buffer keeps
+    /// them whole), or stop doing so.
+    pub(crate) fn set_blank_live(&self, on: bool) {
+        self.blank_live
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A batch's payload in the hub's wire format.
@@ -113,7 +123,15 @@ impl EventHub {
         }
         // Sent under the lock, so subscribers see batches in sequence order. No subscriber
         // is not an error.
-        let _ = self.tx.send(batch.clone());
+        let live = if self.blank_live.load(std::sync::atomic::Ordering::Relaxed) {
+            Arc::new(EventBatch {
+                events: Vec::new(),
+                ..(*batch).clone()
+            })
+        } else {
+            batch.clone()
+        };
+        let _ = self.tx.send(live);
         Some(batch)
     }
 

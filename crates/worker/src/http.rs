@@ -54,6 +54,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/admin/reset", post(reset))
+        .route("/admin/faults", post(faults))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), request_id))
         .with_state(state)
@@ -135,6 +136,29 @@ async fn reset(State(s): State<AppState>) -> Response {
         return error_response(&driver_gone());
     }
     json_response(StatusCode::OK, r#"{"status":"reset"}"#.to_string())
+}
+
+/// Faults to inject, for tests of the gateway's repair paths.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Faults {
+    /// Publish batches live without their events (same sequence numbers, so no gap shows),
+    /// while the replay service keeps them whole: events lost without a gap.
+    blank_live: bool,
+}
+
+async fn faults(State(s): State<AppState>, body: axum::body::Bytes) -> Response {
+    match serde_json::from_slice::<Faults>(&body) {
+        Ok(f) => {
+            s.hub.set_blank_live(f.blank_live);
+            tracing::warn!(worker = %s.cfg.worker_name, blank_live = f.blank_live, "fault injection changed");
+            json_response(StatusCode::OK, r#"{"status":"ok"}"#.to_string())
+        }
+        Err(e) => error_response(&ApiError::new(
+            ErrorKind::InvalidRequest,
+            format!("expected {{\"blank_live\": bool}}: {e}"),
+        )),
+    }
 }
 
 async fn not_found(req: Request) -> Response {

@@ -1,5 +1,6 @@
 //! The gateway end to end: real gateway and simulated workers on 127.0.0.1, ephemeral ports.
 
+mod accuracy;
 mod engines;
 mod events;
 mod health;

@@ -1,0 +1,154 @@
+//! The closed loop on prediction accuracy: a worker whose events are lost without a gap
+//! (the simulated engine's `/admin/faults` blanks its live batches; the replay service keeps
+//! them) under-predicts; the gateway sees its predictions miss what the engine reports,
+//! marks it degraded and rebuilds its index from the replay service, after which its
+//! predictions are exact again. Without the repair they stay wrong.
+
+use crate::support::*;
+use kvroute_gateway::{WorkerSpec, PREDICTED_CACHED_HEADER};
+use kvroute_worker::{WorkerConfig, WorkerHandle, ZmqConfig};
+use std::collections::BTreeMap;
+
+async fn zmq_worker() -> WorkerHandle {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = WorkerConfig {
+        model: MODEL.into(),
+        profile: "tiny-fast".into(),
+        speedup: 20.0,
+        worker_name: "a".into(),
+        ..WorkerConfig::default()
+    };
+    let zmq = ZmqConfig {
+        publish: "tcp://127.0.0.1:0".into(),
+        connect: false,
+        replay: Some("tcp://127.0.0.1:0".into()),
+    };
+    kvroute_worker::spawn(
+        cfg,
+        kvroute_preprocess::Preprocessor::builtin(),
+        listener,
+        Some(zmq),
+    )
+    .await
+    .unwrap()
+}
+
+/// (predicted, engine-reported cached tokens) of one request.
+async fn ask(url: &str, text: &str) -> (u64, u64) {
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat(&[("user", text)], false, 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let predicted = r.headers()[PREDICTED_CACHED_HEADER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let json: serde_json::Value = r.json().await.unwrap();
+    let cached = json["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    (predicted, cached)
+}
+
+async fn faults(w: &WorkerHandle, blank_live: bool) {
+    let r = client()
+        .post(format!("{}/admin/faults", w.url()))
+        .json(&serde_json::json!({ "blank_live": blank_live }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+/// Phase 1 loses the events of three prompts asked twice each; phase 2 asks them again.
+/// Returns phase 2's (predicted, cached) pairs and the worker's accuracy report.
+async fn run(repair: bool) -> (Vec<(u64, u64)>, serde_json::Value, String) {
+    let w = zmq_worker().await;
+    let mut cfg = config(&[&w], "kv");
+    let (events, replay) = w.zmq_endpoints().unwrap();
+    cfg.workers[0] = WorkerSpec {
+        url: w.url(),
+        name: Some("a".into()),
+        events: Some(events),
+        replay: Some(replay),
+        ..WorkerSpec::default()
+    };
+    // Predictions from events alone (not from prompts just dispatched), a short window.
+    cfg.router.pending_secs = 0.0;
+    cfg.accuracy.window = 8;
+    cfg.accuracy.min_samples = 6;
+    cfg.accuracy.repair_cooldown_secs = 0.0;
+    cfg.accuracy.repair = repair;
+    let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
+    let url = gw.url();
+    assert!(
+        eventually(10, async || debug_workers(&url).await["workers"][0]
+            ["worker"]["cache_state"]
+            == "exact")
+        .await
+    );
+
+    faults(&w, true).await;
+    let prompts: Vec<String> = (0..3)
+        .map(|i| format!("document {i} about caches and routing ").repeat(20))
+        .collect();
+    for p in &prompts {
+        let (p1, c1) = ask(&url, p).await;
+        assert_eq!((p1, c1), (0, 0));
+        let (p2, c2) = ask(&url, p).await;
+        assert!(c2 > 0, "the engine caches the repeat");
+        assert_eq!(p2, 0, "its events were lost: nothing predicted");
+    }
+    faults(&w, false).await;
+    if repair {
+        assert!(
+            eventually(10, async || {
+                let d = debug_workers(&url).await;
+                let a = &d["workers"][0];
+                a["worker"]["accuracy"]["repairs"] == 1 && a["index_blocks"].as_u64() > Some(0)
+            })
+            .await,
+            "{}",
+            debug_workers(&url).await
+        );
+    }
+    let mut again = Vec::new();
+    for p in &prompts {
+        again.push(ask(&url, p).await);
+    }
+    let report = debug_workers(&url).await["workers"][0]["worker"]["accuracy"].clone();
+    let metrics = kvroute_testkit::get_text(&client(), &format!("{url}/metrics")).await;
+    gw.shutdown().await;
+    w.shutdown().await;
+    (again, report, metrics)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_lost_without_a_gap_are_found_by_their_predictions_and_repaired() {
+    let (again, report, metrics) = run(true).await;
+    for (p, c) in &again {
+        assert!(*c > 0);
+        assert_eq!(p, c, "after the repair the prediction is exact: {again:?}");
+    }
+    assert_eq!(report["repairs"], 1, "{report}");
+    assert_eq!(report["degraded"], serde_json::Value::Null, "{report}");
+    assert!(
+        metrics.contains(
+            "kvroute_prediction_repairs_total{reason=\"under_predicting\",worker=\"a\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(metrics.contains("kvroute_predictions_total{result=\"under\",worker=\"a\"} 3"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_repair_the_lost_events_stay_lost() {
+    let (again, report, _) = run(false).await;
+    assert!(again.iter().all(|(p, c)| *p == 0 && *c > 0), "{again:?}");
+    assert_eq!(report["degraded"], "under_predicting", "{report}");
+    assert_eq!(report["repairs"], 0);
+}
