@@ -342,7 +342,7 @@ mod tests {
         // Mixed, below the share: never degraded.
         let mut mixed = Tracker::default();
         for i in 0..40 {
-            let x = if i % 3 == 0 { s(0, 64) } else { s(32, 32) };
+            let x = if i % 4 == 0 { s(0, 64) } else { s(32, 32) };
             assert_eq!(mixed.record(x, &c).newly, None);
         }
     }
