@@ -42,6 +42,9 @@ pub struct WorkerConfig {
     /// LoRA adapter names served besides the base model (listed at `/v1/models` with it as
     /// their parent): a request naming one is cached in the adapter's namespace.
     pub lora_adapters: Vec<String>,
+    /// Events kept for TensorRT-LLM's pull API (`POST /kv_cache_events`, served with the
+    /// `trtllm` format), its `event_buffer_max_size`: the oldest go beyond.
+    pub pull_buffer: usize,
     /// Event batches kept for replay.
     pub replay_buffer: usize,
     /// The worker's name in logs.
@@ -65,6 +68,7 @@ impl Default for WorkerConfig {
             topic: "kv-events".into(),
             event_format: EventFormat::Vllm,
             lora_adapters: Vec::new(),
+            pull_buffer: 10_000,
             replay_buffer: 10_000,
             worker_name: "worker".into(),
         }

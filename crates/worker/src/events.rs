@@ -25,6 +25,8 @@ pub(crate) struct EventHub {
     names: Mutex<HashMap<Namespace, Names>>,
     /// Fault injection: batches go out live without their events (see `/admin/faults`).
     blank_live: std::sync::atomic::AtomicBool,
+    /// TensorRT-LLM's pull API queue, when the worker plays it.
+    pull: Option<Mutex<crate::kv_pull::PullQueue>>,
 }
 
 /// A namespace's adapter name and cache salt.
@@ -48,6 +50,7 @@ impl EventHub {
             format,
             names: Mutex::new(HashMap::new()),
             blank_live: Default::default(),
+            pull: None,
             state: Mutex::new(State {
                 next_seq: 0,
                 buffer: VecDeque::with_capacity(replay.min(1024)),
@@ -60,6 +63,19 @@ impl EventHub {
     fn state(&self) -> MutexGuard<'_, State> {
         // The state stays consistent whatever panicked while holding the lock.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Also queues every event for TensorRT-LLM's pull API (at most `capacity`), for an
+    /// engine of `blocks` KV blocks.
+    pub(crate) fn with_pull(mut self, capacity: usize, blocks: u64) -> Self {
+        self.pull = Some(Mutex::new(crate::kv_pull::PullQueue::new(capacity, blocks)));
+        self
+    }
+
+    /// The pull API's queued events, drained; None when the worker does not serve it.
+    pub(crate) fn pull(&self) -> Option<Vec<serde_json::Value>> {
+        let q = self.pull.as_ref()?;
+        Some(q.lock().unwrap_or_else(|e| e.into_inner()).drain())
     }
 
     /// Remembers the names of a namespace requests use.
@@ -107,6 +123,11 @@ impl EventHub {
         if events.is_empty() {
             return None;
         }
+        if let Some(q) = &self.pull {
+            q.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_events(&events);
+        }
         let mut st = self.state();
         let batch = Arc::new(EventBatch {
             seq: st.next_seq,
@@ -141,6 +162,9 @@ impl EventHub {
         let mut st = self.state();
         st.next_seq = 0;
         st.buffer.clear();
+        if let Some(q) = &self.pull {
+            q.lock().unwrap_or_else(|e| e.into_inner()).restart();
+        }
     }
 
     /// The buffered batches with a sequence number of `seq` or more, in order.

@@ -15,6 +15,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use kvroute_preprocess::Preprocessor;
 use kvroute_protocol::openai::{ApiError, ErrorKind, ModelList};
+use serde_json::Value;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
@@ -55,6 +56,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/admin/reset", post(reset))
         .route("/admin/faults", post(faults))
+        .route("/kv_cache_events", post(kv_cache_events))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), request_id))
         .with_state(state)
@@ -158,6 +160,14 @@ async fn faults(State(s): State<AppState>, body: axum::body::Bytes) -> Response 
             ErrorKind::InvalidRequest,
             format!("expected {{\"blank_live\": bool}}: {e}"),
         )),
+    }
+}
+
+/// TensorRT-LLM's pull API: the queued KV events, each returned once.
+async fn kv_cache_events(State(s): State<AppState>, req: Request) -> Response {
+    match s.hub.pull() {
+        Some(events) => json_response(StatusCode::OK, Value::Array(events).to_string()),
+        None => not_found(req).await,
     }
 }
 

@@ -31,6 +31,7 @@ mod events;
 mod generate;
 mod http;
 mod ids;
+mod kv_pull;
 mod metrics;
 mod stream;
 mod text;
@@ -216,10 +217,11 @@ pub async fn spawn(
         .await
         .map_err(|e| WorkerError::Config(format!("building the output vocabulary: {e}")))?;
 
-    let hub = Arc::new(events::EventHub::new(
-        config.replay_buffer,
-        config.event_format,
-    ));
+    let mut hub = events::EventHub::new(config.replay_buffer, config.event_format);
+    if config.event_format == kvroute_protocol::kv_events::EventFormat::Trtllm {
+        hub = hub.with_pull(config.pull_buffer, engine_cfg.num_gpu_blocks as u64);
+    }
+    let hub = Arc::new(hub);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     let (mut zmq_publish, mut zmq_replay) = (None, None);
