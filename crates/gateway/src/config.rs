@@ -63,9 +63,11 @@ pub struct WorkerSpec {
     pub url: String,
     /// A name for logs and metric labels (default: the URL's host and port).
     pub name: Option<String>,
-    /// Its ZMQ KV event endpoint, when it publishes events: `tcp://host:port` (the gateway
+    /// Its KV event source, when it has one: a ZMQ endpoint, `tcp://host:port` (the gateway
     /// connects to the engine's PUB socket) or `bind:tcp://host:port` (the gateway binds, the
-    /// engine connects: vLLM connects its publisher for any endpoint but a wildcard one).
+    /// engine connects: vLLM connects its publisher for any endpoint but a wildcard one); or a
+    /// pull API polled over HTTP (TensorRT-LLM): `poll` for `URL/kv_cache_events`, or
+    /// `poll:http://host:port/path`.
     pub events: Option<String>,
     /// Its ZMQ replay endpoint, when it serves one.
     pub replay: Option<String>,
@@ -104,9 +106,25 @@ impl WorkerSpec {
         })
     }
 
-    /// The event endpoint without its `bind:` prefix, and whether the gateway binds it.
+    /// The URL of its events pull API, when its events are polled over HTTP.
+    pub fn event_poll_url(&self) -> Option<String> {
+        let ep = self.events.as_deref()?;
+        if ep == "poll" {
+            return Some(format!(
+                "{}/kv_cache_events",
+                self.url.trim_end_matches('/')
+            ));
+        }
+        ep.strip_prefix("poll:").map(str::to_string)
+    }
+
+    /// The event endpoint without its `bind:` prefix, and whether the gateway binds it
+    /// (None for a pull API).
     pub fn event_socket(&self) -> Option<(&str, bool)> {
         let ep = self.events.as_deref()?;
+        if self.event_poll_url().is_some() {
+            return None;
+        }
         Some(match ep.strip_prefix("bind:") {
             Some(rest) => (rest, true),
             None => (ep, false),
@@ -145,6 +163,22 @@ impl WorkerSpec {
                         self.url
                     ));
                 }
+            }
+        }
+        if let Some(url) = self.event_poll_url() {
+            if !(url.starts_with("http://") || url.starts_with("https://"))
+                || reqwest::Url::parse(&url).is_err()
+            {
+                return bad(format!(
+                    "worker {}: the events pull API {url:?} must be an http(s) URL",
+                    self.url
+                ));
+            }
+            if self.replay.is_some() {
+                return bad(format!(
+                    "worker {}: a pull API of events has no replay endpoint",
+                    self.url
+                ));
             }
         }
         if self.replay.is_some() && self.events.is_none() {
@@ -222,6 +256,11 @@ pub struct UpstreamConfig {
     /// Seconds without an answer to a heartbeat before the connection is dropped and
     /// reconnected.
     pub event_heartbeat_timeout_secs: f64,
+    /// Seconds between calls to a pull API of KV events (TensorRT-LLM's
+    /// `POST /kv_cache_events`).
+    pub event_poll_secs: f64,
+    /// The longest such a call may take, in seconds.
+    pub event_poll_timeout_secs: f64,
 }
 
 impl Default for UpstreamConfig {
@@ -234,6 +273,8 @@ impl Default for UpstreamConfig {
             max_event_message_bytes: 64 << 20,
             event_heartbeat_secs: 5.0,
             event_heartbeat_timeout_secs: 30.0,
+            event_poll_secs: 0.2,
+            event_poll_timeout_secs: 5.0,
         }
     }
 }
@@ -292,6 +333,11 @@ impl GatewayConfig {
         positive(
             "upstream.event_heartbeat_timeout_secs",
             self.upstream.event_heartbeat_timeout_secs,
+        )?;
+        positive("upstream.event_poll_secs", self.upstream.event_poll_secs)?;
+        positive(
+            "upstream.event_poll_timeout_secs",
+            self.upstream.event_poll_timeout_secs,
         )?;
         if !(self.upstream.event_heartbeat_secs.is_finite()
             && self.upstream.event_heartbeat_secs >= 0.0)

@@ -15,9 +15,11 @@
 //!   away). Nothing here drops an index because an engine is slow or unreachable.
 
 pub mod groups;
+mod poll;
 pub mod sync;
 mod zmq;
 
+pub use self::poll::{poll_feed, PollSubscription};
 pub use self::zmq::{zmq_feed, ZmqReplay, ZmqSubscription, END_SEQ};
 
 use crate::registry::{CacheState, WorkerEntry};
@@ -49,6 +51,15 @@ pub enum FeedItem {
     Connected,
     /// The publisher went away.
     Disconnected,
+    /// Events were lost for good (a pull API's engine dropped them): the worker's index is
+    /// dropped, since what it misses cannot be fetched again.
+    Lost {
+        /// What happened, for the log.
+        reason: String,
+    },
+    /// The engine restarted (said by a feed without sequence numbers of its own; its next
+    /// batch starts with a clear).
+    Restarted,
 }
 
 /// Where a worker's event batches come from.
@@ -168,6 +179,22 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
                 t.away = true;
                 entry.events.disconnects.fetch_add(1, Ordering::Relaxed);
                 entry.set_cache_state(CacheState::Unknown);
+            }
+            FeedItem::Lost { reason } => {
+                entry.events.gaps.fetch_add(1, Ordering::Relaxed);
+                entry.events.degraded.store(true, Ordering::Relaxed);
+                tracing::warn!(worker = %entry.name, %reason, "KV events lost for good; dropping the worker's index, which rebuilds from the events that follow");
+                clear(&gw, entry);
+                entry.events.degraded.store(true, Ordering::Relaxed);
+                t.lost = true;
+                entry.set_cache_state(state_of(&t));
+            }
+            FeedItem::Restarted => {
+                entry.events.restarts.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(worker = %entry.name, "engine restarted (its event ids began again): dropping its index entries");
+                clear(&gw, entry);
+                t.lost = false;
+                entry.set_cache_state(state_of(&t));
             }
             FeedItem::Undecodable(error) => {
                 tracing::warn!(worker = %entry.name, %error, "undecodable KV event message dropped");

@@ -191,6 +191,20 @@ pub async fn spawn(
         }
         let feed = match (feeds.remove(&i), w.event_socket()) {
             (Some(f), _) => f,
+            (None, None) if w.event_poll_url().is_some() => {
+                let up = &gw.config.upstream;
+                events::poll_feed(
+                    gw.client.clone(),
+                    events::PollSubscription {
+                        worker: w.display_name(),
+                        url: w.event_poll_url().unwrap_or_default(),
+                        interval_secs: up.event_poll_secs,
+                        timeout_secs: up.event_poll_timeout_secs,
+                        max_bytes: up.max_event_message_bytes,
+                        block_size: gw.config.router.block_size as u64,
+                    },
+                )
+            }
             (None, Some((endpoint, bind))) => {
                 let up = &gw.config.upstream;
                 events::zmq_feed(events::ZmqSubscription {

@@ -6,32 +6,9 @@
 
 use crate::support::*;
 use kvroute_gateway::{WorkerSpec, PREDICTED_CACHED_HEADER};
-use kvroute_worker::{WorkerConfig, WorkerHandle, ZmqConfig};
+use kvroute_protocol::kv_events::EventFormat;
+use kvroute_worker::WorkerHandle;
 use std::collections::BTreeMap;
-
-async fn zmq_worker() -> WorkerHandle {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cfg = WorkerConfig {
-        model: MODEL.into(),
-        profile: "tiny-fast".into(),
-        speedup: 20.0,
-        worker_name: "a".into(),
-        ..WorkerConfig::default()
-    };
-    let zmq = ZmqConfig {
-        publish: "tcp://127.0.0.1:0".into(),
-        connect: false,
-        replay: Some("tcp://127.0.0.1:0".into()),
-    };
-    kvroute_worker::spawn(
-        cfg,
-        kvroute_preprocess::Preprocessor::builtin(),
-        listener,
-        Some(zmq),
-    )
-    .await
-    .unwrap()
-}
 
 /// (predicted, engine-reported cached tokens) of one request.
 async fn ask(url: &str, text: &str) -> (u64, u64) {
@@ -67,7 +44,7 @@ async fn faults(w: &WorkerHandle, blank_live: bool) {
 /// Phase 1 loses the events of three prompts asked twice each; phase 2 asks them again.
 /// Returns phase 2's (predicted, cached) pairs and the worker's accuracy report.
 async fn run(repair: bool) -> (Vec<(u64, u64)>, serde_json::Value, String) {
-    let w = zmq_worker().await;
+    let w = zmq_worker("a", EventFormat::Vllm).await;
     let mut cfg = config(&[&w], "kv");
     let (events, replay) = w.zmq_endpoints().unwrap();
     cfg.workers[0] = WorkerSpec {

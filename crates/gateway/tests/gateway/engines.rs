@@ -2,39 +2,14 @@
 //! in vLLM's, SGLang's or TensorRT-LLM's wire form (`--event-format`), serve a LoRA adapter
 //! and take cache salts; the gateway reads whichever form comes without being told, and its
 //! prediction for each request equals the cached tokens the engine reports, so requests of
-//! another adapter or salt are never predicted cached on the base model's blocks.
+//! another adapter or salt are never predicted cached on the base model's blocks. TensorRT-
+//! LLM's HTTP pull API (`events = "poll"`) is polled the same way.
 
 use crate::support::*;
 use kvroute_gateway::{WorkerSpec, PREDICTED_CACHED_HEADER};
 use kvroute_protocol::kv_events::EventFormat;
-use kvroute_worker::{WorkerConfig, WorkerHandle, ZmqConfig};
+use kvroute_worker::WorkerConfig;
 use std::collections::BTreeMap;
-
-async fn zmq_worker(name: &str, format: EventFormat) -> WorkerHandle {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cfg = WorkerConfig {
-        model: MODEL.into(),
-        profile: "tiny-fast".into(),
-        speedup: 20.0,
-        worker_name: name.into(),
-        event_format: format,
-        lora_adapters: vec!["sql".into()],
-        ..WorkerConfig::default()
-    };
-    let zmq = ZmqConfig {
-        publish: "tcp://127.0.0.1:0".into(),
-        connect: false,
-        replay: Some("tcp://127.0.0.1:0".into()),
-    };
-    kvroute_worker::spawn(
-        cfg,
-        kvroute_preprocess::Preprocessor::builtin(),
-        listener,
-        Some(zmq),
-    )
-    .await
-    .unwrap()
-}
 
 /// One request: (worker, predicted cached tokens, engine-reported cached tokens).
 async fn ask(url: &str, model: &str, salt: Option<&str>, text: &str) -> (String, u64, u64) {
@@ -60,7 +35,9 @@ async fn ask(url: &str, model: &str, salt: Option<&str>, text: &str) -> (String,
     (worker, predicted, cached)
 }
 
-async fn run(format: EventFormat) {
+/// Runs the scenario with events over ZMQ, or (`poll`) from TensorRT-LLM's pull API, which
+/// names salts but no adapters (so only salts are asked then).
+async fn run(format: EventFormat, poll: bool) {
     let (a, b) = (zmq_worker("a", format).await, zmq_worker("b", format).await);
     let mut cfg = config(&[&a, &b], "kv");
     for (spec, w) in cfg.workers.iter_mut().zip([&a, &b]) {
@@ -68,8 +45,8 @@ async fn run(format: EventFormat) {
         *spec = WorkerSpec {
             url: w.url(),
             name: Some(w.name().to_string()),
-            events: Some(events),
-            replay: Some(replay),
+            events: Some(if poll { "poll".into() } else { events }),
+            replay: (!poll).then_some(replay),
             ..WorkerSpec::default()
         };
     }
@@ -98,24 +75,40 @@ async fn run(format: EventFormat) {
     assert!(p2 > 0, "{format:?}: nothing predicted");
     assert_eq!(p2, c2, "{format:?}: predicted {p2}, engine cached {c2}");
 
+    let first: &[(&str, Option<&str>)] = if poll {
+        &[(MODEL, Some("tenant-7"))]
+    } else {
+        &[
+            ("sql", None),
+            (MODEL, Some("tenant-7")),
+            ("sql", Some("tenant-7")),
+        ]
+    };
     // The adapter and a salt: equal tokens, but none of the base model's blocks.
-    for (model, salt) in [
-        ("sql", None),
-        (MODEL, Some("tenant-7")),
-        ("sql", Some("tenant-7")),
-    ] {
+    for &(model, salt) in first {
         let (_, p, c) = ask(&url, model, salt, &doc).await;
         assert_eq!((p, c), (0, 0), "{format:?} {model} {salt:?}");
     }
     // Their blocks arrive as blocks of their own namespaces ...
-    assert!(eventually(10, async || total_blocks().await >= base_blocks * 4).await);
+    let namespaces = 1 + first.len() as u64;
+    assert!(
+        eventually(10, async || total_blocks().await
+            >= base_blocks * namespaces)
+        .await
+    );
     // ... and are predicted exactly for the next request of the same adapter and salt.
-    for (model, salt) in [
-        ("sql", None),
-        (MODEL, Some("tenant-7")),
-        ("sql", Some("tenant-7")),
-        (&format!("{MODEL}:sql") as &str, None),
-    ] {
+    let sglang_form = format!("{MODEL}:sql");
+    let again: &[(&str, Option<&str>)] = if poll {
+        &[(MODEL, Some("tenant-7"))]
+    } else {
+        &[
+            ("sql", None),
+            (MODEL, Some("tenant-7")),
+            ("sql", Some("tenant-7")),
+            (&sglang_form, None),
+        ]
+    };
+    for &(model, salt) in again {
         let (_, p, c) = ask(&url, model, salt, &doc).await;
         assert!(p > 0, "{format:?} {model} {salt:?}: nothing predicted");
         assert_eq!(p, c, "{format:?} {model} {salt:?}");
@@ -127,15 +120,64 @@ async fn run(format: EventFormat) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_events_with_adapters_and_salts_predict_what_the_engine_caches() {
-    run(EventFormat::Vllm).await;
+    run(EventFormat::Vllm, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sglang_events_with_adapters_and_salts_predict_what_the_engine_caches() {
-    run(EventFormat::Sglang).await;
+    run(EventFormat::Sglang, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trtllm_events_with_adapters_and_salts_predict_what_the_engine_caches() {
-    run(EventFormat::Trtllm).await;
+    run(EventFormat::Trtllm, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trtllm_pull_api_events_with_salts_predict_what_the_engine_caches() {
+    run(EventFormat::Trtllm, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_api_that_dropped_events_is_cleared_and_marked_unknown() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = WorkerConfig {
+        model: MODEL.into(),
+        profile: "tiny-fast".into(),
+        speedup: 20.0,
+        worker_name: "a".into(),
+        event_format: EventFormat::Trtllm,
+        // Room for three events only: more between two polls and the oldest are dropped.
+        pull_buffer: 3,
+        ..WorkerConfig::default()
+    };
+    let a = kvroute_worker::spawn(
+        cfg,
+        kvroute_preprocess::Preprocessor::builtin(),
+        listener,
+        None,
+    )
+    .await
+    .unwrap();
+    let mut cfg = config(&[&a], "kv");
+    cfg.workers[0].events = Some("poll".into());
+    cfg.upstream.event_poll_secs = 1.0;
+    let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
+    let url = gw.url();
+    let state = async || debug_workers(&url).await["workers"][0]["worker"].clone();
+    assert!(eventually(10, async || state().await["cache_state"] == "exact").await);
+    // Five prompts between two polls: at least five stored events for a queue of three.
+    for i in 0..5 {
+        ask(&url, MODEL, None, &format!("prompt {i} ").repeat(40)).await;
+    }
+    assert!(
+        eventually(10, async || state().await["gaps"] == 1).await,
+        "{}",
+        state().await
+    );
+    let w = state().await;
+    assert_eq!(w["cache_state"], "unknown", "{w}");
+    assert_eq!(w["degraded"], true, "{w}");
+    gw.shutdown().await;
+    a.shutdown().await;
 }

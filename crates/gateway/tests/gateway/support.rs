@@ -30,6 +30,32 @@ pub async fn worker_with(name: &str, tweak: impl FnOnce(&mut WorkerConfig)) -> W
         .unwrap()
 }
 
+/// A simulated worker publishing its KV events over real ZMQ sockets (PUB and replay, on
+/// ephemeral ports) in `format`, serving the LoRA adapter `sql` besides the base model.
+pub async fn zmq_worker(
+    name: &str,
+    format: kvroute_protocol::kv_events::EventFormat,
+) -> WorkerHandle {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = WorkerConfig {
+        model: MODEL.into(),
+        profile: "tiny-fast".into(),
+        speedup: 20.0,
+        worker_name: name.into(),
+        event_format: format,
+        lora_adapters: vec!["sql".into()],
+        ..WorkerConfig::default()
+    };
+    let zmq = kvroute_worker::ZmqConfig {
+        publish: "tcp://127.0.0.1:0".into(),
+        connect: false,
+        replay: Some("tcp://127.0.0.1:0".into()),
+    };
+    kvroute_worker::spawn(cfg, Preprocessor::builtin(), listener, Some(zmq))
+        .await
+        .unwrap()
+}
+
 /// Replays from a worker's in-process buffer.
 pub struct BufferReplay(pub Arc<dyn Fn(u64) -> Vec<Arc<EventBatch>> + Send + Sync>);
 

@@ -62,8 +62,10 @@ impl<'de> Deserialize<'de> for Payload {
     }
 }
 
-/// A block hash: any integer, or bytes.
-struct Hash(EngineHash);
+/// A block hash as engines write it: any integer (signed ones keep their bit pattern), bytes
+/// (their xxh3 digest), or a string (up to 16 hex digits are their value, anything else its
+/// xxh3 digest). Shared by the ZMQ decoder and TensorRT-LLM's JSON pull API.
+pub(super) struct Hash(pub(super) EngineHash);
 
 impl<'de> Deserialize<'de> for Hash {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -71,7 +73,7 @@ impl<'de> Deserialize<'de> for Hash {
         impl Visitor<'_> for V {
             type Value = Hash;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a block hash (an integer or bytes)")
+                f.write_str("a block hash (an integer, bytes or a string)")
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Hash, E> {
                 Ok(Hash(EngineHash(v)))
@@ -82,9 +84,21 @@ impl<'de> Deserialize<'de> for Hash {
             fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Hash, E> {
                 Ok(Hash(EngineHash(xxhash_rust::xxh3::xxh3_64(v))))
             }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Hash, E> {
+                Ok(Hash(EngineHash(hash_of_str(v))))
+            }
         }
         d.deserialize_any(V)
     }
+}
+
+/// A string hash: up to 16 hex digits are their value, anything else its xxh3 digest.
+fn hash_of_str(s: &str) -> u64 {
+    let short_hex = !s.is_empty() && s.len() <= 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    short_hex
+        .then(|| u64::from_str_radix(s, 16).ok())
+        .flatten()
+        .unwrap_or_else(|| xxhash_rust::xxh3::xxh3_64(s.as_bytes()))
 }
 
 fn hashes(v: Vec<Hash>) -> Vec<EngineHash> {
