@@ -19,8 +19,10 @@ pub struct ServeArgs {
     /// Port to listen on.
     #[arg(long)]
     pub port: Option<u16>,
-    /// An engine: `URL[=EVENTS[=REPLAY]]`, e.g.
-    /// `http://10.0.0.5:8000=tcp://10.0.0.5:5557=tcp://10.0.0.5:5558`. Repeat per engine.
+    /// An engine: `URL[=EVENTS[=REPLAY]][,dp=N]`, e.g.
+    /// `http://10.0.0.5:8000=tcp://10.0.0.5:5557=tcp://10.0.0.5:5558`; EVENTS may be
+    /// `bind:tcp://...`, or `poll` for TensorRT-LLM's pull API; `,dp=N`: N data-parallel
+    /// ranks, routed to apart. Repeat per engine.
     #[arg(long = "worker")]
     pub workers: Vec<String>,
     /// Routing policy: round_robin, random, least_loaded, power_of_two, kv, predictive.

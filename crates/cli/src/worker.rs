@@ -63,6 +63,9 @@ pub struct WorkerArgs {
     /// A LoRA adapter served besides the base model (repeat for several).
     #[arg(long = "lora-adapter")]
     pub lora_adapters: Vec<String>,
+    /// The data-parallel rank this worker plays (stamped on its KV event batches).
+    #[arg(long)]
+    pub data_parallel_rank: Option<u32>,
 }
 
 impl WorkerArgs {
@@ -91,6 +94,7 @@ impl WorkerArgs {
         if !self.lora_adapters.is_empty() {
             c.lora_adapters = self.lora_adapters.clone();
         }
+        c.data_parallel_rank = self.data_parallel_rank.unwrap_or(c.data_parallel_rank);
         c.validate()?;
         Ok(c)
     }

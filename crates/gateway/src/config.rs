@@ -1,6 +1,8 @@
 //! The gateway's settings: one struct tree, read from a TOML file, then overridden by the
 //! command line, then checked by [`GatewayConfig::validate`]. Defaults are written once, here.
 
+mod ranks;
+
 use kvroute_core::{RouterConfig, WorkerCapacity};
 use kvroute_protocol::openai::Endpoint;
 use serde::{Deserialize, Serialize};
@@ -75,12 +77,31 @@ pub struct WorkerSpec {
     pub kv_blocks: Option<u64>,
     /// Its batch limit (`max_num_seqs`), when known.
     pub max_batch: Option<u32>,
+    /// Its data-parallel ranks (vLLM `--data-parallel-size`, SGLang `--dp-size` with DP
+    /// attention), when more than one: each rank has a KV cache of its own and is routed to as
+    /// a worker of its own, named `NAME/dpR`, its events on the event and replay ports plus
+    /// its rank (the engines' convention), its requests steered there with the
+    /// `X-Data-Parallel-Rank` header. `kv_blocks` and `max_batch` are then per rank.
+    pub dp_size: Option<u32>,
+    /// Which rank of its engine this entry is, once the ranks are expanded (set by the
+    /// gateway, never configured).
+    #[serde(skip)]
+    pub dp_rank: Option<u32>,
 }
 
 impl WorkerSpec {
-    /// Parses the command-line form `URL[=EVENTS[=REPLAY]]`, e.g.
-    /// `http://127.0.0.1:8001=tcp://127.0.0.1:5557=tcp://127.0.0.1:5558`.
+    /// Parses the command-line form `URL[=EVENTS[=REPLAY]][,dp=N]`, e.g.
+    /// `http://127.0.0.1:8001=tcp://127.0.0.1:5557=tcp://127.0.0.1:5558,dp=2`.
     pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        let (s, dp_size) = match s.rsplit_once(",dp=") {
+            Some((rest, n)) => (
+                rest,
+                Some(n.parse::<u32>().map_err(|_| {
+                    ConfigError(format!("worker {s:?}: dp={n:?} is not a rank count"))
+                })?),
+            ),
+            None => (s, None),
+        };
         let mut parts = s.splitn(3, '=');
         let url = parts.next().unwrap_or_default().to_string();
         let events = parts.next().map(str::to_string);
@@ -89,6 +110,7 @@ impl WorkerSpec {
             url,
             events,
             replay,
+            dp_size,
             ..Self::default()
         };
         spec.validate()?;
@@ -181,6 +203,7 @@ impl WorkerSpec {
                 ));
             }
         }
+        ranks::validate(self)?;
         if self.replay.is_some() && self.events.is_none() {
             return bad(format!(
                 "worker {}: a replay endpoint needs an events endpoint",

@@ -19,7 +19,7 @@ mod poll;
 pub mod sync;
 mod zmq;
 
-pub use self::poll::{poll_feed, PollSubscription};
+pub use self::poll::{poll_feeds, PollSubscription};
 pub use self::zmq::{zmq_feed, ZmqReplay, ZmqSubscription, END_SEQ};
 
 use crate::registry::{CacheState, WorkerEntry};
@@ -410,6 +410,16 @@ fn count(gw: &Gateway, worker: &str, kind: &str, result: &str) {
 fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
     entry.events.batches.fetch_add(1, Ordering::Relaxed);
     let name = entry.name.as_str();
+    let rank = i64::from(entry.spec.dp_rank.unwrap_or(0));
+    if let Some(got) = batch.dp_rank.filter(|&r| r != rank) {
+        // Another rank's cache: taken in, it would predict hits this rank does not have.
+        entry.events.degraded.store(true, Ordering::Relaxed);
+        tracing::error!(worker = %name, expected = rank, got, seq = batch.seq, "KV event batch of another data-parallel rank refused: check the worker's dp_size and event ports");
+        for e in &batch.events {
+            count(gw, name, event_type(e), "wrong_rank");
+        }
+        return;
+    }
     let mut results: Vec<(&'static str, &'static str)> = Vec::with_capacity(batch.events.len());
     {
         let mut groups = entry

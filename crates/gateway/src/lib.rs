@@ -34,6 +34,9 @@ use tokio::task::JoinHandle;
 
 /// The header carrying a request's id, both ways.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
+/// The header that steers a request to one data-parallel rank of an engine (vLLM reads it
+/// in `_get_data_parallel_rank`, SGLang in its data-parallel controller).
+pub const DP_RANK_HEADER: &str = "x-data-parallel-rank";
 
 /// The header naming the worker that served a request.
 pub const WORKER_HEADER: &str = "x-kvroute-worker";
@@ -140,7 +143,8 @@ async fn prune(gw: Arc<Gateway>) {
 
 /// Starts the gateway on `listener` with `preprocessor`. Workers with a ZMQ `events`
 /// endpoint are subscribed; `feeds` gives other workers' event feeds by their index in
-/// `config.workers` (the one-process demo wires in-process channels this way). A worker with
+/// `config.workers` once data-parallel engines are expanded into one worker per rank (the
+/// one-process demo wires in-process channels this way). A worker with
 /// neither, and every worker when the preprocessor is approximate (its pseudo tokens are not
 /// the engine's), is tracked approximately: from what the gateway routed to it.
 pub async fn spawn(
@@ -149,6 +153,8 @@ pub async fn spawn(
     listener: tokio::net::TcpListener,
     mut feeds: BTreeMap<usize, EventFeed>,
 ) -> Result<GatewayHandle, StartError> {
+    config.validate()?;
+    let config = config.with_ranks_expanded();
     config.validate()?;
     let mut router = Router::new(config.router.clone())?;
     let mut tracking = Vec::with_capacity(config.workers.len());
@@ -192,18 +198,30 @@ pub async fn spawn(
         let feed = match (feeds.remove(&i), w.event_socket()) {
             (Some(f), _) => f,
             (None, None) if w.event_poll_url().is_some() => {
+                // One poller per engine: rank 0 starts it for every rank (`dp_size`).
+                if w.dp_rank.unwrap_or(0) > 0 {
+                    continue;
+                }
                 let up = &gw.config.upstream;
-                events::poll_feed(
-                    gw.client.clone(),
-                    events::PollSubscription {
-                        worker: w.display_name(),
-                        url: w.event_poll_url().unwrap_or_default(),
-                        interval_secs: up.event_poll_secs,
-                        timeout_secs: up.event_poll_timeout_secs,
-                        max_bytes: up.max_event_message_bytes,
-                        block_size: gw.config.router.block_size as u64,
-                    },
-                )
+                let ranks = w.dp_rank.and(w.dp_size).unwrap_or(1);
+                let sub = events::PollSubscription {
+                    worker: w.display_name(),
+                    url: w.event_poll_url().unwrap_or_default(),
+                    interval_secs: up.event_poll_secs,
+                    timeout_secs: up.event_poll_timeout_secs,
+                    max_bytes: up.max_event_message_bytes,
+                    block_size: gw.config.router.block_size as u64,
+                    ranks,
+                };
+                let mut rank_feeds = events::poll_feeds(gw.client.clone(), sub).into_iter();
+                let Some(first) = rank_feeds.next() else {
+                    continue;
+                };
+                for (r, f) in rank_feeds.enumerate() {
+                    let rank_id = kvroute_core::WorkerId(id.0 + r as u64 + 1);
+                    tasks.push(tokio::spawn(events::ingest(gw.clone(), rank_id, f)));
+                }
+                first
             }
             (None, Some((endpoint, bind))) => {
                 let up = &gw.config.upstream;

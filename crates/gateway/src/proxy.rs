@@ -153,13 +153,15 @@ async fn send(
     let url = w
         .url(call.view.endpoint)
         .map_err(|e| GatewayError::Internal(format!("worker {} URL: {e}", w.name)))?;
-    let req = gw
+    let mut req = gw
         .client
         .post(url)
         .header(header::CONTENT_TYPE, "application/json")
-        .header(REQUEST_ID_HEADER, call.request_id)
-        .body(call.body.clone())
-        .send();
+        .header(REQUEST_ID_HEADER, call.request_id);
+    if let Some(rank) = w.spec.dp_rank {
+        req = req.header(crate::DP_RANK_HEADER, rank);
+    }
+    let req = req.body(call.body.clone()).send();
     let timeout = Duration::from_secs_f64(gw.config.upstream.first_byte_timeout_secs);
     match tokio::time::timeout(timeout, req).await {
         Ok(Ok(resp)) => Ok(resp),

@@ -187,6 +187,9 @@ pub struct WorkerReport {
     pub health: Health,
     /// ZMQ event endpoint, if any (`bind:` when the gateway binds it).
     pub events_endpoint: Option<String>,
+    /// Its engine's data-parallel rank, when the engine has several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dp_rank: Option<u32>,
     /// How far its index can be trusted.
     pub cache_state: CacheState,
     /// Next event sequence number expected.
@@ -273,6 +276,7 @@ impl Registry {
                 url: w.spec.url.clone(),
                 health: if w.is_up() { Health::Up } else { Health::Down },
                 events_endpoint: w.spec.events.clone(),
+                dp_rank: w.spec.dp_rank,
                 cache_state: w.cache_state(),
                 next_seq: w.events.next_seq.load(Ordering::Relaxed),
                 event_batches: w.events.batches.load(Ordering::Relaxed),

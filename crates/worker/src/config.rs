@@ -47,6 +47,9 @@ pub struct WorkerConfig {
     pub pull_buffer: usize,
     /// Event batches kept for replay.
     pub replay_buffer: usize,
+    /// The data-parallel rank this worker plays (stamped on its event batches, as an
+    /// engine's rank R does; publish on the engine's port plus R).
+    pub data_parallel_rank: u32,
     /// The worker's name in logs.
     pub worker_name: String,
 }
@@ -70,6 +73,7 @@ impl Default for WorkerConfig {
             lora_adapters: Vec::new(),
             pull_buffer: 10_000,
             replay_buffer: 10_000,
+            data_parallel_rank: 0,
             worker_name: "worker".into(),
         }
     }

@@ -12,14 +12,13 @@ use tokio::sync::broadcast;
 /// by `RecvError::Lagged` and can catch up with a replay).
 pub(crate) const BROADCAST_CAPACITY: usize = 16_384;
 
-/// The data-parallel rank stamped on batches (a worker is one rank, like vLLM's rank 0).
-const DP_RANK: i64 = 0;
-
 /// See the module documentation. Only the engine driver publishes; anyone may read.
 pub(crate) struct EventHub {
     state: Mutex<State>,
     tx: broadcast::Sender<Arc<EventBatch>>,
     format: EventFormat,
+    /// The data-parallel rank stamped on batches (a worker plays one rank of an engine).
+    dp_rank: u32,
     /// The adapter name and cache salt of each namespace requests used (the engine's events
     /// carry only the namespace's hash; the wire names them). Bounded by [`MAX_NAMES`].
     names: Mutex<HashMap<Namespace, Names>>,
@@ -48,6 +47,7 @@ impl EventHub {
         let (tx, _) = broadcast::channel(BROADCAST_CAPACITY);
         Self {
             format,
+            dp_rank: 0,
             names: Mutex::new(HashMap::new()),
             blank_live: Default::default(),
             pull: None,
@@ -68,7 +68,17 @@ impl EventHub {
     /// Also queues every event for TensorRT-LLM's pull API (at most `capacity`), for an
     /// engine of `blocks` KV blocks.
     pub(crate) fn with_pull(mut self, capacity: usize, blocks: u64) -> Self {
-        self.pull = Some(Mutex::new(crate::kv_pull::PullQueue::new(capacity, blocks)));
+        self.pull = Some(Mutex::new(crate::kv_pull::PullQueue::new(
+            capacity,
+            blocks,
+            self.dp_rank,
+        )));
+        self
+    }
+
+    /// The hub of data-parallel rank `rank` (set before [`Self::with_pull`]).
+    pub(crate) fn with_rank(mut self, rank: u32) -> Self {
+        self.dp_rank = rank;
         self
     }
 
@@ -133,7 +143,7 @@ impl EventHub {
             seq: st.next_seq,
             ts,
             events,
-            dp_rank: Some(DP_RANK),
+            dp_rank: Some(i64::from(self.dp_rank)),
         });
         st.next_seq += 1;
         if st.capacity > 0 {

@@ -19,17 +19,20 @@ pub(crate) struct PullQueue {
     events: VecDeque<Value>,
     capacity: usize,
     blocks: u64,
+    /// The attention-DP rank the events are of.
+    rank: u32,
 }
 
 impl PullQueue {
-    /// An empty queue for an engine of `blocks` KV blocks, starting with its `created`
-    /// event.
-    pub(crate) fn new(capacity: usize, blocks: u64) -> Self {
+    /// An empty queue for rank `rank` of an engine of `blocks` KV blocks, starting with its
+    /// `created` event.
+    pub(crate) fn new(capacity: usize, blocks: u64, rank: u32) -> Self {
         let mut q = Self {
             next_id: 0,
             events: VecDeque::new(),
             capacity: capacity.max(1),
             blocks,
+            rank,
         };
         q.created();
         q
@@ -43,6 +46,7 @@ impl PullQueue {
             "event_id": self.next_id,
             "data": data,
             "window_size": WINDOW,
+            "attention_dp_rank": self.rank,
         }));
         self.next_id += 1;
     }
@@ -116,7 +120,7 @@ mod tests {
 
     #[test]
     fn events_are_numbered_drained_once_and_bounded() {
-        let mut q = PullQueue::new(3, 100);
+        let mut q = PullQueue::new(3, 100, 0);
         q.push_events(&[Event::Stored(Stored {
             block_hashes: vec![EngineHash(u64::MAX), EngineHash(2)],
             token_ids: vec![1, 2, 3, 4],

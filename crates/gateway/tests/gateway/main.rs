@@ -4,6 +4,7 @@ mod accuracy;
 mod engines;
 mod events;
 mod health;
+mod ranks;
 mod resync;
 mod streams;
 mod support;

@@ -15,9 +15,10 @@
 //! attention window only, drops partial blocks and their removals, and maps host offloads
 //! (`updated` cache level 0 -> 1) to removals and onboards (1 -> 0) back to stores.
 //!
-//! The ranks of one engine are merged into one stream: trtllm-serve cannot steer a request
-//! to a rank, so the engine is the routing unit (a block removed by one rank is removed even
-//! if another rank still holds the same hash; that only loses a hit).
+//! A puller merges the ranks it is given into one stream (a block removed by one rank is
+//! removed even if another rank still holds the same hash; that only loses a hit). The
+//! gateway gives it one engine's ranks together, or, for an engine with `dp_size` set, one
+//! puller per rank with that rank's events only.
 
 use super::decode::Hash;
 use super::{Event, KeyValue, Removed, Stored};
