@@ -403,7 +403,17 @@ impl Router {
     /// Decides where `req` goes, without changing anything.
     pub fn route(&self, req: &RouteRequest<'_>) -> RouteOutcome {
         let ev = self.evaluate(req);
-        match (ev.decision, ev.choice) {
+        self.outcome(req, &ev)
+    }
+
+    /// [`Router::route`] and [`Router::explain`] of the same evaluation, at the cost of one.
+    pub fn route_explained(&self, req: &RouteRequest<'_>) -> (RouteOutcome, Explanation) {
+        let ev = self.evaluate(req);
+        (self.outcome(req, &ev), self.explanation(req, &ev))
+    }
+
+    fn outcome(&self, req: &RouteRequest<'_>, ev: &Evaluation) -> RouteOutcome {
+        match (ev.decision, &ev.choice) {
             (AdmissionDecision::Dispatch, Some((ix, choice))) => {
                 let i = ix[choice.chosen];
                 let c = &ev.candidates[i];

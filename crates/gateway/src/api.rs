@@ -78,6 +78,7 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
             body,
             request_id: &id,
             started,
+            explain: crate::explanation::asked(&headers),
         };
         forward(&gw, call, &prep)
             .await

@@ -13,6 +13,7 @@ mod api;
 pub mod config;
 mod error;
 pub mod events;
+mod explanation;
 mod health;
 mod metrics;
 mod proxy;
@@ -23,6 +24,7 @@ mod state;
 pub use config::{ConfigError, GatewayConfig, WorkerSpec};
 pub use error::GatewayError;
 pub use events::{EventFeed, FeedItem, Replay};
+pub use explanation::{EXPLAIN_HEADER, MAX_EXPLAINED_WORKERS, ROUTE_HEADER};
 pub use state::Gateway;
 
 use kvroute_core::{Router, Tracking};

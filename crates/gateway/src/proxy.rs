@@ -45,6 +45,8 @@ pub struct Call<'a> {
     pub request_id: &'a str,
     /// When it arrived.
     pub started: Instant,
+    /// Whether the client asked for the routing explanation (`x-kvroute-explain`).
+    pub explain: bool,
 }
 
 /// Routes and forwards `call`; returns the answer to send back.
@@ -57,7 +59,7 @@ pub async fn forward(
     let attempts = if gw.config.upstream.retry { 2 } else { 1 };
     let mut last_error = None;
     for attempt in 0..attempts {
-        let (sel, guard) = match admit(gw, prep, exclude, call.started).await {
+        let (sel, guard, explanation) = match admit(gw, prep, exclude, &call).await {
             Ok(x) => x,
             // A retry that finds no other worker reports the first failure.
             Err(e) if attempt > 0 => return Err(last_error.unwrap_or(e)),
@@ -85,7 +87,14 @@ pub async fn forward(
                         predicted: sel.cached_tokens as u64,
                         prompt_tokens: prep.prompt.tokens as u64,
                     };
-                    return Ok(answer(gw, &call, guard, read, prediction));
+                    let mut out = answer(gw, &call, guard, read, prediction);
+                    if let Some(v) = explanation
+                        .as_ref()
+                        .and_then(|ex| crate::explanation::header_value(gw, ex))
+                    {
+                        out.headers_mut().insert(crate::ROUTE_HEADER, v);
+                    }
+                    return Ok(out);
                 }
                 Err(message) => {
                     // The answer broke off before its first byte reached the client (the

@@ -5,8 +5,8 @@
 use crate::error::GatewayError;
 use crate::state::Gateway;
 use kvroute_core::{
-    BlockedPrompt, Namespace, RejectReason, RequestId, RouteOutcome, RouteRequest, Selection,
-    WorkerId,
+    BlockedPrompt, Explanation, Namespace, RejectReason, RequestId, RouteOutcome, RouteRequest,
+    Selection, WorkerId,
 };
 use kvroute_preprocess::INLINE_TOKENIZE_BYTES;
 use kvroute_protocol::openai::{ApiError, RequestView};
@@ -91,13 +91,16 @@ impl Drop for LedgerGuard {
 }
 
 /// Routes `prep`, waiting in the admission queue when every worker is busy, and books the
-/// chosen worker. `exclude` is a worker the request just failed on.
+/// chosen worker; with the decision's explanation when `call` asks for it. `exclude` is a
+/// worker the request just failed on.
 pub async fn admit(
     gw: &Arc<Gateway>,
     prep: &Prepared,
     exclude: Option<WorkerId>,
-    started: Instant,
-) -> Result<(Selection, LedgerGuard), GatewayError> {
+    call: &crate::proxy::Call<'_>,
+) -> Result<(Selection, LedgerGuard, Option<Explanation>), GatewayError> {
+    let started = call.started;
+    let mut explanation = None;
     let tokens = prep.prompt.tokens as u64;
     let mut queued_at = None;
     let result = loop {
@@ -119,7 +122,14 @@ pub async fn admit(
         };
         let outcome = {
             let mut r = gw.router();
-            match r.route(&request) {
+            let outcome = if call.explain {
+                let (outcome, ex) = r.route_explained(&request);
+                explanation = Some(ex);
+                outcome
+            } else {
+                r.route(&request)
+            };
+            match outcome {
                 RouteOutcome::Dispatch(sel) => {
                     let id = gw.next_request();
                     match r.dispatch(id, &request, &sel, gw.now()) {
@@ -171,7 +181,7 @@ pub async fn admit(
                 worker: sel.worker,
                 first_token: false,
             };
-            Ok((sel, guard))
+            Ok((sel, guard, explanation))
         }
         Err(e) => {
             if let GatewayError::Rejected(reason) = &e {

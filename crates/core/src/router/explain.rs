@@ -1,6 +1,6 @@
 //! `explain`: one routing decision laid open, for the debug endpoint and the dashboard.
 
-use super::{RouteRequest, Router};
+use super::{Evaluation, RouteRequest, Router};
 use crate::admission::AdmissionDecision;
 use crate::types::WorkerId;
 use serde::{Deserialize, Serialize};
@@ -55,7 +55,10 @@ impl Router {
     /// Explains how `req` would be routed now: every worker's matched blocks, load terms,
     /// cost, and the winner. Changes nothing.
     pub fn explain(&self, req: &RouteRequest<'_>) -> Explanation {
-        let ev = self.evaluate(req);
+        self.explanation(req, &self.evaluate(req))
+    }
+
+    pub(super) fn explanation(&self, req: &RouteRequest<'_>, ev: &Evaluation) -> Explanation {
         let bs = self.block_size.get();
         let mut costs = vec![None; ev.candidates.len()];
         let mut winner = None;

@@ -94,6 +94,11 @@ fn kv_routes_to_the_worker_holding_the_prefix() {
     assert_eq!(sel.cost, Some((1_000.0 - 640.0) / 16.0));
     // route has no side effects.
     assert_eq!(r.route(&req(&p)), RouteOutcome::Dispatch(sel.clone()));
+    // One evaluation gives both the outcome and its explanation.
+    let (outcome, ex) = r.route_explained(&req(&p));
+    assert_eq!(outcome, RouteOutcome::Dispatch(sel.clone()));
+    assert_eq!(ex, r.explain(&req(&p)));
+    assert_eq!(ex.winner, Some(WorkerId(2)));
     assert_eq!(r.ledger().inflight(), 0);
     r.dispatch(RequestId(1), &req(&p), &sel, Time::ZERO)
         .unwrap();

@@ -3,6 +3,7 @@
 mod accuracy;
 mod engines;
 mod events;
+mod explain;
 mod health;
 mod ranks;
 mod resync;

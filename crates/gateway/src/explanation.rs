@@ -1,0 +1,103 @@
+//! A routing decision laid open for the client that asks for it: a request with
+//! `x-kvroute-explain: 1` gets, in the `x-kvroute-route` response header, the router's
+//! [`Explanation`] of that very decision (the same evaluation that chose the worker, not a
+//! second look) as compact JSON with worker names: per worker the matched blocks, the
+//! uncached tokens, the load terms, the policy's cost and which one won. The dashboard's
+//! conversation page shows it per turn.
+
+use crate::state::Gateway;
+use axum::http::HeaderValue;
+use kvroute_core::Explanation;
+use serde::Serialize;
+
+/// The request header that asks for the explanation (any value but `0`).
+pub const EXPLAIN_HEADER: &str = "x-kvroute-explain";
+/// The response header that carries it.
+pub const ROUTE_HEADER: &str = "x-kvroute-route";
+/// Most workers listed: the chosen one, then the cheapest.
+pub const MAX_EXPLAINED_WORKERS: usize = 16;
+
+#[derive(Serialize)]
+struct Route<'a> {
+    policy: &'a str,
+    prompt_tokens: usize,
+    block_size: usize,
+    /// Workers not listed (beyond [`MAX_EXPLAINED_WORKERS`]).
+    omitted: usize,
+    workers: Vec<Terms<'a>>,
+}
+
+#[derive(Serialize)]
+struct Terms<'a> {
+    name: &'a str,
+    matched_blocks: usize,
+    uncached_tokens: usize,
+    inflight: u32,
+    prefill_tokens: u64,
+    busy: bool,
+    eligible: bool,
+    cost: Option<f64>,
+    chosen: bool,
+}
+
+/// Whether a request's headers ask for the explanation.
+pub fn asked(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(EXPLAIN_HEADER)
+        .is_some_and(|v| v.as_bytes() != b"0")
+}
+
+/// The header value for `ex`; None when it cannot be one (a name that is not visible ASCII).
+pub fn header_value(gw: &Gateway, ex: &Explanation) -> Option<HeaderValue> {
+    let mut order: Vec<usize> = (0..ex.workers.len()).collect();
+    // The winner first, then eligible workers by cost, then the rest, each by id.
+    order.sort_by(|&a, &b| {
+        let (x, y) = (&ex.workers[a], &ex.workers[b]);
+        y.chosen
+            .cmp(&x.chosen)
+            .then(y.eligible.cmp(&x.eligible))
+            .then(
+                x.cost
+                    .unwrap_or(f64::INFINITY)
+                    .total_cmp(&y.cost.unwrap_or(f64::INFINITY)),
+            )
+            .then(x.worker.cmp(&y.worker))
+    });
+    let listed = order.len().min(MAX_EXPLAINED_WORKERS);
+    let names: Vec<String> = order[..listed]
+        .iter()
+        .map(|&i| {
+            let id = ex.workers[i].worker;
+            gw.registry
+                .get(id)
+                .map_or_else(|| id.to_string(), |w| w.name.clone())
+        })
+        .collect();
+    let workers = order[..listed]
+        .iter()
+        .zip(&names)
+        .map(|(&i, name)| {
+            let w = &ex.workers[i];
+            Terms {
+                name,
+                matched_blocks: w.matched_blocks,
+                uncached_tokens: w.uncached_tokens,
+                inflight: w.inflight,
+                prefill_tokens: w.prefill_tokens,
+                busy: w.busy,
+                eligible: w.eligible,
+                cost: w.cost.filter(|c| c.is_finite()),
+                chosen: w.chosen,
+            }
+        })
+        .collect();
+    let route = Route {
+        policy: &ex.policy,
+        prompt_tokens: ex.prompt_tokens,
+        block_size: ex.block_size,
+        omitted: order.len() - listed,
+        workers,
+    };
+    let json = serde_json::to_string(&route).ok()?;
+    HeaderValue::from_str(&json).ok()
+}
