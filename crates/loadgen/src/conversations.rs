@@ -48,6 +48,8 @@ pub struct TurnView {
     pub output_tokens: u64,
     /// The worker that served it (when the server says).
     pub worker: Option<String>,
+    /// Why the router chose it (when the server says).
+    pub route: Option<crate::turn::RouteExplanation>,
     /// The user's message of this turn (cut to the store's limit).
     pub user: String,
     /// The answer (cut to the store's limit).
@@ -187,6 +189,7 @@ impl Conversations {
                 predicted_cached_tokens: None,
                 output_tokens: 0,
                 worker: None,
+                route: None,
                 user: truncate(user, max),
                 assistant: String::new(),
             });
@@ -301,6 +304,7 @@ mod tests {
             predicted_cached_tokens: Some(64),
             output_tokens: 10,
             worker: Some("w0".into()),
+            route: None,
             user: String::new(),
             assistant: answer.into(),
         }

@@ -92,6 +92,45 @@ pub struct WorkerCard {
     pub running: Option<f64>,
     /// Requests waiting.
     pub waiting: Option<f64>,
+    /// How far the gateway trusts its index of it (`exact`, `catching_up`, `unknown`,
+    /// `approximate`).
+    pub cache_state: Option<String>,
+    /// The gateway's prediction accuracy for it over its recent requests.
+    pub accuracy: Option<AccuracyCard>,
+}
+
+/// How well the gateway predicted a worker's cached tokens (its `/debug/workers` accuracy).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct AccuracyCard {
+    /// Requests in the recent window.
+    pub samples: u64,
+    /// Share of them predicted exactly.
+    pub exact_ratio: Option<f64>,
+    /// Their mean absolute error, in tokens.
+    pub mean_abs_error_tokens: Option<f64>,
+    /// Over- and under-predictions among them.
+    pub over: u64,
+    /// Under-predictions among them.
+    pub under: u64,
+    /// Why the gateway marked the worker degraded, when it did.
+    pub degraded: Option<String>,
+    /// Times its index was rebuilt for it.
+    pub repairs: u64,
+}
+
+impl AccuracyCard {
+    fn of(a: &serde_json::Value) -> Option<Self> {
+        let u = |k: &str| a[k].as_u64().unwrap_or(0);
+        a.is_object().then(|| Self {
+            samples: u("samples"),
+            exact_ratio: a["exact_ratio"].as_f64(),
+            mean_abs_error_tokens: a["mean_abs_error_tokens"].as_f64(),
+            over: u("over"),
+            under: u("under"),
+            degraded: a["degraded"].as_str().map(|s| s.chars().take(64).collect()),
+            repairs: u("repairs"),
+        })
+    }
 }
 
 /// The fleet behind the target.
@@ -196,6 +235,10 @@ impl FleetReader {
                 up: w["worker"]["health"] == "up",
                 inflight: w["load"]["inflight"].as_u64(),
                 index_blocks: w["index_blocks"].as_u64(),
+                cache_state: w["worker"]["cache_state"]
+                    .as_str()
+                    .map(|s| s.chars().take(32).collect()),
+                accuracy: AccuracyCard::of(&w["worker"]["accuracy"]),
                 ..WorkerCard::default()
             })
             .collect();

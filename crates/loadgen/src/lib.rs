@@ -31,7 +31,7 @@ pub use fleet::{DashboardConfig, Fleet, WorkerCard};
 pub use observer::{Observer, ObserverConfig, Totals};
 pub use replay::{replay, ReplayConfig};
 pub use service::{LiveStats, Service, ServiceConfig, ServiceError};
-pub use turn::TurnResult;
+pub use turn::{RouteExplanation, RouteTerms, TurnResult};
 pub use user_model::UserModelConfig;
 
 use kvroute_workload::{ChatConfig, RequestRecord, SyntheticConfig};

@@ -3,7 +3,7 @@
 
 use kvroute_protocol::openai::{SseEvent, SseParser, Usage};
 use kvroute_workload::{ChatTurn, Status};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
 /// What one turn measured.
@@ -26,8 +26,75 @@ pub struct TurnResult {
     /// The prompt tokens the router expected that worker to have cached
     /// (`x-kvroute-predicted-cached-tokens`), when the server says.
     pub predicted_cached_tokens: Option<u64>,
+    /// Why the router chose that worker (`x-kvroute-route`), when the server says.
+    pub route: Option<RouteExplanation>,
     /// How it ended.
     pub status: Status,
+}
+
+/// A kvroute gateway's explanation of one routing decision, as its `x-kvroute-route` header
+/// gives it (asked for with `x-kvroute-explain: 1`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RouteExplanation {
+    /// The routing policy.
+    pub policy: String,
+    /// Prompt tokens as the router counted them.
+    pub prompt_tokens: u64,
+    /// Tokens per KV block.
+    pub block_size: u64,
+    /// Workers left out of the list.
+    pub omitted: u64,
+    /// The chosen worker first, then the others by cost.
+    pub workers: Vec<RouteTerms>,
+}
+
+/// One worker's terms in a routing decision.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RouteTerms {
+    /// The worker's name.
+    pub name: String,
+    /// Leading prompt blocks the router believed it holds.
+    pub matched_blocks: u64,
+    /// Prompt tokens it would have to compute.
+    pub uncached_tokens: u64,
+    /// Requests in flight on it.
+    pub inflight: u64,
+    /// Prefill tokens outstanding on it.
+    pub prefill_tokens: u64,
+    /// Busy by the admission thresholds.
+    pub busy: bool,
+    /// Offered to the policy.
+    pub eligible: bool,
+    /// The policy's cost (lower wins), when it computes one.
+    pub cost: Option<f64>,
+    /// Whether it was chosen.
+    pub chosen: bool,
+}
+
+/// Most workers kept of an explanation, and the longest worker name kept.
+const MAX_ROUTE_WORKERS: usize = 16;
+const MAX_NAME_BYTES: usize = 128;
+
+/// Reads an `x-kvroute-route` header, bounded; None when it is not one.
+fn route_of(v: &reqwest::header::HeaderValue) -> Option<RouteExplanation> {
+    let mut r: RouteExplanation = serde_json::from_slice(v.as_bytes()).ok()?;
+    if r.workers.len() > MAX_ROUTE_WORKERS {
+        r.omitted += (r.workers.len() - MAX_ROUTE_WORKERS) as u64;
+        r.workers.truncate(MAX_ROUTE_WORKERS);
+    }
+    r.policy.truncate(64);
+    for w in &mut r.workers {
+        if w.name.len() > MAX_NAME_BYTES {
+            let cut = (0..=MAX_NAME_BYTES)
+                .rev()
+                .find(|&i| w.name.is_char_boundary(i))
+                .unwrap_or(0);
+            w.name.truncate(cut);
+        }
+    }
+    Some(r)
 }
 
 #[derive(Deserialize)]
@@ -107,11 +174,16 @@ pub async fn send_streamed(
         usage: None,
         worker: None,
         predicted_cached_tokens: None,
+        route: None,
         status: Status::Completed,
     };
     let deadline = tokio::time::Instant::from_std(start + timeout);
     let resp = match tokio::time::timeout_at(deadline, {
-        let req = client.post(url).json(&body);
+        // A kvroute gateway then says why it chose the worker; other servers ignore it.
+        let req = client
+            .post(url)
+            .header("x-kvroute-explain", "1")
+            .json(&body);
         match session {
             Some(s) => req.header("x-session-id", s.to_string()),
             None => req,
@@ -133,6 +205,7 @@ pub async fn send_streamed(
         .headers()
         .get("x-kvroute-predicted-cached-tokens")
         .and_then(|v| v.to_str().ok()?.parse().ok());
+    r.route = resp.headers().get("x-kvroute-route").and_then(route_of);
     let status = resp.status();
     if !status.is_success() {
         let code = error_code(resp, deadline).await;

@@ -168,6 +168,17 @@ async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
     assert!(turns[2]["input_tokens"].as_u64() > turns[0]["input_tokens"].as_u64());
     assert!(turns[2]["worker"].is_string());
     assert!(turns[2]["predicted_cached_tokens"].is_u64());
+    // Why the gateway chose that worker, for the conversation page.
+    let route = &turns[2]["route"];
+    assert!(route["policy"].is_string(), "{route}");
+    assert_eq!(route["workers"][0]["chosen"], true, "{route}");
+    assert_eq!(route["workers"][0]["name"], turns[2]["worker"], "{route}");
+    assert_eq!(
+        route["workers"][0]["matched_blocks"].as_u64().unwrap()
+            * route["block_size"].as_u64().unwrap(),
+        turns[2]["predicted_cached_tokens"].as_u64().unwrap(),
+        "{route}"
+    );
     let (s, _) = call("GET", &format!("{api}/api/conversations/999999"), None).await;
     assert_eq!(s, 404);
     let (s, _) = call("GET", &format!("{api}/api/conversations/abc"), None).await;
@@ -187,6 +198,11 @@ async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
         assert_eq!(w["up"], true, "{w}");
         assert!(w["kv_usage"].is_f64() && w["busy"].is_f64(), "{w}");
         assert!(w["inflight"].is_u64(), "{w}");
+        assert_eq!(w["cache_state"], "exact", "{w}");
+        // The gateway's prediction accuracy: its simulated workers' events are exact.
+        assert!(w["accuracy"]["samples"].as_u64() > Some(0), "{w}");
+        assert_eq!(w["accuracy"]["exact_ratio"], 1.0, "{w}");
+        assert!(w["accuracy"]["degraded"].is_null(), "{w}");
     }
 
     // Prometheus: the summaries with their quantiles.
