@@ -1,6 +1,7 @@
 // End-to-end test of the dashboard in headless Chromium: starts `kvroute demo`, opens the
 // UI, presses Start, waits for the KPIs to fill, moves the slider and sees the load change,
-// opens a conversation, stops, and saves a screenshot of every page into docs/screenshots/.
+// sees each worker's prediction accuracy, opens a conversation and the routing explanation
+// of its second turn, stops, and saves a screenshot of every page into docs/screenshots/.
 //
 //   KVROUTE_BIN   the kvroute binary (default: ../target/release/kvroute, else ../target/debug/kvroute)
 //   CHROMIUM      the browser (default: /usr/bin/chromium)
@@ -105,6 +106,14 @@ try {
   await until("concurrency 80", 20, async () => (await status(base)).concurrency === 80);
   await until("80 conversations", 60, async () => (await status(base)).active_conversations >= 70);
   await until("the workers' cards", 20, async () => (await page.getByTestId("worker-card").count()) === 3);
+  // Each card: the gateway's trust in its index and how exactly it predicted the cache.
+  await until("every worker's prediction accuracy", 30, async () => {
+    const cells = await page.getByTestId("prediction-accuracy").allTextContents();
+    return cells.length === 3 && cells.every((c) => /% of \d/.test(c));
+  });
+  for (const state of await page.getByTestId("cache-state").allTextContents()) {
+    if (state !== "exact") fail(`a worker's index is ${state}, not exact`);
+  }
   // For the documentation's pictures, let the load settle (KVROUTE_E2E_SETTLE_SECS).
   const settle = Number(process.env.KVROUTE_E2E_SETTLE_SECS ?? "3");
   await page.waitForTimeout(settle * 1000);
@@ -120,6 +129,18 @@ try {
   await later.getByRole("link").first().click();
   await until("two turns", 30, async () => (await page.getByTestId("turn-row").count()) >= 2);
   await page.getByText("Transcript").waitFor();
+  // Why turn 2 went where it did: every worker's terms, the serving worker chosen.
+  const turn2 = page.getByTestId("turn-row").nth(1);
+  await until("turn 2 answered", 60, async () => (await turn2.getByTestId("why").count()) > 0);
+  await turn2.getByTestId("why").click();
+  const route = page.getByTestId("route");
+  await route.waitFor();
+  const rows = route.getByTestId("route-worker");
+  if ((await rows.count()) !== 3) fail(`the explanation lists ${await rows.count()} workers, not 3`);
+  const chosen = (await rows.first().locator("td").first().textContent()).trim();
+  const served = (await turn2.locator("td").nth(8).textContent()).trim();
+  if ((await rows.first().getAttribute("class")) !== "chosen" || chosen !== served)
+    fail(`the explanation chose ${chosen}, the turn was served by ${served}`);
   await page.screenshot({ path: resolve(shots, "conversation.png"), fullPage: true });
 
   // The diagrams reflect the running fleet.

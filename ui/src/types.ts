@@ -109,6 +109,41 @@ export interface WorkerCard {
   queue_time_secs: number | null;
   running: number | null;
   waiting: number | null;
+  cache_state: string | null;
+  accuracy: AccuracyCard | null;
+}
+
+/** How well the gateway predicted a worker's cached tokens over its recent requests. */
+export interface AccuracyCard {
+  samples: number;
+  exact_ratio: number | null;
+  mean_abs_error_tokens: number | null;
+  over: number;
+  under: number;
+  degraded: string | null;
+  repairs: number;
+}
+
+/** One worker's terms in a routing decision (the gateway's x-kvroute-route). */
+export interface RouteTerms {
+  name: string;
+  matched_blocks: number;
+  uncached_tokens: number;
+  inflight: number;
+  prefill_tokens: number;
+  busy: boolean;
+  eligible: boolean;
+  cost: number | null;
+  chosen: boolean;
+}
+
+/** Why the gateway sent a turn where it did. */
+export interface RouteExplanation {
+  policy: string;
+  prompt_tokens: number;
+  block_size: number;
+  omitted: number;
+  workers: RouteTerms[];
 }
 
 export interface Fleet {
@@ -145,6 +180,7 @@ export interface TurnView {
   predicted_cached_tokens: number | null;
   output_tokens: number;
   worker: string | null;
+  route: RouteExplanation | null;
   user: string;
   assistant: string;
 }

@@ -1,15 +1,61 @@
-// One conversation: per-turn figures and the transcript; refreshed every 3 s while active.
+// One conversation: per-turn figures, why the gateway routed each turn where it did, and
+// the transcript; refreshed every 3 s while active.
+import { Fragment, useState } from "react";
 import { Link, useParams } from "react-router-dom";
 import { usePoll } from "../api";
 import { clock, duration, ms, num } from "../format";
-import type { ConversationDetail } from "../types";
+import type { ConversationDetail, RouteExplanation } from "../types";
 import { StatusBadge } from "./Conversations";
+
+/** The routing decision of one turn: every worker's terms, the chosen one first. */
+export function RouteTable(props: { route: RouteExplanation; cached: number | null }) {
+  const r = props.route;
+  return (
+    <div className="route" data-testid="route">
+      <p className="muted">
+        {r.policy} policy, {num(r.prompt_tokens)} prompt tokens in blocks of {r.block_size}: of
+        the workers offered (not busy), the lowest cost wins.
+        {props.cached !== null ? ` The engine reported ${num(props.cached)} cached tokens.` : ""}
+      </p>
+      <table>
+        <thead>
+          <tr>
+            <th>worker</th>
+            <th>cached prefix (predicted)</th>
+            <th>tokens to compute</th>
+            <th>in flight</th>
+            <th>prefill queued</th>
+            <th>cost</th>
+            <th></th>
+          </tr>
+        </thead>
+        <tbody>
+          {r.workers.map((w) => (
+            <tr key={w.name} className={w.chosen ? "chosen" : ""} data-testid="route-worker">
+              <td>{w.name}</td>
+              <td>
+                {num(w.matched_blocks)} blocks · {num(w.matched_blocks * r.block_size)} tok
+              </td>
+              <td>{num(w.uncached_tokens)}</td>
+              <td>{num(w.inflight)}</td>
+              <td>{num(w.prefill_tokens)} tok</td>
+              <td>{w.cost === null ? "—" : num(w.cost, 2)}</td>
+              <td>{w.chosen ? "chosen" : w.busy ? "busy" : w.eligible ? "" : "not eligible"}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+      {r.omitted > 0 && <p className="muted">{r.omitted} more workers not shown.</p>}
+    </div>
+  );
+}
 
 export function ConversationPage() {
   const { id } = useParams();
   const path = id ? `/api/conversations/${encodeURIComponent(id)}` : null;
   // Poll every 3 s; an ended conversation no longer changes, but polling it is cheap.
   const { data: c, error } = usePoll<ConversationDetail>(path, 3000);
+  const [open, setOpen] = useState<number | null>(null);
   if (error) {
     return (
       <section>
@@ -43,6 +89,7 @@ export function ConversationPage() {
             <th>cached (predicted / actual)</th>
             <th>output tokens</th>
             <th>worker</th>
+            <th>routing</th>
           </tr>
         </thead>
         <tbody>
@@ -50,7 +97,8 @@ export function ConversationPage() {
             // Token counts arrive with the answer.
             const tokens = (v: number | null) => (t.status === "in_flight" ? "—" : num(v));
             return (
-            <tr key={t.turn} data-testid="turn-row">
+            <Fragment key={t.turn}>
+            <tr data-testid="turn-row">
               <td>{t.turn}</td>
               <td>
                 <StatusBadge status={t.status} />
@@ -65,7 +113,28 @@ export function ConversationPage() {
               </td>
               <td>{tokens(t.output_tokens)}</td>
               <td>{t.worker ?? "—"}</td>
+              <td>
+                {t.route ? (
+                  <button
+                    className="link"
+                    data-testid="why"
+                    onClick={() => setOpen(open === t.turn ? null : t.turn)}
+                  >
+                    {open === t.turn ? "hide" : "why?"}
+                  </button>
+                ) : (
+                  "—"
+                )}
+              </td>
             </tr>
+            {open === t.turn && t.route && (
+              <tr>
+                <td colSpan={10}>
+                  <RouteTable route={t.route} cached={t.status === "in_flight" ? null : t.cached_tokens} />
+                </td>
+              </tr>
+            )}
+            </Fragment>
             );
           })}
         </tbody>

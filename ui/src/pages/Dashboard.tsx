@@ -6,7 +6,7 @@ import { Kpi } from "../components/Kpi";
 import { LiveChart, type Point } from "../components/LiveChart";
 import { ConcurrencySlider } from "../components/Slider";
 import { improvement, ms, nearest, num, pct, sloClass } from "../format";
-import type { DashboardConfig, Fleet, LiveStats, P50P95 } from "../types";
+import type { AccuracyCard, DashboardConfig, Fleet, LiveStats, P50P95 } from "../types";
 
 const HISTORY = 300;
 
@@ -114,6 +114,20 @@ export function BaselineTable(props: { stats: LiveStats | null; config: Dashboar
   );
 }
 
+/** "98.4% of 32 (±3 tok)", or why the gateway no longer trusts the worker's index. */
+export function accuracyText(a: AccuracyCard | null): string {
+  if (!a || a.samples === 0 || a.exact_ratio === null) return "—";
+  const err = a.mean_abs_error_tokens ? ` (±${num(a.mean_abs_error_tokens)} tok)` : "";
+  const degraded = a.degraded ? ` — ${a.degraded.replace(/_/g, " ")}` : "";
+  return `${pct(a.exact_ratio)} of ${num(a.samples)}${err}${degraded}`;
+}
+
+function accuracyClass(a: AccuracyCard | null): string {
+  if (!a || a.exact_ratio === null) return "";
+  if (a.degraded) return "slo-bad";
+  return a.exact_ratio >= 0.9 ? "slo-ok" : "slo-warn";
+}
+
 export function WorkerCards(props: { fleet: Fleet | null }) {
   const f = props.fleet;
   if (!f) return <p className="muted">—</p>;
@@ -137,6 +151,12 @@ export function WorkerCards(props: { fleet: Fleet | null }) {
             <dt>running / waiting</dt>
             <dd>
               {num(w.running)} / {num(w.waiting)}
+            </dd>
+            <dt>index</dt>
+            <dd data-testid="cache-state">{w.cache_state ?? "—"}</dd>
+            <dt>predictions exact</dt>
+            <dd data-testid="prediction-accuracy" className={accuracyClass(w.accuracy)}>
+              {accuracyText(w.accuracy)}
             </dd>
           </dl>
         </div>

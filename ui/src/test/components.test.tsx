@@ -2,8 +2,9 @@ import { act, fireEvent, render, screen } from "@testing-library/react";
 import { describe, expect, it, vi } from "vitest";
 import { Kpi } from "../components/Kpi";
 import { ConcurrencySlider } from "../components/Slider";
-import { LiveTable, WorkerCards } from "../pages/Dashboard";
-import type { DashboardConfig, LiveStats } from "../types";
+import { RouteTable } from "../pages/ConversationPage";
+import { LiveTable, WorkerCards, accuracyText } from "../pages/Dashboard";
+import type { AccuracyCard, DashboardConfig, LiveStats } from "../types";
 
 const dist = (p50: number | null, p95: number | null) => ({ count: 10, mean: p50, p50, p90: p95, p95, p99: p95 });
 
@@ -106,13 +107,50 @@ describe("worker cards", () => {
   });
 });
 
+describe("worker accuracy", () => {
+  const card = (accuracy: AccuracyCard | null) => ({
+    name: "w1", url: "http://w1", up: true, inflight: 0, index_blocks: 10, kv_usage: 0.1, busy: 0.2,
+    queue_time_secs: 0, running: 0, waiting: 0, cache_state: "exact", accuracy,
+  });
+  it("shows the share of exact predictions, the error and a degraded verdict", () => {
+    const a = { samples: 32, exact_ratio: 0.5, mean_abs_error_tokens: 48, over: 16, under: 0, degraded: "over_predicting", repairs: 1 };
+    expect(accuracyText(a)).toBe("50.0% of 32 (±48 tok) — over predicting");
+    expect(accuracyText({ ...a, exact_ratio: 1, mean_abs_error_tokens: 0, degraded: null })).toBe("100.0% of 32");
+    expect(accuracyText(null)).toBe("—");
+    render(<WorkerCards fleet={{ available: true, error: null, policy: "kv", queued: 0, workers: [card(a)] }} />);
+    const cell = screen.getByTestId("prediction-accuracy");
+    expect(cell.textContent).toContain("over predicting");
+    expect(cell.className).toBe("slo-bad");
+  });
+});
+
+describe("a turn's routing explanation", () => {
+  it("lists every worker's terms with the chosen one marked", () => {
+    const route = {
+      policy: "kv", prompt_tokens: 700, block_size: 16, omitted: 2,
+      workers: [
+        { name: "a", matched_blocks: 40, uncached_tokens: 60, inflight: 1, prefill_tokens: 0, busy: false, eligible: true, cost: 3.75, chosen: true },
+        { name: "b", matched_blocks: 0, uncached_tokens: 700, inflight: 0, prefill_tokens: 0, busy: false, eligible: true, cost: 43.75, chosen: false },
+      ],
+    };
+    render(<RouteTable route={route} cached={640} />);
+    const rows = screen.getAllByTestId("route-worker");
+    expect(rows.length).toBe(2);
+    expect(rows[0].className).toBe("chosen");
+    expect(rows[0].textContent).toContain("40 blocks · 640 tok");
+    expect(rows[1].textContent).toContain("43.75");
+    expect(screen.getByText(/2 more workers/)).toBeTruthy();
+    expect(screen.getByText(/reported 640 cached tokens/)).toBeTruthy();
+  });
+});
+
 describe("the how-it-works diagram", () => {
   it("draws the served turn's cached share and the worker that served it", async () => {
     const { PromptBlocks } = await import("../pages/HowItWorks");
     const turn = {
       turn: 3, status: "completed", error: null, ttft_ms: 20, itl_ms: 10, tpot_ms: 10, latency_ms: 900,
       input_tokens: 1000, cached_tokens: 750, predicted_cached_tokens: 750, output_tokens: 80,
-      worker: "worker-2", user: "q", assistant: "a",
+      worker: "worker-2", route: null, user: "q", assistant: "a",
     };
     const { container } = render(<PromptBlocks turn={turn} workers={["worker-1", "worker-2"]} policy="predictive" />);
     expect(container.querySelectorAll("rect.block.hit").length).toBe(12);
