@@ -5,29 +5,14 @@
 //! predictions are exact again. Without the repair they stay wrong.
 
 use crate::support::*;
-use kvroute_gateway::{WorkerSpec, PREDICTED_CACHED_HEADER};
+use kvroute_gateway::WorkerSpec;
 use kvroute_protocol::kv_events::EventFormat;
 use kvroute_worker::WorkerHandle;
 use std::collections::BTreeMap;
 
 /// (predicted, engine-reported cached tokens) of one request.
 async fn ask(url: &str, text: &str) -> (u64, u64) {
-    let r = client()
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&chat(&[("user", text)], false, 2))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let predicted = r.headers()[PREDICTED_CACHED_HEADER]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let json: serde_json::Value = r.json().await.unwrap();
-    let cached = json["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap();
+    let (_, predicted, cached) = ask_cached(url, MODEL, None, text).await;
     (predicted, cached)
 }
 

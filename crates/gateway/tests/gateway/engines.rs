@@ -6,33 +6,13 @@
 //! LLM's HTTP pull API (`events = "poll"`) is polled the same way.
 
 use crate::support::*;
-use kvroute_gateway::{WorkerSpec, PREDICTED_CACHED_HEADER};
+use kvroute_gateway::WorkerSpec;
 use kvroute_protocol::kv_events::EventFormat;
-use kvroute_worker::WorkerConfig;
 use std::collections::BTreeMap;
 
 /// One request: (worker, predicted cached tokens, engine-reported cached tokens).
 async fn ask(url: &str, model: &str, salt: Option<&str>, text: &str) -> (String, u64, u64) {
-    let mut body = chat(&[("user", text)], false, 2);
-    body["model"] = model.into();
-    if let Some(s) = salt {
-        body["cache_salt"] = s.into();
-    }
-    let r = client()
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let header = |n: &str| r.headers().get(n).unwrap().to_str().unwrap().to_string();
-    let worker = header("x-kvroute-worker");
-    let predicted: u64 = header(PREDICTED_CACHED_HEADER).parse().unwrap();
-    let json: serde_json::Value = r.json().await.unwrap();
-    let cached = json["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap_or(0);
-    (worker, predicted, cached)
+    ask_cached(url, model, salt, text).await
 }
 
 /// Runs the scenario with events over ZMQ, or (`poll`) from TensorRT-LLM's pull API, which
@@ -140,25 +120,12 @@ async fn trtllm_pull_api_events_with_salts_predict_what_the_engine_caches() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pull_api_that_dropped_events_is_cleared_and_marked_unknown() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cfg = WorkerConfig {
-        model: MODEL.into(),
-        profile: "tiny-fast".into(),
-        speedup: 20.0,
-        worker_name: "a".into(),
-        event_format: EventFormat::Trtllm,
+    let a = worker_with("a", |c| {
+        c.event_format = EventFormat::Trtllm;
         // Room for three events only: more between two polls and the oldest are dropped.
-        pull_buffer: 3,
-        ..WorkerConfig::default()
-    };
-    let a = kvroute_worker::spawn(
-        cfg,
-        kvroute_preprocess::Preprocessor::builtin(),
-        listener,
-        None,
-    )
-    .await
-    .unwrap();
+        c.pull_buffer = 3;
+    })
+    .await;
     let mut cfg = config(&[&a], "kv");
     cfg.workers[0].events = Some("poll".into());
     cfg.upstream.event_poll_secs = 1.0;

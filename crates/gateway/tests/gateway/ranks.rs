@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use kvroute_gateway::{WorkerSpec, PREDICTED_CACHED_HEADER};
+use kvroute_gateway::WorkerSpec;
 use kvroute_protocol::kv_events::EventFormat;
 use kvroute_worker::{WorkerConfig, WorkerHandle};
 use std::collections::BTreeMap;
@@ -116,21 +116,7 @@ use kvroute_preprocess::Preprocessor;
 
 /// One request: (worker, predicted cached tokens, engine-reported cached tokens).
 async fn ask(url: &str, text: &str) -> (String, u64, u64) {
-    let r = client()
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&chat(&[("user", text)], false, 2))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let header = |n: &str| r.headers().get(n).unwrap().to_str().unwrap().to_string();
-    let worker = header("x-kvroute-worker");
-    let predicted: u64 = header(PREDICTED_CACHED_HEADER).parse().unwrap();
-    let json: serde_json::Value = r.json().await.unwrap();
-    let cached = json["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap_or(0);
-    (worker, predicted, cached)
+    ask_cached(url, MODEL, None, text).await
 }
 
 /// The engine's two ranks and the gateway in front; `shift` moves the configured event

@@ -177,3 +177,35 @@ pub async fn index_blocks(url: &str, i: usize) -> u64 {
         .as_u64()
         .unwrap()
 }
+
+/// One chat request of `model` (with a `cache_salt` when given): the worker that served it,
+/// the cached tokens the router predicted there and those the engine reported.
+pub async fn ask_cached(
+    url: &str,
+    model: &str,
+    salt: Option<&str>,
+    text: &str,
+) -> (String, u64, u64) {
+    let mut body = chat(&[("user", text)], false, 2);
+    body["model"] = model.into();
+    if let Some(s) = salt {
+        body["cache_salt"] = s.into();
+    }
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let header = |n: &str| r.headers().get(n).unwrap().to_str().unwrap().to_string();
+    let worker = header("x-kvroute-worker");
+    let predicted: u64 = header(kvroute_gateway::PREDICTED_CACHED_HEADER)
+        .parse()
+        .unwrap();
+    let json: serde_json::Value = r.json().await.unwrap();
+    let cached = json["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    (worker, predicted, cached)
+}
