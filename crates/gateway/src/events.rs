@@ -147,12 +147,8 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
             },
             () = entry.repair.notified() => {
                 // Its predictions keep missing while the stream looked whole (events lost
-                // without a gap, a reset that kept its sequence): drop the index and build it
-                // again from everything the replay service holds.
-                clear(&gw, entry);
-                t.last = None;
-                t.lost = replay.is_none();
-                resync(&gw, entry, replay, &mut t, "predictions degraded").await;
+                // without a gap, a reset that kept its sequence).
+                repair(&gw, entry, replay, &mut t).await;
                 continue;
             }
             () = entry.verify.notified() => {
@@ -328,6 +324,42 @@ async fn resync(
         entry.events.degraded.store(false, Ordering::Relaxed);
     }
     tracing::info!(worker = %entry.name, reason = why, batches = run, next, complete = !t.lost, "KV events: index built from the replay service");
+}
+
+/// Rebuilds the worker's index from everything the replay service holds, when that is the
+/// whole history of the engine's current incarnation (from batch 0, unbroken). Otherwise the
+/// index is kept: a partial rebuild would drop blocks the engine still holds and leave the
+/// state `unknown` for good, which is worse than the errors that asked for it.
+async fn repair(
+    gw: &Arc<Gateway>,
+    entry: &WorkerEntry,
+    replay: Option<&dyn Replay>,
+    t: &mut Tracker,
+) {
+    let Some(r) = replay else {
+        tracing::warn!(worker = %entry.name, "predictions degraded, but without a replay service the index cannot be rebuilt: keeping it");
+        return;
+    };
+    let Some(answer) = fetch(gw, &entry.name, r, 0).await else {
+        tracing::warn!(worker = %entry.name, "predictions degraded, but the replay service did not answer: keeping the index");
+        return;
+    };
+    let (run, complete) = complete_from_start(&answer);
+    if !complete || run < answer.len() {
+        let first = answer.first().map(|b| b.seq);
+        tracing::warn!(worker = %entry.name, ?first, batches = answer.len(), "predictions degraded, but the replay no longer holds the engine's whole history: keeping the index");
+        return;
+    }
+    clear(gw, entry);
+    t.lost = false;
+    t.last = None;
+    for b in &answer {
+        apply(gw, entry, b);
+        t.last = Some(Mark::of(b));
+    }
+    let next = answer.last().map_or(0, |b| b.seq.wrapping_add(1));
+    finish_sync(entry, t, next);
+    tracing::info!(worker = %entry.name, batches = answer.len(), next, "KV events: index rebuilt from the replay service after degraded predictions");
 }
 
 fn finish_sync(entry: &WorkerEntry, t: &mut Tracker, next: u64) {

@@ -26,11 +26,10 @@ async fn faults(w: &WorkerHandle, blank_live: bool) {
     assert_eq!(r.status(), 200);
 }
 
-/// Phase 1 loses the events of three prompts asked twice each; phase 2 asks them again.
-/// Returns phase 2's (predicted, cached) pairs and the worker's accuracy report.
-async fn run(repair: bool) -> (Vec<(u64, u64)>, serde_json::Value, String) {
-    let w = zmq_worker("a", EventFormat::Vllm).await;
-    let mut cfg = config(&[&w], "kv");
+/// A gateway in front of `w` with a short accuracy window, its repair on or off, once its
+/// index is exact.
+async fn accuracy_gateway(w: &WorkerHandle, repair: bool) -> kvroute_gateway::GatewayHandle {
+    let mut cfg = config(&[w], "kv");
     let (events, replay) = w.zmq_endpoints().unwrap();
     cfg.workers[0] = WorkerSpec {
         url: w.url(),
@@ -53,6 +52,15 @@ async fn run(repair: bool) -> (Vec<(u64, u64)>, serde_json::Value, String) {
             == "exact")
         .await
     );
+    gw
+}
+
+/// Phase 1 loses the events of three prompts asked twice each; phase 2 asks them again.
+/// Returns phase 2's (predicted, cached) pairs and the worker's accuracy report.
+async fn run(repair: bool) -> (Vec<(u64, u64)>, serde_json::Value, String) {
+    let w = zmq_worker("a", EventFormat::Vllm).await;
+    let gw = accuracy_gateway(&w, repair).await;
+    let url = gw.url();
 
     faults(&w, true).await;
     let prompts: Vec<String> = (0..3)
@@ -113,4 +121,43 @@ async fn without_the_repair_the_lost_events_stay_lost() {
     assert!(again.iter().all(|(p, c)| *p == 0 && *c > 0), "{again:?}");
     assert_eq!(report["degraded"], "under_predicting", "{report}");
     assert_eq!(report["repairs"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repair_the_replay_cannot_complete_keeps_the_index() {
+    // The replay keeps two batches: the engine's whole history is gone by the time the
+    // predictions degrade, so rebuilding would only lose what the index rightly holds.
+    let w = zmq_worker_with("a", EventFormat::Vllm, |c| c.replay_buffer = 2).await;
+    let gw = accuracy_gateway(&w, true).await;
+    let url = gw.url();
+    let kept = "a document whose events arrived ".repeat(20);
+    let _ = ask(&url, &kept).await;
+    assert!(eventually(10, async || index_blocks(&url, 0).await > 0).await);
+    let blocks = index_blocks(&url, 0).await;
+    faults(&w, true).await;
+    // Four repeats predicted short: half the window (the kept document's first ask is one).
+    for i in 0..4 {
+        let p = format!("document {i} whose events were lost ").repeat(20);
+        let _ = ask(&url, &p).await;
+        let _ = ask(&url, &p).await;
+    }
+    faults(&w, false).await;
+    assert!(
+        eventually(10, async || debug_workers(&url).await["workers"][0]
+            ["worker"]["accuracy"]["repairs"]
+            == 1)
+        .await
+    );
+    // Asked for, but not done: the index and its state are as they were.
+    let (p, c) = ask(&url, &kept).await;
+    assert!(c > 0);
+    assert_eq!(p, c, "the kept document is still predicted exactly");
+    let d = debug_workers(&url).await;
+    assert!(
+        d["workers"][0]["index_blocks"].as_u64() >= Some(blocks),
+        "{d}"
+    );
+    assert_eq!(d["workers"][0]["worker"]["cache_state"], "exact", "{d}");
+    gw.shutdown().await;
+    w.shutdown().await;
 }

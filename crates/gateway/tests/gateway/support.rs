@@ -36,8 +36,17 @@ pub async fn zmq_worker(
     name: &str,
     format: kvroute_protocol::kv_events::EventFormat,
 ) -> WorkerHandle {
+    zmq_worker_with(name, format, |_| {}).await
+}
+
+/// [`zmq_worker`] with its config changed by `tweak`.
+pub async fn zmq_worker_with(
+    name: &str,
+    format: kvroute_protocol::kv_events::EventFormat,
+    tweak: impl FnOnce(&mut WorkerConfig),
+) -> WorkerHandle {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cfg = WorkerConfig {
+    let mut cfg = WorkerConfig {
         model: MODEL.into(),
         profile: "tiny-fast".into(),
         speedup: 20.0,
@@ -46,6 +55,7 @@ pub async fn zmq_worker(
         lora_adapters: vec!["sql".into()],
         ..WorkerConfig::default()
     };
+    tweak(&mut cfg);
     let zmq = kvroute_worker::ZmqConfig {
         publish: "tcp://127.0.0.1:0".into(),
         connect: false,
