@@ -177,10 +177,9 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
                 entry.set_cache_state(CacheState::Unknown);
             }
             FeedItem::Lost { reason } => {
-                entry.events.gaps.fetch_add(1, Ordering::Relaxed);
-                entry.events.degraded.store(true, Ordering::Relaxed);
                 tracing::warn!(worker = %entry.name, %reason, "KV events lost for good; dropping the worker's index, which rebuilds from the events that follow");
                 clear(&gw, entry);
+                entry.events.gaps.fetch_add(1, Ordering::Relaxed);
                 entry.events.degraded.store(true, Ordering::Relaxed);
                 t.lost = true;
                 entry.set_cache_state(state_of(&t));

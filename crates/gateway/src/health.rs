@@ -9,6 +9,7 @@
 use crate::state::Gateway;
 use kvroute_core::WorkerId;
 use kvroute_protocol::openai::ModelList;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,14 +35,29 @@ pub async fn run(gw: Arc<Gateway>) {
     }
 }
 
-/// One round over every worker, then the decisions.
+/// One round over every worker, then the decisions. Workers at one URL (the data-parallel
+/// ranks of an engine) share one check and one model list per round.
 async fn pass(gw: &Arc<Gateway>) {
-    let ids: Vec<WorkerId> = gw.registry.iter().map(|w| w.id).collect();
-    let probes = ids
+    let mut urls: Vec<&str> = gw.registry.iter().map(|w| w.spec.url.as_str()).collect();
+    urls.sort_unstable();
+    urls.dedup();
+    let probes = urls
         .into_iter()
-        .map(|id| async move { (id, probe(gw, id).await) });
-    let results = futures_util::future::join_all(probes).await;
+        .map(|url| async move { (url, probe(gw, url).await) });
+    let by_url: HashMap<&str, Probe> = futures_util::future::join_all(probes)
+        .await
+        .into_iter()
+        .collect();
+    let results: Vec<(WorkerId, Probe)> = gw
+        .registry
+        .iter()
+        .map(|w| (w.id, by_url[w.spec.url.as_str()]))
+        .collect();
     let passing = results.iter().filter(|r| r.1 == Probe::Passed).count();
+    let timeout = Duration::from_secs_f64(gw.config.health.timeout_secs);
+    for (url, _) in by_url.iter().filter(|(_, &p)| p == Probe::Passed) {
+        learn_models(gw, url.trim_end_matches('/'), timeout).await;
+    }
     for (id, result) in results {
         let Some(w) = gw.registry.get(id) else {
             continue;
@@ -51,8 +67,6 @@ async fn pass(gw: &Arc<Gateway>) {
             if !w.is_up() {
                 gw.bring_back(id);
             }
-            let timeout = Duration::from_secs_f64(gw.config.health.timeout_secs);
-            learn_models(gw, w.spec.url.trim_end_matches('/'), timeout).await;
             continue;
         }
         let failures = w.fail();
@@ -70,12 +84,9 @@ async fn pass(gw: &Arc<Gateway>) {
     }
 }
 
-/// One check of one worker.
-async fn probe(gw: &Gateway, id: WorkerId) -> Probe {
-    let Some(w) = gw.registry.get(id) else {
-        return Probe::Failed;
-    };
-    let base = w.spec.url.trim_end_matches('/');
+/// One check of the engine at `url`.
+async fn probe(gw: &Gateway, url: &str) -> Probe {
+    let base = url.trim_end_matches('/');
     let timeout = Duration::from_secs_f64(gw.config.health.timeout_secs);
     match gw
         .client
