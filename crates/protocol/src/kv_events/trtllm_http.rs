@@ -24,7 +24,7 @@ use super::decode::Hash;
 use super::{Event, KeyValue, Removed, Stored};
 use kvroute_core::EngineHash;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::value::RawValue;
 use std::collections::{HashMap, HashSet};
 
 /// At most this many hashes of dropped blocks are remembered (the set is cleared when full).
@@ -121,10 +121,12 @@ pub struct PulledBlock {
     pub lora_id: Option<i64>,
 }
 
+/// One event as sent; `data` is kept as its raw text and decoded once, by type (a
+/// `serde_json::Value` tree of it would take about ten times the answer's size).
 #[derive(Deserialize)]
 struct RawEvent {
     event_id: u64,
-    data: Value,
+    data: Box<RawValue>,
     window_size: Option<u64>,
     attention_dp_rank: Option<i64>,
 }
@@ -175,14 +177,22 @@ enum DataError {
     Token(u64),
 }
 
-fn decode_data(data: Value) -> Result<PulledData, DataError> {
-    let Some(Value::String(kind)) = data.get("type") else {
+/// Only a `data` object's `type` (the other fields are skipped, not built).
+#[derive(Deserialize)]
+struct Kind {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+fn decode_data(data: &RawValue) -> Result<PulledData, DataError> {
+    let Ok(Kind { kind }) = serde_json::from_str::<Kind>(data.get()) else {
         return Err(DataError::Shape("`data` has no string `type`".into()));
     };
     if !matches!(kind.as_str(), "created" | "stored" | "removed" | "updated") {
-        return Ok(PulledData::Unknown(kind.clone()));
+        return Ok(PulledData::Unknown(kind));
     }
-    let d: RawData = serde_json::from_value(data).map_err(|e| DataError::Shape(e.to_string()))?;
+    let d: RawData =
+        serde_json::from_str(data.get()).map_err(|e| DataError::Shape(e.to_string()))?;
     let missing = |field: &str| DataError::Shape(format!("missing field `{field}`"));
     Ok(match d.kind.as_str() {
         "created" => PulledData::Created {
@@ -239,7 +249,7 @@ pub fn decode(body: &[u8]) -> Result<Vec<PulledEvent>, HttpDecodeError> {
         .enumerate()
         .map(|(index, r)| {
             let event_id = r.event_id;
-            let data = decode_data(r.data).map_err(|e| match e {
+            let data = decode_data(&r.data).map_err(|e| match e {
                 DataError::Shape(reason) => HttpDecodeError::Event {
                     index,
                     event_id,
