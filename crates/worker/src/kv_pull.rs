@@ -13,10 +13,12 @@ use std::collections::VecDeque;
 /// The attention window reported with every event (one full-attention window).
 const WINDOW: u64 = 1 << 20;
 
-/// The queue of events not pulled yet.
+/// The queue of events not pulled yet, kept as events (a few bytes a token) and written as
+/// JSON only when pulled.
 pub(crate) struct PullQueue {
     next_id: u64,
-    events: VecDeque<Value>,
+    /// Each with its id; None: the cache was created.
+    events: VecDeque<(u64, Option<Event>)>,
     capacity: usize,
     blocks: u64,
     /// The attention-DP rank the events are of.
@@ -34,81 +36,93 @@ impl PullQueue {
             blocks,
             rank,
         };
-        q.created();
+        q.push(None);
         q
     }
 
-    fn push(&mut self, data: Value) {
+    fn push(&mut self, e: Option<Event>) {
         if self.events.len() == self.capacity {
             self.events.pop_front();
         }
-        self.events.push_back(json!({
-            "event_id": self.next_id,
-            "data": data,
-            "window_size": WINDOW,
-            "attention_dp_rank": self.rank,
-        }));
+        self.events.push_back((self.next_id, e));
         self.next_id += 1;
-    }
-
-    fn created(&mut self) {
-        self.push(json!({"type": "created", "num_blocks_per_cache_level": [self.blocks, 0]}));
     }
 
     /// A new incarnation of the engine: ids from 0, after a `created` event.
     pub(crate) fn restart(&mut self) {
         self.events.clear();
         self.next_id = 0;
-        self.created();
+        self.push(None);
     }
 
-    /// Queues one step's events.
+    /// Queues one step's events (TensorRT-LLM has no event for a dropped cache: a restart
+    /// says it).
     pub(crate) fn push_events(&mut self, events: &[Event]) {
         for e in events {
-            match e {
-                Event::Stored(s) => {
-                    let bs = usize::try_from(s.block_size).unwrap_or(usize::MAX).max(1);
-                    let blocks: Vec<Value> = s
-                        .block_hashes
-                        .iter()
-                        .zip(s.token_ids.chunks(bs))
-                        .enumerate()
-                        .map(|(i, (h, tokens))| {
-                            let salt = (i == 0 && s.parent.is_none())
-                                .then_some(s.cache_salt.as_deref())
-                                .flatten();
-                            json!({
-                                "type": "stored_block",
-                                "block_hash": h.0,
-                                "tokens": tokens.iter().map(|t| json!({
-                                    "type": "unique_token", "token_id": t, "token_extra_id": 0
-                                })).collect::<Vec<_>>(),
-                                "cache_salt": salt,
-                                "cache_level": 0,
-                                "priority": 35,
-                                "mm_keys": [],
-                            })
-                        })
-                        .collect();
-                    self.push(json!({
-                        "type": "stored",
-                        "parent_hash": s.parent.map(|p| p.0),
-                        "blocks": blocks,
-                    }));
-                }
-                Event::Removed(r) => self.push(json!({
-                    "type": "removed",
-                    "block_hashes": r.block_hashes.iter().map(|h| h.0).collect::<Vec<_>>(),
-                })),
-                // TensorRT-LLM has no event for a dropped cache: a restart says it.
-                Event::Cleared | Event::Unknown(_) => {}
+            if matches!(e, Event::Stored(_) | Event::Removed(_)) {
+                self.push(Some(e.clone()));
             }
         }
     }
 
-    /// Every queued event, oldest first; the queue is left empty.
+    /// Every queued event as TensorRT-LLM writes it, oldest first; the queue is left empty.
     pub(crate) fn drain(&mut self) -> Vec<Value> {
-        self.events.drain(..).collect()
+        let events = std::mem::take(&mut self.events);
+        events
+            .into_iter()
+            .map(|(id, e)| {
+                json!({
+                    "event_id": id,
+                    "data": self.data(&e),
+                    "window_size": WINDOW,
+                    "attention_dp_rank": self.rank,
+                })
+            })
+            .collect()
+    }
+
+    /// An event's `data` object.
+    fn data(&self, e: &Option<Event>) -> Value {
+        match e {
+            None => {
+                json!({"type": "created", "num_blocks_per_cache_level": [self.blocks, 0]})
+            }
+            Some(Event::Stored(s)) => {
+                let bs = usize::try_from(s.block_size).unwrap_or(usize::MAX).max(1);
+                let blocks: Vec<Value> = s
+                    .block_hashes
+                    .iter()
+                    .zip(s.token_ids.chunks(bs))
+                    .enumerate()
+                    .map(|(i, (h, tokens))| {
+                        let salt = (i == 0 && s.parent.is_none())
+                            .then_some(s.cache_salt.as_deref())
+                            .flatten();
+                        json!({
+                            "type": "stored_block",
+                            "block_hash": h.0,
+                            "tokens": tokens.iter().map(|t| json!({
+                                "type": "unique_token", "token_id": t, "token_extra_id": 0
+                            })).collect::<Vec<_>>(),
+                            "cache_salt": salt,
+                            "cache_level": 0,
+                            "priority": 35,
+                            "mm_keys": [],
+                        })
+                    })
+                    .collect();
+                json!({
+                    "type": "stored",
+                    "parent_hash": s.parent.map(|p| p.0),
+                    "blocks": blocks,
+                })
+            }
+            Some(Event::Removed(r)) => json!({
+                "type": "removed",
+                "block_hashes": r.block_hashes.iter().map(|h| h.0).collect::<Vec<_>>(),
+            }),
+            Some(_) => Value::Null,
+        }
     }
 }
 
