@@ -58,12 +58,16 @@ impl Default for Namespace {
 
 impl Namespace {
     /// The namespace of a LoRA adapter name and / or a cache salt (both optional; `None, None`
-    /// is the base model's default namespace).
+    /// is the base model's default namespace). An empty name or salt is none, wherever it
+    /// comes from (a request body, an event).
     pub fn new(lora: Option<&str>, cache_salt: Option<&str>) -> Self {
+        let lora = lora.filter(|s| !s.is_empty());
+        let cache_salt = cache_salt.filter(|s| !s.is_empty());
         if lora.is_none() && cache_salt.is_none() {
             return Self::default();
         }
-        // Length-prefixed so ("ab", "c") and ("a", "bc") differ; a tag byte tells None from "".
+        // Length-prefixed so ("ab", "c") and ("a", "bc") differ; a tag byte tells which is
+        // given.
         let mut buf = Vec::with_capacity(32);
         for part in [lora, cache_salt] {
             match part {
@@ -275,6 +279,9 @@ mod tests {
             assert_ne!(salt[i], both[i]);
         }
         assert_eq!(Namespace::new(None, None), Namespace::default());
+        // An empty salt or adapter name is none, from a request or an event alike.
+        assert_eq!(Namespace::new(Some(""), Some("")), Namespace::default());
+        assert_eq!(Namespace::new(None, Some("")), Namespace::default());
         assert_eq!(Namespace::default().root(), None);
         assert_eq!(base, sequence_hashes(&local_block_hashes(&t, 16)));
         assert_eq!(lora, of(Namespace::new(Some("sql"), None)));

@@ -44,7 +44,7 @@ pub async fn prepare(
     // Hashed as the engines key their caches: per LoRA adapter (a `model` naming one) and
     // per cache salt.
     let lora = gw.adapter_of(&view.model);
-    let salt = view.cache_salt.as_deref().filter(|s| !s.is_empty());
+    let salt = view.cache_salt.as_deref();
     let namespace = Namespace::new(lora, salt);
     let prompt = BlockedPrompt::new(&tokens, block_size, namespace);
     let session = session_header
