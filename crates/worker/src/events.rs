@@ -156,8 +156,10 @@ impl EventHub {
         // is not an error.
         let live = if self.blank_live.load(std::sync::atomic::Ordering::Relaxed) {
             Arc::new(EventBatch {
+                seq: batch.seq,
+                ts: batch.ts,
                 events: Vec::new(),
-                ..(*batch).clone()
+                dp_rank: batch.dp_rank,
             })
         } else {
             batch.clone()
