@@ -31,6 +31,7 @@ pub enum EventFormat {
     /// SGLang 0.5.23.
     Sglang,
     /// TensorRT-LLM's ZMQ publisher.
+    #[serde(alias = "tensorrt-llm")]
     Trtllm,
 }
 
