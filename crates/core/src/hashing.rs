@@ -14,7 +14,7 @@
 //! continues a chain (it names its parent) be hashed without knowing the chain's namespace.
 
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// The fixed seed of every router hash (changing it invalidates nothing persistent, but all
 /// gateway replicas and simulators must agree on it).
@@ -115,11 +115,17 @@ impl LocalBlockHash {
     /// This block's hash with extra keys mixed in (`key` is their digest, e.g. of an engine's
     /// multimodal identifiers): equal tokens with other keys never share a hash.
     pub fn keyed(self, key: u64) -> Self {
-        let mut buf = [0u8; 16];
-        buf[..8].copy_from_slice(&self.0.to_le_bytes());
-        buf[8..].copy_from_slice(&key.to_le_bytes());
-        Self(xxh3_64_with_seed(&buf, HASH_SEED ^ 0x6b65_7973)) // "keys"
+        Self(hash_pair(self.0, key, HASH_SEED ^ 0x6b65_7973)) // "keys"
     }
+}
+
+/// xxh3 of two u64 as 16 little-endian bytes (seed 0 is plain `xxh3_64`).
+#[inline]
+fn hash_pair(a: u64, b: u64, seed: u64) -> u64 {
+    let mut buf = [0u8; 16];
+    buf[..8].copy_from_slice(&a.to_le_bytes());
+    buf[8..].copy_from_slice(&b.to_le_bytes());
+    xxh3_64_with_seed(&buf, seed)
 }
 
 #[cfg(target_endian = "little")]
@@ -148,12 +154,7 @@ pub fn local_block_hashes(tokens: &[u32], block_size: usize) -> Vec<LocalBlockHa
 pub fn chain(parent: Option<SequenceHash>, local: LocalBlockHash) -> SequenceHash {
     match parent {
         None => SequenceHash(local.0),
-        Some(p) => {
-            let mut buf = [0u8; 16];
-            buf[..8].copy_from_slice(&p.0.to_le_bytes());
-            buf[8..].copy_from_slice(&local.0.to_le_bytes());
-            SequenceHash(xxh3_64(&buf))
-        }
+        Some(p) => SequenceHash(hash_pair(p.0, local.0, 0)),
     }
 }
 
@@ -262,6 +263,16 @@ mod tests {
         assert_ne!(sab[1], sba[1]);
         assert_eq!(sab[0], SequenceHash(lab[0].0));
         assert_eq!(sab[1], chain(Some(sab[0]), lab[1]));
+    }
+
+    #[test]
+    fn a_chained_hash_is_plain_xxh3_of_parent_and_local() {
+        let mut buf = [0u8; 16];
+        buf[..8].copy_from_slice(&7u64.to_le_bytes());
+        buf[8..].copy_from_slice(&9u64.to_le_bytes());
+        let got = chain(Some(SequenceHash(7)), LocalBlockHash(9));
+        assert_eq!(got.0, xxhash_rust::xxh3::xxh3_64(&buf));
+        assert_eq!(chain(None, LocalBlockHash(9)).0, 9);
     }
 
     #[test]
