@@ -190,6 +190,34 @@ impl PrefixIndex {
     }
 
     fn apply_stored(&mut self, worker: WorkerId, s: &StoredBlocks) -> Result<(), IndexError> {
+        let seqs = self.chain_stored(worker, s, |p| self.sequence_of(worker, p))?;
+        let slot_ix = self.slot_for(worker)?;
+        let slot = self.slots[slot_ix]
+            .as_mut()
+            .expect("slot_for returns a live slot");
+        // Reading ahead pays when several misses can overlap; for one or two blocks it is
+        // only extra probes.
+        if seqs.len() > 2 {
+            self.nodes.warm(seqs.iter().map(|q| q.0), slot_ix);
+            slot.blocks.warm(s.block_hashes.iter().map(|h| h.0));
+        }
+        for (h, seq) in s.block_hashes.iter().zip(&seqs) {
+            store(&mut self.nodes, slot, slot_ix, h.0, seq.0, true);
+        }
+        self.stats.blocks_stored += s.block_hashes.len() as u64;
+        Ok(())
+    }
+
+    /// The sequence hashes of a stored chain, after checking the event's block size, token
+    /// count and extra keys and that `worker` has or can get a slot; `parent` finds the
+    /// sequence hash of the chain's parent block (a chain without one starts at its
+    /// namespace's root). Changes nothing.
+    pub(crate) fn chain_stored(
+        &self,
+        worker: WorkerId,
+        s: &StoredBlocks,
+        parent: impl FnOnce(EngineHash) -> Option<SequenceHash>,
+    ) -> Result<Vec<SequenceHash>, IndexError> {
         let bs = self.block_size.get();
         if s.block_size != bs {
             return Err(IndexError::BlockSizeMismatch {
@@ -213,24 +241,15 @@ impl PrefixIndex {
                 blocks: s.block_hashes.len(),
             });
         }
-        let slot_ix = self.slot_for(worker)?;
-        let slot = self.slots[slot_ix]
-            .as_mut()
-            .expect("slot_for returns a live slot");
+        self.check_slot(worker)?;
         let mut prev = match s.parent {
             None => s.namespace.root(),
-            Some(p) => match slot.blocks.get(p.0) {
-                Some(seq) => Some(SequenceHash(seq)),
-                None => {
-                    return Err(IndexError::UnknownParent {
-                        worker,
-                        parent: p.0,
-                    })
-                }
-            },
+            Some(p) => Some(parent(p).ok_or(IndexError::UnknownParent {
+                worker,
+                parent: p.0,
+            })?),
         };
-        let seqs: Vec<u64> = s
-            .token_ids
+        Ok(s.token_ids
             .chunks_exact(bs)
             .enumerate()
             .map(|(i, tokens)| {
@@ -240,20 +259,19 @@ impl PrefixIndex {
                 };
                 let seq = chain(prev, local);
                 prev = Some(seq);
-                seq.0
+                seq
             })
-            .collect();
-        // Reading ahead pays when several misses can overlap; for one or two blocks it is
-        // only extra probes.
-        if seqs.len() > 2 {
-            self.nodes.warm(seqs.iter().copied(), slot_ix);
-            slot.blocks.warm(s.block_hashes.iter().map(|h| h.0));
-        }
-        for (h, &seq) in s.block_hashes.iter().zip(&seqs) {
-            store(&mut self.nodes, slot, slot_ix, h.0, seq, true);
-        }
-        self.stats.blocks_stored += s.block_hashes.len() as u64;
-        Ok(())
+            .collect())
+    }
+
+    /// The sequence hash of the block `worker` holds under engine hash `engine`.
+    pub fn sequence_of(&self, worker: WorkerId, engine: EngineHash) -> Option<SequenceHash> {
+        let &ix = self.slot_of.get(&worker)?;
+        self.slots[ix]
+            .as_ref()?
+            .blocks
+            .get(engine.0)
+            .map(SequenceHash)
     }
 
     fn apply_stored_hashed(

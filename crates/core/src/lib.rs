@@ -10,6 +10,8 @@
 //! - [`ledger`]: the per-worker load the router booked for in-flight requests.
 //! - [`policy`]: routing policies behind one trait.
 //! - [`admission`]: busy thresholds and the dispatch / queue / shed decision.
+//! - [`tiers`]: KV tiers (device, host, disk), the indexes of offloaded blocks and the cost
+//!   of loading them back.
 //! - [`router`]: the facade tying them together, with `route`, `dispatch` and `explain`.
 //!
 //! ```
@@ -48,6 +50,7 @@ pub mod index;
 pub mod ledger;
 pub mod policy;
 pub mod router;
+pub mod tiers;
 mod types;
 
 pub use admission::{AdmissionConfig, AdmissionDecision, AdmissionMode, QueueState, RejectReason};
@@ -61,4 +64,5 @@ pub use policy::{Policy, PolicyConfig, PolicyKind};
 pub use router::{
     Explanation, RouteError, RouteOutcome, RouteRequest, Router, RouterConfig, Selection, Tracking,
 };
+pub use tiers::{Loadable, Tier, TierConfig};
 pub use types::{BlockSize, InvalidBlockSize, RequestId, Time, WorkerId};

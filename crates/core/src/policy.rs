@@ -16,6 +16,7 @@ pub use kv::{KvConfig, KvCost};
 pub use predictive::{Predictive, PredictiveConfig};
 
 use crate::ledger::{PrefillEstimate, WorkerCapacity, WorkerLoad};
+use crate::tiers::{Loadable, TierConfig};
 use crate::types::WorkerId;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -28,6 +29,9 @@ pub struct Candidate {
     pub worker: WorkerId,
     /// Leading prompt blocks the worker holds.
     pub matched_blocks: usize,
+    /// Prompt blocks after those it can load back from offloaded tiers.
+    #[serde(default)]
+    pub loadable: Loadable,
     /// All blocks the index holds for the worker (tie-break: less cached data wins).
     pub cached_blocks: usize,
     /// Booked load.
@@ -57,6 +61,8 @@ pub struct PolicyInput<'a> {
     pub affinity: Option<WorkerId>,
     /// Soft preference for `affinity`: its cost is multiplied by `1 - affinity_bias`.
     pub affinity_bias: f64,
+    /// What loading offloaded blocks back costs.
+    pub tiers: TierConfig,
 }
 
 impl PolicyInput<'_> {
@@ -67,10 +73,18 @@ impl PolicyInput<'_> {
         rng
     }
 
-    /// Prompt tokens the candidate must compute (not in its matched prefix).
+    /// Prompt tokens the candidate must compute (neither in its matched prefix nor loadable
+    /// from an offloaded tier).
     pub fn uncached_tokens(&self, c: &Candidate) -> usize {
+        let reused = c.matched_blocks.saturating_add(c.loadable.blocks());
         self.prompt_tokens
-            .saturating_sub(c.matched_blocks.saturating_mul(self.block_size))
+            .saturating_sub(reused.saturating_mul(self.block_size))
+    }
+
+    /// The candidate's prefill work for this prompt in tokens: those it computes, plus the
+    /// prefill-equivalent of those it loads back ([`TierConfig::load_tokens`]).
+    pub fn prefill_work(&self, c: &Candidate) -> f64 {
+        self.uncached_tokens(c) as f64 + self.tiers.load_tokens(c.loadable, self.block_size)
     }
 
     /// Blocks the prompt occupies, partial tail included.

@@ -22,6 +22,7 @@ use crate::index::{
 };
 use crate::ledger::{Booking, LedgerError, LoadLedger, WorkerCapacity};
 use crate::policy::{Candidate, Choice, Policy, PolicyConfig, PolicyInput};
+use crate::tiers::{Loadable, OffloadedTiers, Tier, TierConfig};
 use crate::types::{BlockSize, RequestId, Time, WorkerId};
 use serde::{Deserialize, Serialize};
 
@@ -40,6 +41,8 @@ pub struct RouterConfig {
     /// Approximate tracking (workers without KV events): how long and how much of what was
     /// routed to a worker is assumed cached.
     pub approx: ApproxConfig,
+    /// What loading blocks back from offloaded tiers (host memory, disk) costs.
+    pub tiers: TierConfig,
     /// Seconds the prompt blocks of a request dispatched to a worker tracked by events count
     /// as cached there before its events show them (0: off). Real engines publish a batch's
     /// events a little after they answer (vLLM on CPU: up to a few hundred ms under load), so
@@ -66,6 +69,7 @@ impl Default for RouterConfig {
             policy: PolicyConfig::default(),
             admission: AdmissionConfig::default(),
             approx: ApproxConfig::default(),
+            tiers: TierConfig::default(),
             pending_secs: 5.0,
             affinity_bias: 0.0,
             max_sessions: 65_536,
@@ -84,6 +88,7 @@ impl RouterConfig {
         self.policy.validate().map_err(bad)?;
         self.admission.validate().map_err(bad)?;
         self.approx.validate().map_err(bad)?;
+        self.tiers.validate().map_err(bad)?;
         if !(self.pending_secs.is_finite() && self.pending_secs >= 0.0) {
             return Err(bad(format!(
                 "pending_secs must be >= 0, got {}",
@@ -143,7 +148,11 @@ pub struct Selection {
     pub worker: WorkerId,
     /// Leading prompt blocks it holds.
     pub matched_blocks: usize,
-    /// Prompt tokens it is expected to have cached.
+    /// Prompt blocks after those it can load back from offloaded tiers.
+    #[serde(default)]
+    pub loadable: Loadable,
+    /// Prompt tokens it is expected to report cached (matched and loadable blocks, as
+    /// engines count tokens loaded back as cached).
     pub cached_tokens: usize,
     /// The policy's cost for it, if the policy has costs.
     pub cost: Option<f64>,
@@ -189,6 +198,8 @@ pub struct Router {
     config: RouterConfig,
     block_size: BlockSize,
     index: PrefixIndex,
+    /// Blocks engines moved to host memory or disk.
+    offloaded: OffloadedTiers,
     approx: ApproxIndex,
     /// Prompts just dispatched to workers tracked by events, until their events show them
     /// (`pending_secs`; None: off).
@@ -212,6 +223,7 @@ impl Router {
         Ok(Self {
             block_size,
             index: PrefixIndex::with_max_workers(block_size, config.max_workers),
+            offloaded: OffloadedTiers::new(block_size, config.max_workers),
             approx: ApproxIndex::new(block_size, &config.approx),
             pending: (config.pending_secs > 0.0).then(|| {
                 ApproxIndex::new(
@@ -248,6 +260,11 @@ impl Router {
     /// The prefix index of the workers tracked by events.
     pub fn index(&self) -> &PrefixIndex {
         &self.index
+    }
+
+    /// The indexes of offloaded blocks.
+    pub fn offloaded(&self) -> &OffloadedTiers {
+        &self.offloaded
     }
 
     /// How `worker` is tracked (None: unknown worker).
@@ -354,6 +371,7 @@ impl Router {
             self.approximate.retain(|w| *w != worker);
         } else {
             self.index.remove_worker(worker);
+            self.offloaded.remove_worker(worker);
         }
         if let Some(p) = &mut self.pending {
             p.remove_worker(worker);
@@ -373,6 +391,37 @@ impl Router {
             p.remove_worker(worker);
         }
         self.index.apply(worker, event)
+    }
+
+    /// Applies a KV event of `worker` about blocks in `tier` ([`Tier::Device`]: as
+    /// [`Router::apply_event`]). Offloaded blocks are tracked apart and credited at the cost
+    /// of loading them back ([`crate::tiers`]). Ignored for a worker tracked approximately.
+    pub fn apply_tier_event(
+        &mut self,
+        worker: WorkerId,
+        tier: Tier,
+        event: &KvEvent,
+    ) -> Result<(), IndexError> {
+        if tier == Tier::Device {
+            return self.apply_event(worker, event);
+        }
+        if self.approximate.contains(&worker) {
+            return Ok(());
+        }
+        self.offloaded.apply(&self.index, worker, tier, event)
+    }
+
+    /// Drops everything known of `worker`'s cache in every tier, and what was just sent
+    /// there (its engine restarted or its events were lost), keeping it registered.
+    pub fn clear_worker(&mut self, worker: WorkerId) {
+        if self.approximate.contains(&worker) {
+            return;
+        }
+        self.index.clear_worker(worker);
+        self.offloaded.clear_worker(worker);
+        if let Some(p) = &mut self.pending {
+            p.remove_worker(worker);
+        }
     }
 
     /// Applies a batch of KV events of `worker` in order (see [`PrefixIndex::apply_batch`]).
@@ -420,8 +469,10 @@ impl Router {
                 RouteOutcome::Dispatch(Selection {
                     worker: c.worker,
                     matched_blocks: c.matched_blocks,
-                    cached_tokens: (c.matched_blocks * self.block_size.get())
-                        .min(req.prompt.tokens),
+                    loadable: c.loadable,
+                    cached_tokens: ((c.matched_blocks + c.loadable.blocks())
+                        * self.block_size.get())
+                    .min(req.prompt.tokens),
                     cost: choice.costs[choice.chosen],
                 })
             }
@@ -458,12 +509,18 @@ impl Router {
         now: Time,
     ) -> Result<(), RouteError> {
         let prompt = req.prompt;
+        // The ledger books prefill work: tokens loaded back count at their load cost.
+        let load = self
+            .config
+            .tiers
+            .load_tokens(selection.loadable, self.block_size.get())
+            .ceil() as usize;
         self.ledger.book(
             &Booking {
                 request,
                 worker: selection.worker,
                 prompt_tokens: prompt.tokens,
-                cached_tokens: selection.cached_tokens,
+                cached_tokens: selection.cached_tokens.saturating_sub(load),
                 blocks: &prompt.sequence,
             },
             now,
@@ -537,18 +594,29 @@ impl Router {
         // An engine computes at least the prompt's last token: a hit stops at the last full
         // block before it (vLLM and the simulated engine cap a hit at `tokens - 1`).
         let max_hit = req.prompt.tokens.saturating_sub(1) / bs;
+        let offloaded = !self.offloaded.is_empty();
         let candidates: Vec<Candidate> = self
             .ledger
             .views()
             .filter(|v| Some(v.worker) != req.exclude && !self.unavailable.contains(&v.worker))
-            .map(|v| Candidate {
-                worker: v.worker,
-                matched_blocks: matches.depth(v.worker).min(max_hit),
-                cached_blocks: self.cached_blocks(v.worker),
-                load: v.load,
-                capacity: v.capacity,
-                prefill: v.prefill,
-                service_secs: v.service_secs,
+            .map(|v| {
+                let matched_blocks = matches.depth(v.worker).min(max_hit);
+                let loadable = if offloaded {
+                    self.offloaded
+                        .loadable(v.worker, &req.prompt.sequence, matched_blocks, max_hit)
+                } else {
+                    Loadable::default()
+                };
+                Candidate {
+                    worker: v.worker,
+                    matched_blocks,
+                    loadable,
+                    cached_blocks: self.cached_blocks(v.worker),
+                    load: v.load,
+                    capacity: v.capacity,
+                    prefill: v.prefill,
+                    service_secs: v.service_secs,
+                }
             })
             .collect();
         let adm = &self.config.admission;
@@ -574,6 +642,7 @@ impl Router {
                 seed: self.config.seed,
                 affinity: req.session.and_then(|s| self.sessions.worker(s)),
                 affinity_bias: self.config.affinity_bias,
+                tiers: self.config.tiers,
             };
             (ix, self.policy.select(&input))
         });

@@ -368,6 +368,7 @@ proptest! {
         let candidates: Vec<Candidate> = workers.iter().enumerate().map(|(i, (m, p, a, c))| Candidate {
             worker: WorkerId(i as u64),
             matched_blocks: *m,
+            loadable: Default::default(),
             cached_blocks: *c,
             load: WorkerLoad { inflight: 1, prefill_tokens: *p, active_blocks: *a, engine: None },
             capacity: WorkerCapacity::default(),
@@ -382,6 +383,7 @@ proptest! {
             seed: 1,
             affinity: None,
             affinity_bias: 0.0,
+            tiers: Default::default(),
         };
         let kv = KvCost::new(kvroute_core::policy::KvConfig { overlap_weight: weight, ..Default::default() });
         let choice = kv.select(&input);

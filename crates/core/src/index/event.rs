@@ -60,7 +60,8 @@ pub struct StoredBlocks {
 }
 
 /// Why an event was rejected. Rejections never change the index, except
-/// [`IndexError::UnknownRemovedHash`], where the known hashes of the batch are still removed.
+/// [`IndexError::UnknownRemovedHash`], where the known hashes of the batch are still removed,
+/// and [`IndexError::UnknownBlock`], where the known ones are still stored.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IndexError {
     /// The engine uses another block size than the router was configured with.
@@ -99,6 +100,17 @@ pub enum IndexError {
     /// A removed event naming blocks the index does not hold for this worker.
     #[error("worker {worker}: {unknown} of {total} removed blocks are unknown")]
     UnknownRemovedHash {
+        /// The worker that sent the event.
+        worker: WorkerId,
+        /// How many hashes were unknown.
+        unknown: usize,
+        /// How many hashes the event named.
+        total: usize,
+    },
+    /// A bare store of offloaded blocks (engine hashes only) naming blocks the worker never
+    /// reported (see [`crate::tiers`]).
+    #[error("worker {worker}: {unknown} of {total} offloaded blocks are unknown")]
+    UnknownBlock {
         /// The worker that sent the event.
         worker: WorkerId,
         /// How many hashes were unknown.
@@ -154,11 +166,13 @@ pub enum RejectKind {
     HashCountMismatch,
     /// [`IndexError::KeyCountMismatch`].
     KeyCountMismatch,
+    /// [`IndexError::UnknownBlock`].
+    UnknownBlock,
 }
 
 impl RejectKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [RejectKind; 7] = [
+    pub const ALL: [RejectKind; 8] = [
         RejectKind::BlockSizeMismatch,
         RejectKind::TokenCountMismatch,
         RejectKind::UnknownParent,
@@ -166,6 +180,7 @@ impl RejectKind {
         RejectKind::TooManyWorkers,
         RejectKind::HashCountMismatch,
         RejectKind::KeyCountMismatch,
+        RejectKind::UnknownBlock,
     ];
 
     /// A stable snake_case name (metric labels).
@@ -178,6 +193,7 @@ impl RejectKind {
             RejectKind::TooManyWorkers => "too_many_workers",
             RejectKind::HashCountMismatch => "hash_count_mismatch",
             RejectKind::KeyCountMismatch => "key_count_mismatch",
+            RejectKind::UnknownBlock => "unknown_block",
         }
     }
 }
@@ -193,6 +209,7 @@ impl IndexError {
             IndexError::TooManyWorkers { .. } => RejectKind::TooManyWorkers,
             IndexError::HashCountMismatch { .. } => RejectKind::HashCountMismatch,
             IndexError::KeyCountMismatch { .. } => RejectKind::KeyCountMismatch,
+            IndexError::UnknownBlock { .. } => RejectKind::UnknownBlock,
         }
     }
 }
@@ -207,7 +224,7 @@ pub struct EventStats {
     /// Blocks removed.
     pub blocks_removed: u64,
     /// Rejected events, by kind, in the order of [`RejectKind::ALL`].
-    pub rejected: [u64; 7],
+    pub rejected: [u64; 8],
 }
 
 impl EventStats {

@@ -1,7 +1,8 @@
 //! `kv`: the Dynamo-compatible prefix-overlap cost, lowest wins.
 //!
 //! `cost = overlap_weight * prefill_tokens / block_size + decode_blocks`, where
-//! `prefill_tokens = outstanding prefill + max(0, prompt - matched_blocks * block_size)` and
+//! `prefill_tokens = outstanding prefill + max(0, prompt - (matched + loadable blocks) *
+//! block_size) + the prefill-equivalent of loading the loadable blocks back` and
 //! `decode_blocks` = the active KV blocks already on the worker (plus, optionally, the blocks
 //! the new request brings). Temperature 0 takes the argmin (ties: least cached data, then
 //! seeded random); a positive temperature samples a softmax over range-normalised costs.
@@ -70,7 +71,7 @@ impl KvCost {
             .candidates
             .iter()
             .map(|c| {
-                let prefill = c.load.prefill_tokens as f64 + input.uncached_tokens(c) as f64;
+                let prefill = c.load.prefill_tokens as f64 + input.prefill_work(c);
                 let mut decode = c.load.active_blocks as f64;
                 if self.config.count_new_blocks {
                     decode += input.prompt_blocks().saturating_sub(c.matched_blocks) as f64;

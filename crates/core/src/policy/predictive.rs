@@ -1,7 +1,8 @@
 //! `predictive`: the predicted time to first token, in seconds, lowest wins.
 //!
 //! For each worker: the time to work through the prefill already booked there plus this
-//! request's uncached tokens, at the prefill speed learned from that worker's own first-token
+//! request's uncached tokens and the time to load back its blocks in offloaded tiers
+//! (expressed in prefill tokens, [`crate::tiers::TierConfig`]), at the prefill speed learned from that worker's own first-token
 //! times ([`crate::ledger::PrefillFit`]); workers not yet measured borrow the fleet's mean
 //! speed, or the configured prior when nobody was measured. Two physical penalties, both in
 //! seconds and both from learned figures (no weights): at the batch limit the request waits
@@ -83,7 +84,7 @@ impl Predictive {
             .iter()
             .map(|c| {
                 let est = c.prefill.unwrap_or(fallback);
-                let uncached = input.uncached_tokens(c) as f64;
+                let uncached = input.prefill_work(c);
                 let mut ttft = est.ttft_secs(c.load.prefill_tokens as f64 + uncached);
                 let service = c.service_secs.unwrap_or_else(|| est.ttft_secs(uncached));
                 if let Some(max) = c.capacity.max_batch.filter(|m| *m > 0) {
@@ -93,6 +94,7 @@ impl Predictive {
                     }
                 }
                 if let Some(cap) = c.capacity.kv_blocks.filter(|c| *c > 0) {
+                    // Loaded blocks take device blocks too.
                     let new = input.prompt_blocks().saturating_sub(c.matched_blocks) as u64;
                     let need = c.load.active_blocks + new;
                     if need > cap {

@@ -1,10 +1,12 @@
 use super::*;
 use crate::ledger::{PrefillEstimate, WorkerCapacity, WorkerLoad};
+use crate::tiers::{Loadable, TierConfig};
 
 fn cand(id: u64, matched: usize, active_blocks: u64) -> Candidate {
     Candidate {
         worker: WorkerId(id),
         matched_blocks: matched,
+        loadable: Loadable::default(),
         cached_blocks: 0,
         load: WorkerLoad {
             active_blocks,
@@ -25,6 +27,7 @@ fn input(candidates: &[Candidate], tokens: usize, decision: u64) -> PolicyInput<
         seed: 42,
         affinity: None,
         affinity_bias: 0.0,
+        tiers: TierConfig::default(),
     }
 }
 

@@ -2,6 +2,7 @@
 
 use super::{Evaluation, RouteRequest, Router};
 use crate::admission::AdmissionDecision;
+use crate::tiers::Loadable;
 use crate::types::WorkerId;
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +32,9 @@ pub struct WorkerExplanation {
     pub worker: WorkerId,
     /// Leading prompt blocks it holds.
     pub matched_blocks: usize,
+    /// Prompt blocks after those it can load back from offloaded tiers.
+    #[serde(default)]
+    pub loadable: Loadable,
     /// Prompt tokens it would have to compute.
     pub uncached_tokens: usize,
     /// Blocks the index holds for it.
@@ -75,7 +79,11 @@ impl Router {
             .map(|(i, c)| WorkerExplanation {
                 worker: c.worker,
                 matched_blocks: c.matched_blocks,
-                uncached_tokens: req.prompt.tokens.saturating_sub(c.matched_blocks * bs),
+                loadable: c.loadable,
+                uncached_tokens: req
+                    .prompt
+                    .tokens
+                    .saturating_sub((c.matched_blocks + c.loadable.blocks()) * bs),
                 cached_blocks: c.cached_blocks,
                 inflight: c.load.inflight,
                 prefill_tokens: c.load.prefill_tokens,

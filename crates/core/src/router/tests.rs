@@ -2,6 +2,7 @@ use super::*;
 use crate::hashing::{local_block_hashes, Namespace};
 use crate::index::StoredBlocks;
 use crate::policy::PolicyKind;
+use crate::tiers::Loadable;
 use crate::EngineHash;
 
 const BS: usize = 16;
@@ -68,6 +69,7 @@ fn send_to(r: &mut Router, worker: u64, id: u64, p: &BlockedPrompt, at_ms: u64) 
     let sel = Selection {
         worker: WorkerId(worker),
         matched_blocks: 0,
+        loadable: Loadable::default(),
         cached_tokens: 0,
         cost: None,
     };
@@ -147,6 +149,7 @@ fn busy_workers_are_skipped_then_queued_or_shed() {
         let sel = Selection {
             worker: WorkerId(w),
             matched_blocks: 0,
+            loadable: Loadable::default(),
             cached_tokens: 0,
             cost: None,
         };
@@ -314,6 +317,7 @@ fn sessions_bias_toward_their_last_worker() {
     let sel = Selection {
         worker: WorkerId(1),
         matched_blocks: 0,
+        loadable: Loadable::default(),
         cached_tokens: 0,
         cost: None,
     };
