@@ -151,10 +151,15 @@ async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
             let id = kvroute_core::WorkerId(w.id);
             let load = r.ledger().load(id);
             let blocks = r.cached_blocks(id);
+            let offloaded = r.offloaded();
             serde_json::json!({
                 "worker": w,
                 "load": load,
                 "index_blocks": blocks,
+                "offloaded_blocks": {
+                    "host": offloaded.block_count(id, kvroute_core::Tier::Host),
+                    "disk": offloaded.block_count(id, kvroute_core::Tier::Disk),
+                },
                 "prefill": r.ledger().prefill_estimate(id),
             })
         })

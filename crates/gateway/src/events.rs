@@ -24,7 +24,7 @@ pub use self::zmq::{zmq_feed, ZmqReplay, ZmqSubscription, END_SEQ};
 
 use crate::registry::{CacheState, WorkerEntry};
 use crate::state::Gateway;
-use kvroute_core::{IndexError, KvEvent, WorkerId};
+use kvroute_core::{IndexError, WorkerId};
 use kvroute_protocol::kv_events::{Event, EventBatch};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -371,9 +371,7 @@ fn finish_sync(entry: &WorkerEntry, t: &mut Tracker, next: u64) {
 /// Drops the worker's index entries (its engine lost its cache).
 fn clear(gw: &Gateway, entry: &WorkerEntry) {
     entry.events.degraded.store(false, Ordering::Relaxed);
-    if let Err(e) = gw.router().apply_event(entry.id, &KvEvent::Cleared) {
-        tracing::debug!(worker = %entry.name, error = %e, "clearing the index refused");
-    }
+    gw.router().clear_worker(entry.id);
 }
 
 /// Batches from `from` on, from the replay service within the configured time; None (and a
@@ -465,7 +463,7 @@ fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
             } else {
                 match e.to_kv_event() {
                     None => "unknown",
-                    Some(kv) => match router.apply_event(entry.id, &kv) {
+                    Some(kv) => match router.apply_tier_event(entry.id, e.tier(), &kv) {
                         Ok(()) => "applied",
                         Err(IndexError::BlockSizeMismatch { expected, got, .. }) => {
                             entry.events.degraded.store(true, Ordering::Relaxed);

@@ -1,8 +1,8 @@
 //! A routing decision laid open for the client that asks for it: a request with
 //! `x-kvroute-explain: 1` gets, in the `x-kvroute-route` response header, the router's
 //! [`Explanation`] of that very decision (the same evaluation that chose the worker, not a
-//! second look) as compact JSON with worker names: per worker the matched blocks, the
-//! uncached tokens, the load terms, the policy's cost and which one won. The dashboard's
+//! second look) as compact JSON with worker names: per worker the matched blocks, the blocks
+//! it can load back from host memory and disk (only when there are any), the uncached tokens, the load terms, the policy's cost and which one won. The dashboard's
 //! conversation page shows it per turn.
 
 use crate::state::Gateway;
@@ -31,6 +31,10 @@ struct Route<'a> {
 struct Terms<'a> {
     name: &'a str,
     matched_blocks: usize,
+    #[serde(skip_serializing_if = "is_zero")]
+    host_blocks: usize,
+    #[serde(skip_serializing_if = "is_zero")]
+    disk_blocks: usize,
     uncached_tokens: usize,
     inflight: u32,
     prefill_tokens: u64,
@@ -38,6 +42,10 @@ struct Terms<'a> {
     eligible: bool,
     cost: Option<f64>,
     chosen: bool,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Whether a request's headers ask for the explanation.
@@ -81,6 +89,8 @@ pub fn header_value(gw: &Gateway, ex: &Explanation) -> Option<HeaderValue> {
             Terms {
                 name,
                 matched_blocks: w.matched_blocks,
+                host_blocks: w.loadable.host,
+                disk_blocks: w.loadable.disk,
                 uncached_tokens: w.uncached_tokens,
                 inflight: w.inflight,
                 prefill_tokens: w.prefill_tokens,

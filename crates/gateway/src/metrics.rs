@@ -45,6 +45,8 @@ pub struct Metrics {
     pub kv_events: IntCounterVec,
     /// Blocks the index holds per worker.
     pub index_blocks: IntGaugeVec,
+    /// Blocks engines moved to an offloaded tier, per worker and tier.
+    pub offloaded_blocks: IntGaugeVec,
     /// 1 for each worker's current cache state (exact, catching_up, unknown, approximate).
     pub cache_state: IntGaugeVec,
     /// Engine restarts seen on a worker's event stream.
@@ -197,6 +199,11 @@ impl Metrics {
                 "kvroute_index_blocks",
                 "Blocks the prefix index holds per worker.",
                 &["worker"],
+            )?,
+            offloaded_blocks: gauge_vec(
+                "kvroute_offloaded_blocks",
+                "Blocks a worker's engine moved out of device memory and can load back, by tier (host, disk).",
+                &["worker", "tier"],
             )?,
             cache_state: gauge_vec(
                 "kvroute_worker_cache_state",

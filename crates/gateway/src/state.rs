@@ -4,7 +4,7 @@
 use crate::config::GatewayConfig;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
-use kvroute_core::{KvEvent, QueueState, RequestId, Router, Time, WorkerId};
+use kvroute_core::{QueueState, RequestId, Router, Time, WorkerId};
 use kvroute_preprocess::Preprocessor;
 use kvroute_protocol::openai::ModelCard;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -293,7 +293,7 @@ impl Gateway {
     pub fn reset_index(&self) {
         let mut r = self.router();
         for w in self.registry.iter() {
-            let _ = r.apply_event(w.id, &KvEvent::Cleared);
+            r.clear_worker(w.id);
         }
     }
 
@@ -316,6 +316,13 @@ impl Gateway {
                 .index_blocks
                 .with_label_values(&labels)
                 .set(i64::try_from(blocks).unwrap_or(i64::MAX));
+            for tier in kvroute_core::Tier::OFFLOADED {
+                let n = r.offloaded().block_count(w.id, tier);
+                self.metrics
+                    .offloaded_blocks
+                    .with_label_values(&[w.name.as_str(), tier.as_str()])
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
             self.metrics
                 .worker_up
                 .with_label_values(&labels)

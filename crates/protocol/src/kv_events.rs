@@ -30,6 +30,7 @@ pub mod trtllm_http;
 pub use encode::{encode_message, encode_payload, EventFormat};
 pub use keys::KeyValue;
 
+pub use kvroute_core::Tier;
 use kvroute_core::{EngineHash, KvEvent, StoredBlocks};
 
 /// One decoded message.
@@ -114,23 +115,23 @@ pub enum DecodeError {
     Payload(String),
 }
 
-/// Where an event's blocks live.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tier {
-    /// The device (GPU) cache: no medium given, or `GPU`.
-    Device,
-    /// An offloaded tier (`CPU`, `STORAGE`, disk, ...): reusable after a transfer.
-    Offloaded,
-}
+/// Medium names of host memory (case ignored; a name starting with `CPU` counts too):
+/// vLLM's and SGLang's `CPU`, TensorRT-LLM's host cache level (decoded as `CPU`).
+pub const HOST_MEDIUMS: [&str; 4] = ["CPU", "HOST", "DRAM", "L2"];
 
-impl Tier {
-    /// The tier of a medium name.
-    pub fn of(medium: Option<&str>) -> Tier {
-        match medium {
-            None => Tier::Device,
-            Some(m) if m.eq_ignore_ascii_case("gpu") => Tier::Device,
-            Some(_) => Tier::Offloaded,
+/// The tier of a medium name: none or `GPU` is the device, [`HOST_MEDIUMS`] host memory, any
+/// other name (vLLM's `STORAGE`, disks, remote stores) the disk tier.
+pub fn tier_of(medium: Option<&str>) -> Tier {
+    match medium {
+        None => Tier::Device,
+        Some(m) if m.eq_ignore_ascii_case("gpu") => Tier::Device,
+        Some(m)
+            if HOST_MEDIUMS.iter().any(|h| m.eq_ignore_ascii_case(h))
+                || m.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("cpu")) =>
+        {
+            Tier::Host
         }
+        Some(_) => Tier::Disk,
     }
 }
 
@@ -169,8 +170,8 @@ impl Event {
     /// The tier of the event's blocks ([`Tier::Device`] for `Cleared` and unknown events).
     pub fn tier(&self) -> Tier {
         match self {
-            Event::Stored(s) => Tier::of(s.medium.as_deref()),
-            Event::Removed(r) => Tier::of(r.medium.as_deref()),
+            Event::Stored(s) => tier_of(s.medium.as_deref()),
+            Event::Removed(r) => tier_of(r.medium.as_deref()),
             Event::Cleared | Event::Unknown(_) => Tier::Device,
         }
     }

@@ -117,6 +117,57 @@ fn vllm_multimodal_keys_make_a_block_match_nothing_textual() {
     );
 }
 
+/// CPU offloading (`OffloadingConnector`), as `vllm/distributed/kv_transfer/kv_connector/v1/
+/// offloading/events.py` publishes it: a device store of 4 blocks (hashes 101..104, tokens
+/// 1..16); the four bare stores to `CPU` the connector sends by default (one per block,
+/// engine hash only, no tokens, block size 0); a self-describing store of blocks 103, 104 to
+/// `STORAGE` (parent 102, tokens, `locality` LOCAL); the device evicting 102..104; the CPU
+/// tier evicting 104.
+const VLLM_OFFLOADED: &str = "93cb3ff8000000000000988aa474797065ab426c6f636b53746f726564ac626c6f636b5f6861736865739465666768b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f696473dc00100102030405060708090a0b0c0d0e0f10aa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c0a967726f75705f69647800b26b765f63616368655f737065635f6b696e64ae66756c6c5f617474656e74696f6e89a474797065ab426c6f636b53746f726564ac626c6f636b5f6861736865739165b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f69647390aa626c6f636b5f73697a6500a76c6f72615f6964c0a66d656469756da3435055a96c6f72615f6e616d65c0a967726f75705f6964780089a474797065ab426c6f636b53746f726564ac626c6f636b5f6861736865739166b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f69647390aa626c6f636b5f73697a6500a76c6f72615f6964c0a66d656469756da3435055a96c6f72615f6e616d65c0a967726f75705f6964780089a474797065ab426c6f636b53746f726564ac626c6f636b5f6861736865739167b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f69647390aa626c6f636b5f73697a6500a76c6f72615f6964c0a66d656469756da3435055a96c6f72615f6e616d65c0a967726f75705f6964780089a474797065ab426c6f636b53746f726564ac626c6f636b5f6861736865739168b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f69647390aa626c6f636b5f73697a6500a76c6f72615f6964c0a66d656469756da3435055a96c6f72615f6e616d65c0a967726f75705f696478008ba474797065ab426c6f636b53746f726564ac626c6f636b5f686173686573926768b1706172656e745f626c6f636b5f6861736866a9746f6b656e5f69647398090a0b0c0d0e0f10aa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da753544f52414745a96c6f72615f6e616d65c0a967726f75705f69647800b26b765f63616368655f737065635f6b696e64ae66756c6c5f617474656e74696f6ea86c6f63616c697479a54c4f43414c84a474797065ac426c6f636b52656d6f766564ac626c6f636b5f68617368657393666768a66d656469756da3475055a967726f75705f6964780084a474797065ac426c6f636b52656d6f766564ac626c6f636b5f6861736865739168a66d656469756da3435055a967726f75705f69647800c0";
+
+#[test]
+fn vllm_offloaded_tiers_are_tracked_and_loadable() {
+    use kvroute_core::{
+        Loadable, QueueState, RouteOutcome, RouteRequest, Router, RouterConfig, WorkerCapacity,
+    };
+    let (_, events, _) = decode(VLLM_OFFLOADED);
+    let tiers: Vec<Tier> = events.iter().map(Event::tier).collect();
+    use Tier::{Device as G, Disk as D, Host as H};
+    assert_eq!(tiers, [G, H, H, H, H, D, G, H]);
+    let bare = stored(&events[1]);
+    assert!(
+        bare.token_ids.is_empty() && bare.block_size == 0,
+        "{bare:?}"
+    );
+    let mut r = Router::new(RouterConfig {
+        block_size: 4,
+        pending_secs: 0.0,
+        ..RouterConfig::default()
+    })
+    .unwrap();
+    r.add_worker(WorkerId(1), WorkerCapacity::default())
+        .unwrap();
+    for e in &events {
+        r.apply_tier_event(WorkerId(1), e.tier(), &e.to_kv_event().unwrap())
+            .unwrap_or_else(|err| panic!("{err}: {e:?}"));
+    }
+    // Block 1 on the device, 2 and 3 in host memory, 4 on disk only.
+    let tokens: Vec<u32> = (1..=17).collect();
+    let prompt = BlockedPrompt::new(&tokens, BlockSize::new(4).unwrap(), Namespace::default());
+    let req = RouteRequest {
+        prompt: &prompt,
+        session: None,
+        queue: QueueState::default(),
+        exclude: None,
+    };
+    let RouteOutcome::Dispatch(sel) = r.route(&req) else {
+        panic!("dispatch expected")
+    };
+    assert_eq!(sel.matched_blocks, 1);
+    assert_eq!(sel.loadable, Loadable { host: 2, disk: 1 });
+    assert_eq!(sel.cached_tokens, 16);
+}
+
 #[test]
 fn vllm_hybrid_groups_and_tiers_are_labelled() {
     let (_, events, rank) = decode(VLLM_HYBRID_OFFLOAD);
@@ -130,7 +181,7 @@ fn vllm_hybrid_groups_and_tiers_are_labelled() {
         panic!("{:?}", events[1])
     };
     assert_eq!(r.group_idx, Some(1));
-    assert_eq!(events[2].tier(), Tier::Offloaded);
+    assert_eq!(events[2].tier(), Tier::Host);
     assert!(stored(&events[2]).is_prefix_group());
     assert_eq!(events[3], Event::Cleared);
 }

@@ -3,10 +3,10 @@
 //! with the same block hashes in each: a sliding-window or Mamba group drops blocks a full-
 //! attention group keeps, so its removals must not remove the prefix, and its stores alone
 //! make no hit. The first full-attention group a worker stores into becomes its prefix group;
-//! other groups' events are counted and ignored. Blocks moved to an offloaded tier (CPU,
-//! disk) are counted and ignored too: they are not device hits.
+//! other groups' events are counted and ignored. Events of offloaded tiers (CPU, disk) follow
+//! the same rule; the caller sends them to the router's index of their tier.
 
-use kvroute_protocol::kv_events::{Event, Tier};
+use kvroute_protocol::kv_events::Event;
 
 /// Per worker: the group whose blocks make its prefix cache, once known.
 #[derive(Debug, Default)]
@@ -22,9 +22,6 @@ pub type Ignored = &'static str;
 impl Groups {
     /// Whether `e` goes to the index; else the reason it is ignored.
     pub fn judge(&mut self, e: &Event) -> Result<(), Ignored> {
-        if e.tier() == Tier::Offloaded {
-            return Err("offloaded");
-        }
         match e {
             Event::Stored(s) => {
                 if !s.is_prefix_group() {
@@ -97,20 +94,23 @@ mod tests {
     }
 
     #[test]
-    fn engines_without_groups_and_offloaded_tiers() {
+    fn engines_without_groups_and_offloaded_tiers_follow_the_prefix_group() {
         let mut g = Groups::default();
         assert_eq!(g.judge(&stored(None, None, None)), Ok(()));
         assert_eq!(g.judge(&removed(None, Some("gpu"))), Ok(()));
-        assert_eq!(g.judge(&removed(None, Some("CPU"))), Err("offloaded"));
-        assert_eq!(
-            g.judge(&removed(Some(4), Some("CPU_PINNED"))),
-            Err("offloaded")
-        );
-        let cpu = Stored {
+        // Offloaded tiers follow the same rule (no groups here: everything goes in).
+        assert_eq!(g.judge(&removed(None, Some("CPU"))), Ok(()));
+        let storage = Stored {
             medium: Some("STORAGE".into()),
             ..Stored::default()
         };
-        assert_eq!(g.judge(&Event::Stored(cpu)), Err("offloaded"));
+        assert_eq!(g.judge(&Event::Stored(storage)), Ok(()));
+        let mut grouped = Groups::default();
+        assert_eq!(grouped.judge(&stored(Some(0), None, None)), Ok(()));
+        assert_eq!(
+            grouped.judge(&removed(Some(4), Some("CPU_PINNED"))),
+            Err("other_group")
+        );
         // MLA is full attention.
         let mut mla = Groups::default();
         assert_eq!(

@@ -9,6 +9,7 @@ mod ranks;
 mod resync;
 mod streams;
 mod support;
+mod tiers;
 
 pub use health::scrape;
 use support::*;
