@@ -128,6 +128,9 @@ export interface AccuracyCard {
 export interface RouteTerms {
   name: string;
   matched_blocks: number;
+  /** Blocks loadable from host memory / disk after the matched ones (absent: none). */
+  host_blocks?: number;
+  disk_blocks?: number;
   uncached_tokens: number;
   inflight: number;
   prefill_tokens: number;

@@ -57,6 +57,10 @@ pub struct RouteTerms {
     pub name: String,
     /// Leading prompt blocks the router believed it holds.
     pub matched_blocks: u64,
+    /// Prompt blocks after those it could load back from host memory.
+    pub host_blocks: u64,
+    /// Prompt blocks after those it could load back from disk.
+    pub disk_blocks: u64,
     /// Prompt tokens it would have to compute.
     pub uncached_tokens: u64,
     /// Requests in flight on it.

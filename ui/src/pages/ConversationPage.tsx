@@ -7,6 +7,13 @@ import { clock, duration, ms, num } from "../format";
 import type { ConversationDetail, RouteExplanation } from "../types";
 import { StatusBadge } from "./Conversations";
 
+/** The blocks a worker would load back from host memory or disk, when there are any. */
+function offloaded(host = 0, disk = 0): string {
+  const parts = [host > 0 ? `${num(host)} from host` : "", disk > 0 ? `${num(disk)} from disk` : ""];
+  const text = parts.filter((p) => p !== "").join(", ");
+  return text === "" ? "" : ` + ${text}`;
+}
+
 /** The routing decision of one turn: every worker's terms, the chosen one first. */
 export function RouteTable(props: { route: RouteExplanation; cached: number | null }) {
   const r = props.route;
@@ -35,6 +42,7 @@ export function RouteTable(props: { route: RouteExplanation; cached: number | nu
               <td>{w.name}</td>
               <td>
                 {num(w.matched_blocks)} blocks · {num(w.matched_blocks * r.block_size)} tok
+                {offloaded(w.host_blocks, w.disk_blocks)}
               </td>
               <td>{num(w.uncached_tokens)}</td>
               <td>{num(w.inflight)}</td>

@@ -131,13 +131,16 @@ describe("a turn's routing explanation", () => {
       workers: [
         { name: "a", matched_blocks: 40, uncached_tokens: 60, inflight: 1, prefill_tokens: 0, busy: false, eligible: true, cost: 3.75, chosen: true },
         { name: "b", matched_blocks: 0, uncached_tokens: 700, inflight: 0, prefill_tokens: 0, busy: false, eligible: true, cost: 43.75, chosen: false },
+        { name: "c", matched_blocks: 2, host_blocks: 5, disk_blocks: 1, uncached_tokens: 572, inflight: 0, prefill_tokens: 0, busy: false, eligible: true, cost: 50.1, chosen: false },
       ],
     };
     render(<RouteTable route={route} cached={640} />);
     const rows = screen.getAllByTestId("route-worker");
-    expect(rows.length).toBe(2);
+    expect(rows.length).toBe(3);
     expect(rows[0].className).toBe("chosen");
     expect(rows[0].textContent).toContain("40 blocks · 640 tok");
+    expect(rows[0].textContent).not.toContain("from host");
+    expect(rows[2].textContent).toContain("2 blocks · 32 tok + 5 from host, 1 from disk");
     expect(rows[1].textContent).toContain("43.75");
     expect(screen.getByText(/2 more workers/)).toBeTruthy();
     expect(screen.getByText(/reported 640 cached tokens/)).toBeTruthy();
