@@ -32,3 +32,16 @@ e = BlockRemoved(block_hashes=[31], medium="GPU", group_idx=1)
 f = BlockStored(block_hashes=[41], parent_block_hash=None, token_ids=[1, 2, 3, 4], block_size=4, lora_id=None, medium="CPU",
                 lora_name=None, extra_keys=None)
 show("hybrid_offload", KVEventBatch(ts=3.0, events=[d, e, f, AllBlocksCleared()], data_parallel_rank=None))
+# CPU offloading (vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py): a device store, the
+# connector's bare stores to CPU (its _placeholder_stored: one per block, no tokens, block size 0), a
+# self-describing store to STORAGE (its _take_stored_event), the device evicting, the CPU tier evicting.
+toks = list(range(1, 17))
+dev = BlockStored(block_hashes=[101, 102, 103, 104], parent_block_hash=None, token_ids=toks, block_size=4,
+                  lora_id=None, medium="GPU", lora_name=None, group_idx=0, kv_cache_spec_kind="full_attention")
+bare = [BlockStored(block_hashes=[h], parent_block_hash=None, token_ids=[], lora_id=None, block_size=0,
+                    medium="CPU", lora_name=None, group_idx=0, locality=None, ownership=None) for h in [101, 102, 103, 104]]
+full = BlockStored(block_hashes=[103, 104], parent_block_hash=102, token_ids=toks[8:16], block_size=4, lora_id=None,
+                   medium="STORAGE", lora_name=None, extra_keys=None, group_idx=0, kv_cache_spec_kind="full_attention",
+                   kv_cache_spec_sliding_window=None, locality="LOCAL", ownership=None)
+show("offloaded", KVEventBatch(ts=1.5, events=[dev] + bare + [full, BlockRemoved(block_hashes=[102, 103, 104], medium="GPU", group_idx=0),
+                                                  BlockRemoved(block_hashes=[104], medium="CPU", group_idx=0)]))

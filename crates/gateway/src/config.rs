@@ -431,6 +431,8 @@ mod tests {
             models = ["m"]
             [router]
             block_size = 32
+            [router.tiers]
+            host_load_ratio = 0.05
             [router.policy]
             kind = "kv"
             [[workers]]
@@ -442,8 +444,13 @@ mod tests {
         .unwrap();
         assert_eq!(c.port, 9000);
         assert_eq!(c.router.block_size, 32);
+        assert_eq!(c.router.tiers.host_load_ratio, 0.05);
+        assert_eq!(c.router.tiers.disk_load_ratio, 0.4);
         assert_eq!(c.workers[0].capacity().kv_blocks, Some(1000));
         c.validate().unwrap();
+        let mut slow = c.clone();
+        slow.router.tiers.disk_load_ratio = 2.0;
+        assert!(slow.validate().is_err());
         assert!(GatewayConfig::from_toml("prot = 1").is_err());
         assert!(GatewayConfig::default().validate().is_err());
         let mut dup = c.clone();
