@@ -11,6 +11,7 @@
 //! A step's effects (tokens, cached blocks) land at its end; its duration comes from the
 //! [`StepModel`]. Time is an argument everywhere.
 
+mod host;
 mod request;
 mod silent;
 mod token_runs;
@@ -48,6 +49,11 @@ pub struct EngineConfig {
     /// `Stored` events carry token ids (as engines on the wire do). Off: they carry the
     /// router's sequence hashes (`StoredHashed`), for a router in the same process.
     pub kv_events_with_tokens: bool,
+    /// Blocks of the host tier (0: none): blocks written through from the device and
+    /// loaded back for a prefix the device no longer holds (`engine/host.rs`).
+    pub host_blocks: usize,
+    /// Seconds to load one token's KV back from the host tier.
+    pub host_load_secs_per_token: f64,
 }
 
 impl EngineConfig {
@@ -67,6 +73,8 @@ impl EngineConfig {
             request_overhead: Duration::from_secs_f64(p.request_overhead_ms.max(0.0) / 1e3),
             model: p.step_model(),
             kv_events_with_tokens: true,
+            host_blocks: 0,
+            host_load_secs_per_token: 0.0,
         }
     }
 
@@ -81,6 +89,12 @@ impl EngineConfig {
         }
         if self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 || self.max_waiting == 0 {
             return bad("max_num_seqs, max_num_batched_tokens and max_waiting must be > 0");
+        }
+        if self.host_blocks > crate::pool::MAX_BLOCKS {
+            return bad("host_blocks must be at most 2^30 - 1");
+        }
+        if !(self.host_load_secs_per_token.is_finite() && self.host_load_secs_per_token >= 0.0) {
+            return bad("host_load_secs_per_token must be >= 0");
         }
         Ok(())
     }
@@ -99,6 +113,9 @@ pub struct EngineMetrics {
     pub kv_blocks: usize,
     /// Distinct block hashes cached.
     pub cached_blocks: usize,
+    /// Blocks held in the host tier.
+    #[serde(default)]
+    pub host_blocks: usize,
     /// Prompt tokens of admitted requests.
     pub prompt_tokens_total: u64,
     /// Of those, tokens found in the prefix cache.
@@ -148,6 +165,10 @@ pub struct Engine {
     plain: bool,
     /// Silent steps' tokens reported by run (see [`Engine::set_token_runs`]).
     token_runs: bool,
+    /// The host tier, when configured.
+    host: Option<host::HostTier>,
+    /// Tokens the step being scheduled loads back from the host tier.
+    loading_tokens: usize,
 }
 
 /// Buffers the scheduler reuses from step to step.
@@ -163,6 +184,7 @@ impl Engine {
     /// An idle engine with an empty cache.
     pub fn new(cfg: EngineConfig) -> Result<Self, EngineError> {
         cfg.validate()?;
+        let host = (cfg.host_blocks > 0).then(|| host::HostTier::new(cfg.host_blocks));
         Ok(Self {
             pool: BlockPool::new(cfg.num_gpu_blocks, cfg.block_size)
                 .with_event_tokens(cfg.kv_events_with_tokens),
@@ -180,6 +202,8 @@ impl Engine {
             sampled_runs: TokenRuns::default(),
             plain: false,
             token_runs: false,
+            host,
+            loading_tokens: 0,
         })
     }
 
@@ -317,6 +341,10 @@ impl Engine {
         }
         self.schedule();
         self.pool.drain_events_into(&mut out.events);
+        out.host_events.clear();
+        if let Some(h) = &mut self.host {
+            h.drain_events_into(&mut out.host_events);
+        }
     }
 
     /// A metrics snapshot.
@@ -327,6 +355,7 @@ impl Engine {
             kv_usage: self.pool.used_count() as f64 / self.pool.capacity() as f64,
             kv_blocks: self.pool.capacity(),
             cached_blocks: self.pool.cached_count(),
+            host_blocks: self.host.as_ref().map_or(0, host::HostTier::len),
             ..self.metrics.clone()
         }
     }
@@ -334,6 +363,9 @@ impl Engine {
     /// Drops the prefix cache (a `Cleared` event follows with the next step's output).
     pub fn reset_prefix_cache(&mut self) {
         self.pool.clear();
+        if let Some(h) = &mut self.host {
+            h.clear();
+        }
     }
 
     fn release(&mut self, s: &Seq) {
@@ -369,6 +401,9 @@ impl Engine {
                     .checked_sub(1)
                     .map(|p| (s.seqs[p], s.blocks[p]));
                 self.pool.cache(parent, &run, s.ns);
+                if let Some(h) = &mut self.host {
+                    h.write(&s.seqs[s.cached_blocks..full]);
+                }
                 s.cached_blocks = full;
             }
             if s.computed == s.len {
@@ -435,7 +470,14 @@ impl Engine {
                 shape.prefill_context += (s.computed + new) as u64;
             }
         }
-        let (secs, ended) = self.step_end(&shape, self.now);
+        let (mut secs, mut ended) = self.step_end(&shape, self.now);
+        if self.loading_tokens > 0 {
+            // Blocks loaded back from the host tier for the requests admitted.
+            let load = self.loading_tokens as f64 * self.cfg.host_load_secs_per_token;
+            self.loading_tokens = 0;
+            secs += load;
+            ended = ended.plus(Duration::from_secs_f64(load));
+        }
         self.metrics.busy_secs_total += secs;
         self.metrics.steps_total += 1;
         self.inflight = Some(Inflight {
@@ -583,8 +625,14 @@ impl Engine {
             }
             let max_hit = (s.len - 1) / bs;
             let hit = self.pool.match_prefix(&s.seqs[..max_hit]);
-            let new = (s.len - hit * bs).min(budget);
-            let need = (hit * bs + new).div_ceil(bs) - hit;
+            // The prefix continues in the host tier: those blocks are loaded, not computed.
+            let loaded = self
+                .host
+                .as_ref()
+                .map_or(0, |h| h.run(&s.seqs[hit..max_hit]));
+            let reused = hit + loaded;
+            let new = (s.len - reused * bs).min(budget);
+            let need = (reused * bs + new).div_ceil(bs) - hit;
             let Some(mut blocks) = self.pool.acquire(&s.seqs[..hit]) else {
                 break;
             };
@@ -595,13 +643,14 @@ impl Engine {
             }
             let mut s = self.waiting.pop_front().expect("front exists");
             s.blocks = blocks;
-            s.computed = hit * bs;
+            s.computed = reused * bs;
             s.cached_blocks = hit;
+            self.loading_tokens += loaded * bs;
             if s.cached_tokens.is_none() {
-                s.cached_tokens = Some(hit * bs);
+                s.cached_tokens = Some(reused * bs);
                 self.metrics.admitted_total += 1;
                 self.metrics.prompt_tokens_total += s.prompt_len as u64;
-                self.metrics.prefix_hit_tokens_total += (hit * bs) as u64;
+                self.metrics.prefix_hit_tokens_total += (reused * bs) as u64;
                 self.metrics.queue_secs_total += self.now.since(s.arrived).as_secs_f64();
             }
             work.push((self.running.len(), new));

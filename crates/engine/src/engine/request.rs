@@ -148,6 +148,8 @@ pub struct StepOutput {
     pub finished: Vec<Finished>,
     /// KV events, in order.
     pub events: Vec<KvEvent>,
+    /// KV events of the host tier (after `events` in time), when the engine has one.
+    pub host_events: Vec<KvEvent>,
 }
 
 /// A token sampled at the end of a step.

@@ -355,3 +355,62 @@ fn hashed_prompts_run_like_token_prompts() {
         Err(EngineError::BadPrompt { .. })
     ));
 }
+
+#[test]
+fn a_prefix_evicted_from_the_device_is_loaded_back_from_the_host_tier() {
+    let mut cfg = tiny();
+    cfg.num_gpu_blocks = 12;
+    cfg.host_blocks = 64;
+    cfg.host_load_secs_per_token = 1e-6;
+    let bs = cfg.block_size;
+    let mut e = Engine::new(cfg).unwrap();
+    let a = prompt(10 * bs, 1);
+    // Two other prompts in between take every device block: a's blocks leave the device.
+    let outs = drive(
+        &mut e,
+        vec![
+            (0, req(1, a.clone(), 1)),
+            (1_000, req(2, prompt(10 * bs, 2), 1)),
+            (2_000, req(3, prompt(10 * bs, 3), 1)),
+            (3_000, req(4, a.clone(), 1)),
+        ],
+    );
+    let f = finished(&outs);
+    assert_eq!(f[0].cached_tokens, 0);
+    // All its full blocks but the last token's come back from the host tier.
+    assert_eq!(f[3].cached_tokens, 9 * bs);
+    let ttft = |f: &Finished| f.first_token.since(f.arrived).as_secs_f64();
+    assert!(ttft(&f[3]) < ttft(&f[0]), "{} {}", ttft(&f[3]), ttft(&f[0]));
+    assert_eq!(
+        e.metrics().host_blocks,
+        30,
+        "three prompts of 10 full blocks"
+    );
+
+    // A router fed both event streams (host events after the device's, as published)
+    // holds what the engine holds, tier by tier, and nothing is refused.
+    let mut r = kvroute_core::Router::new(kvroute_core::RouterConfig {
+        block_size: bs,
+        ..Default::default()
+    })
+    .unwrap();
+    r.add_worker(WorkerId(1), Default::default()).unwrap();
+    for o in &outs {
+        for ev in &o.events {
+            r.apply_event(WorkerId(1), ev).unwrap();
+        }
+        for ev in &o.host_events {
+            r.apply_tier_event(WorkerId(1), kvroute_core::Tier::Host, ev)
+                .unwrap();
+        }
+    }
+    assert_eq!(
+        r.offloaded()
+            .block_count(WorkerId(1), kvroute_core::Tier::Host),
+        e.metrics().host_blocks
+    );
+    assert_eq!(
+        r.index().block_count(WorkerId(1)),
+        e.metrics().cached_blocks
+    );
+}
