@@ -36,6 +36,13 @@ pub struct WorkerArgs {
     /// KV blocks (instead of what the profile's memory gives).
     #[arg(long)]
     pub num_gpu_blocks: Option<usize>,
+    /// Blocks of a host (CPU) tier the engine offloads to and loads back from (0: none);
+    /// published as KV events with medium `CPU`.
+    #[arg(long)]
+    pub host_blocks: Option<usize>,
+    /// Seconds to load one token's KV back from the host tier.
+    #[arg(long)]
+    pub host_load_secs_per_token: Option<f64>,
     /// The served model name.
     #[arg(long)]
     pub model: Option<String>,
@@ -82,6 +89,10 @@ impl WorkerArgs {
         c.max_num_seqs = self.max_num_seqs.or(c.max_num_seqs);
         c.max_num_batched_tokens = self.max_num_batched_tokens.or(c.max_num_batched_tokens);
         c.num_gpu_blocks = self.num_gpu_blocks.or(c.num_gpu_blocks);
+        c.host_blocks = self.host_blocks.unwrap_or(c.host_blocks);
+        c.host_load_secs_per_token = self
+            .host_load_secs_per_token
+            .unwrap_or(c.host_load_secs_per_token);
         if let Some(m) = &self.model {
             c.model = m.clone();
         }

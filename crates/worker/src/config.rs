@@ -25,6 +25,11 @@ pub struct WorkerConfig {
     pub max_num_batched_tokens: Option<usize>,
     /// KV blocks, instead of what the profile's memory gives.
     pub num_gpu_blocks: Option<usize>,
+    /// Blocks of a host tier (0: none): device blocks are written through to it and a
+    /// prefix the device lost is loaded back from it, published as `CPU` events.
+    pub host_blocks: usize,
+    /// Seconds to load one token back from the host tier.
+    pub host_load_secs_per_token: f64,
     /// Most requests waiting in the engine, instead of the engine's default (100,000);
     /// beyond it requests get 503 with `Retry-After`.
     pub max_waiting: Option<usize>,
@@ -64,6 +69,8 @@ impl Default for WorkerConfig {
             max_num_seqs: None,
             max_num_batched_tokens: None,
             num_gpu_blocks: None,
+            host_blocks: 0,
+            host_load_secs_per_token: 5e-6,
             max_waiting: None,
             default_max_tokens: 64,
             max_body_bytes: 4 << 20,
@@ -126,6 +133,8 @@ impl WorkerConfig {
         if let Some(n) = self.max_waiting {
             cfg.max_waiting = n;
         }
+        cfg.host_blocks = self.host_blocks;
+        cfg.host_load_secs_per_token = self.host_load_secs_per_token;
         cfg.kv_events_with_tokens = true;
         cfg.validate()?;
         Ok(cfg)

@@ -211,8 +211,11 @@ impl Driver {
                 let _ = live.reply.send(Reply::Finished(f));
             }
         }
-        self.hub
-            .publish(self.out.time.as_secs_f64(), &self.out.events);
+        self.hub.publish(
+            self.out.time.as_secs_f64(),
+            &self.out.events,
+            &self.out.host_events,
+        );
         let now = self.out.time;
         while let Some(id) = self.gone.pop() {
             self.abort(id, now);

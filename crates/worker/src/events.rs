@@ -113,9 +113,15 @@ impl EventHub {
     }
 
     /// Publishes the events of one engine step at virtual time `ts` (seconds) as the next
-    /// batch; nothing when there are none. Returns the batch.
-    pub(crate) fn publish(&self, ts: f64, events: &[KvEvent]) -> Option<Arc<EventBatch>> {
-        let events: Vec<Event> = {
+    /// batch: the device's, then the host tier's (medium `CPU`); nothing when there are
+    /// none. Returns the batch.
+    pub(crate) fn publish(
+        &self,
+        ts: f64,
+        events: &[KvEvent],
+        host: &[KvEvent],
+    ) -> Option<Arc<EventBatch>> {
+        let mut events: Vec<Event> = {
             let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
             events
                 .iter()
@@ -130,13 +136,24 @@ impl EventHub {
                 })
                 .collect()
         };
+        // The pull API (TensorRT-LLM's form) carries the device tier only.
+        let device = events.len();
+        events.extend(host.iter().filter_map(|e| {
+            let mut e = Event::from_kv_event(e, None, None)?;
+            match &mut e {
+                Event::Stored(s) => s.medium = Some("CPU".into()),
+                Event::Removed(r) => r.medium = Some("CPU".into()),
+                _ => {}
+            }
+            Some(e)
+        }));
         if events.is_empty() {
             return None;
         }
         if let Some(q) = &self.pull {
             q.lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push_events(&events);
+                .push_events(&events[..device]);
         }
         let mut st = self.state();
         let batch = Arc::new(EventBatch {
@@ -213,11 +230,11 @@ mod tests {
         let hub = EventHub::new(3, EventFormat::Vllm);
         let mut rx = hub.subscribe();
         assert!(
-            hub.publish(0.5, &[]).is_none(),
+            hub.publish(0.5, &[], &[]).is_none(),
             "empty steps publish nothing"
         );
         for h in 0..5 {
-            hub.publish(h as f64, &[stored(h)]).unwrap();
+            hub.publish(h as f64, &[stored(h)], &[]).unwrap();
         }
         for want in 0..5 {
             let b = rx.try_recv().unwrap();
@@ -233,7 +250,7 @@ mod tests {
         assert_eq!(seqs(hub.replay_from(9)), Vec::<u64>::new());
         hub.restart();
         assert!(hub.replay_from(0).is_empty());
-        let b = hub.publish(9.0, &[KvEvent::Cleared]).unwrap();
+        let b = hub.publish(9.0, &[KvEvent::Cleared], &[]).unwrap();
         assert_eq!((b.seq, &b.events[..]), (0, &[Event::Cleared][..]));
         assert_eq!(seqs(hub.replay_from(0)), vec![0]);
     }
@@ -241,7 +258,7 @@ mod tests {
     #[test]
     fn a_zero_replay_buffer_keeps_nothing() {
         let hub = EventHub::new(0, EventFormat::Vllm);
-        hub.publish(1.0, &[stored(1)]).unwrap();
+        hub.publish(1.0, &[stored(1)], &[]).unwrap();
         assert!(hub.replay_from(0).is_empty());
     }
 }

@@ -193,3 +193,77 @@ async fn offloaded_blocks_are_tracked_per_tier_and_credited_at_their_load_cost()
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// A document of about `words` distinct words.
+fn doc(topic: &str, words: usize) -> String {
+    (0..words).map(|i| format!("{topic}{i} ")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simulated_engine_with_a_host_tier_is_predicted_exactly_after_its_device_lost_a_prefix() {
+    // A small device (24 blocks) and a host tier; vLLM's events over real ZMQ, the host
+    // tier's as the offloading connector's bare CPU stores.
+    let a = zmq_worker_with("a", EventFormat::Vllm, |c| {
+        c.num_gpu_blocks = Some(24);
+        c.host_blocks = 4096;
+    })
+    .await;
+    let mut cfg = config(&[&a], "predictive");
+    let (events, replay) = a.zmq_endpoints().unwrap();
+    cfg.workers[0] = WorkerSpec {
+        url: a.url(),
+        name: Some("a".into()),
+        events: Some(events),
+        replay: Some(replay),
+        ..WorkerSpec::default()
+    };
+    cfg.router.pending_secs = 0.0;
+    let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
+    let url = gw.url();
+    let host = async || {
+        debug_workers(&url).await["workers"][0]["offloaded_blocks"]["host"]
+            .as_u64()
+            .unwrap()
+    };
+    let first = doc("alpha", 60);
+    let (_, _, cached) = ask_cached(&url, MODEL, None, &first).await;
+    assert_eq!(cached, 0);
+    assert!(eventually(10, async || host().await > 0).await);
+    // Two other documents take the device's blocks: the first one's leave the device.
+    for other in ["beta", "gamma"] {
+        let before = host().await;
+        ask_cached(&url, MODEL, None, &doc(other, 60)).await;
+        assert!(eventually(10, async || host().await > before).await);
+    }
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header(EXPLAIN_HEADER, "1")
+        .json(&chat(&[("user", &first)], false, 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let predicted: u64 = r.headers()[PREDICTED_CACHED_HEADER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let route: serde_json::Value =
+        serde_json::from_str(r.headers()[ROUTE_HEADER].to_str().unwrap()).unwrap();
+    let json: serde_json::Value = r.json().await.unwrap();
+    let cached = json["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    // The engine loaded the prefix back and reported it cached; the router predicted just
+    // that, from the host tier.
+    assert!(cached >= 3 * 16, "{json}");
+    assert_eq!(predicted, cached, "{route}");
+    let w = &route["workers"][0];
+    assert!(w["host_blocks"].as_u64().unwrap() > 0, "{route}");
+    assert!(
+        w["host_blocks"].as_u64().unwrap() > w["matched_blocks"].as_u64().unwrap(),
+        "{route}"
+    );
+    gw.shutdown().await;
+    a.shutdown().await;
+}
