@@ -185,8 +185,8 @@ fn loaded_blocks_count_as_cached_and_cost_their_load_time() {
     // the first 4 on the device. The prompt is 8 blocks and 1 token.
     let t = tokens(8 * BS + 1);
     let p = prompt(&t);
-    for kind in [PolicyKind::Predictive, PolicyKind::Kv] {
-        let mut r = router(kind, TierConfig::default());
+    let fleet = |kind, tiers| {
+        let mut r = router(kind, tiers);
         r.apply_event(WorkerId(1), &stored(1, &t, 0, 2)).unwrap();
         r.apply_tier_event(WorkerId(1), Tier::Host, &stored(1, &t, 2, 8))
             .unwrap();
@@ -194,6 +194,10 @@ fn loaded_blocks_count_as_cached_and_cost_their_load_time() {
         let RouteOutcome::Dispatch(sel) = r.route(&req(&p)) else {
             panic!("dispatch expected")
         };
+        (r, sel)
+    };
+    for kind in [PolicyKind::Predictive, PolicyKind::Kv] {
+        let (mut r, sel) = fleet(kind, TierConfig::default());
         // Worker 1 computes 1 token and loads 96 at a tenth: 10.6 tokens of work; worker 2
         // computes 65.
         assert_eq!(sel.worker, WorkerId(1), "{kind:?}");
@@ -217,15 +221,7 @@ fn loaded_blocks_count_as_cached_and_cost_their_load_time() {
             host_load_ratio: 1.0,
             disk_load_ratio: 1.0,
         };
-        let mut r = router(kind, slow);
-        r.apply_event(WorkerId(1), &stored(1, &t, 0, 2)).unwrap();
-        r.apply_tier_event(WorkerId(1), Tier::Host, &stored(1, &t, 2, 8))
-            .unwrap();
-        r.apply_event(WorkerId(2), &stored(2, &t, 0, 4)).unwrap();
-        let RouteOutcome::Dispatch(sel) = r.route(&req(&p)) else {
-            panic!("dispatch expected")
-        };
-        assert_eq!(sel.worker, WorkerId(2), "{kind:?}");
+        assert_eq!(fleet(kind, slow).1.worker, WorkerId(2), "{kind:?}");
     }
 }
 

@@ -57,15 +57,7 @@ fn message(seq: u64, events: Vec<Event>) -> [Vec<u8>; 3] {
 /// winner.
 async fn explain(url: &str) -> (BTreeMap<String, (u64, u64, u64)>, String) {
     let body = serde_json::json!({"model": MODEL, "prompt": prompt(), "max_tokens": 2});
-    let ex: serde_json::Value = client()
-        .post(format!("{url}/debug/explain"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, _, ex) = post(url, "/debug/explain", &body).await;
     let names: BTreeMap<u64, String> = debug_workers(url).await["workers"]
         .as_array()
         .unwrap()
