@@ -47,6 +47,20 @@ pub struct SimulateArgs {
     /// Most tokens per engine step (default: the profile's).
     #[arg(long)]
     pub(crate) max_batched_tokens: Option<usize>,
+    /// Device KV blocks per engine (default: what the profile's memory gives).
+    #[arg(long)]
+    pub(crate) num_gpu_blocks: Option<usize>,
+    /// Blocks of a host (CPU) tier per engine, offloaded to and loaded back from (0: none);
+    /// the router tracks it from the engines' events.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) host_blocks: usize,
+    /// Seconds the engines take to load one token's KV back from their host tier.
+    #[arg(long, default_value_t = kvroute_engine::HOST_LOAD_SECS_PER_TOKEN)]
+    pub(crate) host_load_secs_per_token: f64,
+    /// The router's cost of a token loaded from a host tier, as a fraction of computing it
+    /// (default: `router.tiers.host_load_ratio`'s).
+    #[arg(long)]
+    pub(crate) host_load_ratio: Option<f64>,
     /// Clients (conversations) in flight, for closed loops; several values make a sweep.
     #[arg(long, value_delimiter = ',', default_value = "16")]
     pub(crate) concurrency: Vec<usize>,
@@ -301,13 +315,31 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
     }
     if let Some(dir) = &a.out {
         let report = format!(
-            "# kvroute simulate\n\nworkload `{}`, profile `{}`, admission `{:?}`, seed {}, KV event delay {} ms\n\n{table}\n## Over time (requests by arrival decile)\n{over_time}",
-            a.workload, a.profile, a.admission, a.seed, a.kv_event_delay_ms
+            "# kvroute simulate\n\nworkload `{}`, profile `{}`, admission `{:?}`, seed {}, KV event delay {} ms{}\n\n{table}\n## Over time (requests by arrival decile)\n{over_time}",
+            a.workload, a.profile, a.admission, a.seed, a.kv_event_delay_ms, tiers_label(a)
         );
         let file = dir.join("report.md");
         std::fs::write(&file, report).with_context(|| format!("writing {}", file.display()))?;
     }
     Ok(())
+}
+
+/// The report header's words on the engines' KV memory, when set.
+fn tiers_label(a: &SimulateArgs) -> String {
+    let mut s = String::new();
+    if let Some(n) = a.num_gpu_blocks {
+        s += &format!(", {n} device blocks per engine");
+    }
+    if a.host_blocks > 0 {
+        s += &format!(
+            ", a host tier of {} blocks ({} s per token loaded)",
+            a.host_blocks, a.host_load_secs_per_token
+        );
+    }
+    if let Some(r) = a.host_load_ratio {
+        s += &format!(", host load ratio {r}");
+    }
+    s
 }
 
 /// Most starter files read, and the largest one.
@@ -377,12 +409,20 @@ pub(crate) fn sim_config(
     if let Some(m) = a.max_batched_tokens {
         engine.max_num_batched_tokens = m;
     }
+    if let Some(n) = a.num_gpu_blocks {
+        engine.num_gpu_blocks = n;
+    }
+    engine.host_blocks = a.host_blocks;
+    engine.host_load_secs_per_token = a.host_load_secs_per_token;
     let mut cfg = SimConfig::for_profile(&a.profile, workers)?;
     cfg.engine = engine;
     cfg.router.block_size = bs;
     cfg.router.seed = seed;
     cfg.router.policy.kind = policy;
     cfg.router.admission.mode = a.admission;
+    if let Some(r) = a.host_load_ratio {
+        cfg.router.tiers.host_load_ratio = r;
+    }
     cfg.kv_event_delay = Duration::from_secs_f64(a.kv_event_delay_ms / 1e3);
     if a.no_events {
         cfg.tracking = kvroute_core::Tracking::Approximate;
@@ -437,5 +477,6 @@ fn cell_json(
         "kv_events_rejected": r.kv_events_rejected,
         "preemptions": r.engines.iter().map(|e| e.preemptions_total).sum::<u64>(),
         "engine_steps": r.engines.iter().map(|e| e.steps_total).sum::<u64>(),
+        "host_blocks_held": r.engines.iter().map(|e| e.host_blocks).sum::<usize>(),
     })
 }

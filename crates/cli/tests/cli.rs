@@ -82,6 +82,58 @@ fn simulate_prints_one_json_object_per_cell() {
 }
 
 #[test]
+fn simulate_gives_engines_a_host_tier_the_router_tracks() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "simulate",
+            "--profile",
+            "mocker-poly",
+            "--workload",
+            "multiturn",
+            "--workers",
+            "2",
+            "--policy",
+            "kv",
+            "--concurrency",
+            "4",
+            "--limit",
+            "40",
+            "--num-gpu-blocks",
+            "200",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        kvroute(&args)
+    };
+    let cell = |out: std::process::Output| -> serde_json::Value {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let device = cell(run(&[]));
+    let tiered = cell(run(&["--host-blocks", "4096", "--host-load-ratio", "0.2"]));
+    assert_eq!(device["host_blocks_held"], 0);
+    assert!(tiered["host_blocks_held"].as_u64().unwrap() > 0, "{tiered}");
+    assert_eq!(tiered["kv_events_rejected"], 0, "{tiered}");
+    assert!(
+        tiered["hit_rate"].as_f64().unwrap() > device["hit_rate"].as_f64().unwrap(),
+        "{tiered} {device}"
+    );
+    let bad = run(&["--host-blocks", "8", "--host-load-ratio", "2"]);
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("host_load_ratio"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    let bad = run(&["--host-blocks", "8", "--host-load-secs-per-token=-1"]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("host_load_secs_per_token"));
+}
+
+#[test]
 fn simulate_reports_a_bad_trace_line_by_number() {
     let dir = std::env::temp_dir().join(format!("kvroute-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -18,7 +18,7 @@ pub mod timing;
 
 pub use engine::{
     Engine, EngineConfig, EngineError, EngineMetrics, EnginePrompt, EngineRequest, Finished,
-    StepOutput, TokenRuns,
+    StepOutput, TokenRuns, HOST_LOAD_SECS_PER_TOKEN,
 };
 pub use pool::BlockPool;
 pub use profile::{Profile, ProfileError};

@@ -20,7 +20,7 @@ use crate::trace_prompts::TracePrompts;
 
 use kvroute_core::admission::QueueState;
 use kvroute_core::router::RouteOutcome;
-use kvroute_core::{BlockedPrompt, KvEvent, RequestId, RouteRequest, Router, Time, WorkerId};
+use kvroute_core::{BlockedPrompt, KvEvent, RequestId, RouteRequest, Router, Tier, Time, WorkerId};
 use std::sync::mpsc::{sync_channel, Receiver, RecvError, SyncSender, TryRecvError};
 
 /// Calls batched before they are handed to the router thread (when no route comes first).
@@ -57,7 +57,7 @@ pub(crate) struct Routed {
 }
 
 enum Call {
-    Events(WorkerId, Vec<KvEvent>),
+    Events(WorkerId, Tier, Vec<KvEvent>),
     FirstToken(RequestId, Time),
     Finish(RequestId, Time),
     Route(Box<RouteCall>),
@@ -117,9 +117,10 @@ pub(crate) fn link() -> (RouterLink, RouterServer) {
 }
 
 impl RouterLink {
-    /// `Router::apply_events` of `events` from `worker`.
-    pub fn events(&mut self, worker: WorkerId, events: Vec<KvEvent>) {
-        self.push(Call::Events(worker, events));
+    /// `Router::apply_events` of `events` from `worker`'s device tier, or
+    /// `Router::apply_tier_event` of each for an offloaded `tier`.
+    pub fn events(&mut self, worker: WorkerId, tier: Tier, events: Vec<KvEvent>) {
+        self.push(Call::Events(worker, tier, events));
     }
 
     /// An empty buffer for KV events (one the router thread gave back, when there is one).
@@ -199,9 +200,18 @@ impl RouterServer {
             let mut buffers = Vec::new();
             for call in batch.drain(..) {
                 match call {
-                    Call::Events(worker, mut events) => {
+                    Call::Events(worker, Tier::Device, mut events) => {
                         let out = router.apply_events(worker, &events);
                         totals.kv_rejected += out.rejected.len() as u64;
+                        events.clear();
+                        buffers.push(events);
+                    }
+                    Call::Events(worker, tier, mut events) => {
+                        for ev in &events {
+                            if router.apply_tier_event(worker, tier, ev).is_err() {
+                                totals.kv_rejected += 1;
+                            }
+                        }
                         events.clear();
                         buffers.push(events);
                     }

@@ -7,8 +7,8 @@ use crate::{SimConfig, SimError, SimResult, Workload};
 use kvroute_core::admission::QueueState;
 use kvroute_core::router::RouteOutcome;
 use kvroute_core::{
-    BlockSize, KvEvent, Namespace, RejectReason, RequestId, Router, Time, Tracking, WorkerCapacity,
-    WorkerId,
+    BlockSize, KvEvent, Namespace, RejectReason, RequestId, Router, Tier, Time, Tracking,
+    WorkerCapacity, WorkerId,
 };
 use kvroute_engine::{Engine, EnginePrompt, EngineRequest, StepOutput};
 use kvroute_workload::{BlockHashCache, ConversationId, RequestRecord, Status, Summary};
@@ -19,7 +19,7 @@ use std::time::Duration;
 enum Event {
     Arrival(Box<NewRequest>),
     Wake(usize),
-    KvDelivery(usize, Vec<KvEvent>),
+    KvDelivery(usize, Tier, Vec<KvEvent>),
     QueueTimeout(RequestId),
 }
 
@@ -291,7 +291,9 @@ impl<'a> Sim<'a> {
                         self.run_engine(w, t);
                     }
                 }
-                Event::KvDelivery(w, events) => self.router.events(WorkerId(w as u64), events),
+                Event::KvDelivery(w, tier, events) => {
+                    self.router.events(WorkerId(w as u64), tier, events)
+                }
                 Event::QueueTimeout(id) => self.expire(id),
             }
         }
@@ -492,16 +494,11 @@ impl<'a> Sim<'a> {
         if self.cfg.tracking == Tracking::Approximate {
             // Engines without an event publisher: the router never sees their events.
             out.events.clear();
-        } else if !out.events.is_empty() {
-            let events = std::mem::replace(&mut out.events, self.router.event_buffer());
-            if self.cfg.kv_event_delay.is_zero() {
-                self.router.events(WorkerId(w as u64), events);
-            } else {
-                self.push(
-                    t.plus(self.cfg.kv_event_delay),
-                    Event::KvDelivery(w, events),
-                );
-            }
+            out.host_events.clear();
+        } else {
+            // The host tier's events after the device's, as a worker publishes them.
+            self.deliver(w, t, Tier::Device, &mut out.events);
+            self.deliver(w, t, Tier::Host, &mut out.host_events);
         }
         for f in out.finished.drain(..) {
             self.router.finish(f.id, t);
@@ -512,6 +509,23 @@ impl<'a> Sim<'a> {
         }
         if released && !self.queue.is_empty() {
             self.drain_queue(t);
+        }
+    }
+
+    /// Hands engine `w`'s KV events of `tier` (taken from `events`) to the router, now or
+    /// after the configured delay.
+    fn deliver(&mut self, w: usize, t: Time, tier: Tier, events: &mut Vec<KvEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        let events = std::mem::replace(events, self.router.event_buffer());
+        if self.cfg.kv_event_delay.is_zero() {
+            self.router.events(WorkerId(w as u64), tier, events);
+        } else {
+            self.push(
+                t.plus(self.cfg.kv_event_delay),
+                Event::KvDelivery(w, tier, events),
+            );
         }
     }
 

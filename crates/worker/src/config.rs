@@ -70,7 +70,7 @@ impl Default for WorkerConfig {
             max_num_batched_tokens: None,
             num_gpu_blocks: None,
             host_blocks: 0,
-            host_load_secs_per_token: 5e-6,
+            host_load_secs_per_token: kvroute_engine::HOST_LOAD_SECS_PER_TOKEN,
             max_waiting: None,
             default_max_tokens: 64,
             max_body_bytes: 4 << 20,

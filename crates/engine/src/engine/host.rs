@@ -5,10 +5,11 @@
 //! loads those blocks back (at a cost per token) instead of computing them, and reports them
 //! cached, as vLLM does. Its events name blocks by their engine hash alone (the connector's
 //! default bare form): a `Stored` without tokens for each new block, a `Removed` for each
-//! eviction.
+//! eviction. An engine whose events carry the router's hashes (a router in the same process,
+//! as in the fleet simulator) sends `StoredHashed` instead, under the same names.
 
 use crate::pool::engine_hash;
-use kvroute_core::{KvEvent, Namespace, SequenceHash, StoredBlocks};
+use kvroute_core::{KvEvent, Namespace, SequenceHash, StoredBlocks, StoredHashed};
 use std::collections::BTreeMap;
 
 type Map<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
@@ -22,17 +23,21 @@ pub(crate) struct HostTier {
     order: BTreeMap<u64, u64>,
     next_stamp: u64,
     events: Vec<KvEvent>,
+    /// Stores carry the router's sequence hashes (`StoredHashed`) instead of being bare.
+    hashed: bool,
 }
 
 impl HostTier {
-    /// An empty tier of `capacity` blocks (> 0).
-    pub(crate) fn new(capacity: usize) -> Self {
+    /// An empty tier of `capacity` blocks (> 0); `hashed`: its stores carry the router's
+    /// sequence hashes.
+    pub(crate) fn new(capacity: usize, hashed: bool) -> Self {
         Self {
             capacity,
             held: Map::default(),
             order: BTreeMap::new(),
             next_stamp: 0,
             events: Vec::new(),
+            hashed,
         }
     }
 
@@ -45,6 +50,7 @@ impl HostTier {
     /// ones refreshed, the oldest evicted when full.
     pub(crate) fn write(&mut self, seqs: &[SequenceHash]) {
         let mut stored = Vec::new();
+        let mut stored_seqs = Vec::new();
         let mut removed = Vec::new();
         for seq in seqs {
             let stamp = self.next_stamp;
@@ -53,6 +59,9 @@ impl HostTier {
                 self.order.remove(&old);
             } else {
                 stored.push(engine_hash(*seq));
+                if self.hashed {
+                    stored_seqs.push(*seq);
+                }
                 if self.held.len() > self.capacity {
                     if let Some((_, victim)) = self.order.pop_first() {
                         self.held.remove(&victim);
@@ -62,7 +71,13 @@ impl HostTier {
             }
             self.order.insert(stamp, seq.0);
         }
-        if !stored.is_empty() {
+        if !stored.is_empty() && self.hashed {
+            self.events.push(KvEvent::StoredHashed(StoredHashed {
+                parent: None,
+                block_hashes: stored,
+                sequence_hashes: stored_seqs,
+            }));
+        } else if !stored.is_empty() {
             self.events.push(KvEvent::Stored(StoredBlocks {
                 parent: None,
                 block_hashes: stored,
@@ -117,7 +132,7 @@ mod tests {
 
     #[test]
     fn writes_announce_new_blocks_and_evict_the_oldest() {
-        let mut h = HostTier::new(3);
+        let mut h = HostTier::new(3, false);
         h.write(&seqs(0..3));
         h.write(&seqs(0..1)); // refreshed: block 1 is now the oldest
         h.write(&seqs(3..4));
@@ -140,5 +155,27 @@ mod tests {
         assert_eq!(h.run(&seqs(2..4)), 2);
         h.clear();
         assert_eq!((h.len(), h.run(&seqs(0..4))), (0, 0));
+    }
+
+    #[test]
+    fn a_hashed_tier_stores_the_router_hashes_under_the_same_names() {
+        let mut h = HostTier::new(2, true);
+        h.write(&seqs(5..8));
+        let mut ev = Vec::new();
+        h.drain_events_into(&mut ev);
+        let names: Vec<_> = (5..8).map(|s| engine_hash(SequenceHash(s))).collect();
+        assert_eq!(
+            ev,
+            vec![
+                KvEvent::StoredHashed(StoredHashed {
+                    parent: None,
+                    block_hashes: names.clone(),
+                    sequence_hashes: seqs(5..8),
+                }),
+                KvEvent::Removed {
+                    block_hashes: vec![names[0]]
+                },
+            ]
+        );
     }
 }

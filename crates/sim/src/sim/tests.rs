@@ -330,3 +330,43 @@ fn approximate_tracking_reaches_the_ideal_hit_rate_of_shared_prefixes() {
         );
     }
 }
+
+#[test]
+fn a_host_tier_keeps_what_the_device_lost_and_the_router_sees_it() {
+    // Conversations outgrow a small device cache; a host tier keeps their prefixes.
+    let run = |host_blocks: usize, delay_ms: u64, fast: bool| {
+        let mut cfg = tiny(2, PolicyKind::Kv);
+        cfg.engine.num_gpu_blocks = 140;
+        cfg.engine.host_blocks = host_blocks;
+        cfg.engine.host_load_secs_per_token = 1e-6;
+        cfg.kv_event_delay = Duration::from_millis(delay_ms);
+        let w = Workload::MultiTurn {
+            gen: small_chat(4),
+            concurrency: 4,
+            requests: 60,
+        };
+        simulate_with(&cfg, w, fast).unwrap()
+    };
+    let device_only = run(0, 0, true);
+    let tiered = run(4096, 0, true);
+    let hit = |r: &SimResult| r.summary.hit_rate.unwrap();
+    assert_eq!(tiered.summary.completed, 60);
+    assert_eq!(tiered.kv_events_rejected, 0, "host events and router agree");
+    assert!(tiered.engines.iter().all(|e| e.host_blocks > 0));
+    assert!(
+        hit(&tiered) > hit(&device_only) + 0.2,
+        "tiered {} vs device only {}",
+        hit(&tiered),
+        hit(&device_only)
+    );
+    // Immediate events: the router predicts exactly what each engine reports cached,
+    // host blocks included (without the host tier's events it could not).
+    for r in &tiered.records {
+        assert_eq!(r.predicted_cached_tokens, r.cached_tokens, "{r:?}");
+    }
+    let json = |r: &SimResult| serde_json::to_string(&(&r.records, &r.engines)).unwrap();
+    assert_eq!(json(&tiered), json(&run(4096, 0, false)), "fast paths");
+    let delayed = run(4096, 3, true);
+    assert_eq!(delayed.kv_events_rejected, 0);
+    assert_eq!(delayed.summary.completed, 60);
+}
