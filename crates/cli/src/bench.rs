@@ -6,7 +6,8 @@
 
 use crate::demo::{start_fleet, DemoArgs};
 use crate::simulate::{
-    level_label, levels, prepare, sim_config, workload, Load as SimLoad, Prepared, SimulateArgs,
+    level_label, levels, prepare, sim_config, simulator_only_options, tiers_label, workload,
+    Load as SimLoad, Prepared, SimulateArgs,
 };
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -67,6 +68,9 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         bail!("with --target the endpoint's own policy is measured: give exactly one --policy (its name in the report)");
     }
     let live = !a.sim;
+    if let (true, [first, ..]) = (live, simulator_only_options(s).as_slice()) {
+        bail!("{first} shapes the simulated fleet: use it with --sim (a live bench starts the demo's gateway and workers, or drives --target)");
+    }
     if live && s.duration_secs.is_none() {
         bail!("a live bench needs --duration-secs (how long each cell runs, warm-up included)");
     }
@@ -149,11 +153,12 @@ fn info(a: &BenchArgs, p: &Prepared, live: bool) -> SweepInfo {
             s.profile, a.worker_speedup
         ),
         (None, false) => format!(
-            "fleet simulator, profile `{}`{}, admission `{:?}`, KV event delay {} ms",
+            "fleet simulator, profile `{}`{}, admission `{:?}`, KV event delay {} ms{}",
             s.profile,
             s.block_size.map_or(String::new(), |b| format!(", block size {b}")),
             s.admission,
-            s.kv_event_delay_ms
+            s.kv_event_delay_ms,
+            tiers_label(s)
         ),
     };
     let window = match s.duration_secs {

@@ -54,9 +54,10 @@ pub struct SimulateArgs {
     /// the router tracks it from the engines' events.
     #[arg(long, default_value_t = 0)]
     pub(crate) host_blocks: usize,
-    /// Seconds the engines take to load one token's KV back from their host tier.
-    #[arg(long, default_value_t = kvroute_engine::HOST_LOAD_SECS_PER_TOKEN)]
-    pub(crate) host_load_secs_per_token: f64,
+    /// Seconds the engines take to load one token's KV back from their host tier (default:
+    /// 5e-6, an 8B model's 128 KiB per token over a 25 GB/s link).
+    #[arg(long)]
+    pub(crate) host_load_secs_per_token: Option<f64>,
     /// The router's cost of a token loaded from a host tier, as a fraction of computing it
     /// (default: `router.tiers.host_load_ratio`'s).
     #[arg(long)]
@@ -324,8 +325,31 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
     Ok(())
 }
 
+/// The options that shape the simulated fleet only, with whether each is set (a live
+/// bench starts `kvroute demo`'s fleet and cannot honour them).
+pub(crate) fn simulator_only_options(a: &SimulateArgs) -> Vec<&'static str> {
+    [
+        ("--block-size", a.block_size.is_some()),
+        ("--max-batch", a.max_batch.is_some()),
+        ("--max-batched-tokens", a.max_batched_tokens.is_some()),
+        ("--num-gpu-blocks", a.num_gpu_blocks.is_some()),
+        ("--host-blocks", a.host_blocks > 0),
+        (
+            "--host-load-secs-per-token",
+            a.host_load_secs_per_token.is_some(),
+        ),
+        ("--host-load-ratio", a.host_load_ratio.is_some()),
+        ("--kv-event-delay-ms", a.kv_event_delay_ms != 0.0),
+        ("--no-events", a.no_events),
+        ("--approx-ttl-secs", a.approx_ttl_secs.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, set)| set.then_some(name))
+    .collect()
+}
+
 /// The report header's words on the engines' KV memory, when set.
-fn tiers_label(a: &SimulateArgs) -> String {
+pub(crate) fn tiers_label(a: &SimulateArgs) -> String {
     let mut s = String::new();
     if let Some(n) = a.num_gpu_blocks {
         s += &format!(", {n} device blocks per engine");
@@ -333,7 +357,9 @@ fn tiers_label(a: &SimulateArgs) -> String {
     if a.host_blocks > 0 {
         s += &format!(
             ", a host tier of {} blocks ({} s per token loaded)",
-            a.host_blocks, a.host_load_secs_per_token
+            a.host_blocks,
+            a.host_load_secs_per_token
+                .unwrap_or(kvroute_engine::HOST_LOAD_SECS_PER_TOKEN)
         );
     }
     if let Some(r) = a.host_load_ratio {
@@ -413,7 +439,9 @@ pub(crate) fn sim_config(
         engine.num_gpu_blocks = n;
     }
     engine.host_blocks = a.host_blocks;
-    engine.host_load_secs_per_token = a.host_load_secs_per_token;
+    if let Some(t) = a.host_load_secs_per_token {
+        engine.host_load_secs_per_token = t;
+    }
     let mut cfg = SimConfig::for_profile(&a.profile, workers)?;
     cfg.engine = engine;
     cfg.router.block_size = bs;

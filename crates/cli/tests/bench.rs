@@ -205,6 +205,14 @@ fn options_that_do_not_go_together_are_refused() {
         ),
         (vec!["bench", "--concurrency", "2"], "needs --duration-secs"),
         (
+            vec!["bench", "--host-blocks", "64", "--duration-secs", "1"],
+            "--host-blocks shapes the simulated fleet: use it with --sim",
+        ),
+        (
+            vec!["bench", "--block-size", "32", "--duration-secs", "1"],
+            "--block-size shapes the simulated fleet",
+        ),
+        (
             vec!["bench", "--sim", "--rate", "2", "--duration-secs", "5"],
             "runs multi-turn chat as a closed loop",
         ),
