@@ -90,6 +90,30 @@ impl Drop for LedgerGuard {
     }
 }
 
+/// A request's place in the admission queue's counts (requests and tokens waiting), given
+/// back when dropped: on dispatch, rejection, timeout, or the client going away while it
+/// waits (its request future is dropped).
+struct QueueSlot {
+    gw: Arc<Gateway>,
+    tokens: u64,
+}
+
+impl QueueSlot {
+    fn take(gw: &Arc<Gateway>, tokens: u64) -> Self {
+        gw.queue_change(true, tokens);
+        Self {
+            gw: gw.clone(),
+            tokens,
+        }
+    }
+}
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        self.gw.queue_change(false, self.tokens);
+    }
+}
+
 /// Routes `prep`, waiting in the admission queue when every worker is busy, and books the
 /// chosen worker; with the decision's explanation when `call` asks for it. `exclude` is a
 /// worker the request just failed on.
@@ -151,24 +175,25 @@ pub async fn admit(
             Ok(None) => {}
         }
         let wait = gw.config.router.admission.max_queue_wait_secs;
-        let deadline = *queued_at.get_or_insert_with(|| {
-            gw.queue_change(true, tokens);
-            Instant::now() + std::time::Duration::from_secs_f64(wait)
+        let (deadline, _) = queued_at.get_or_insert_with(|| {
+            (
+                Instant::now() + std::time::Duration::from_secs_f64(wait),
+                QueueSlot::take(gw, tokens),
+            )
         });
-        if tokio::time::timeout_at(deadline.into(), wake)
+        if tokio::time::timeout_at((*deadline).into(), wake)
             .await
             .is_err()
         {
             break Err(GatewayError::Rejected(RejectReason::QueueTimeout));
         }
     };
-    if queued_at.is_some() {
-        gw.queue_change(false, tokens);
-    }
+    // Out of the queue (a client that gives up while queued drops its slot with the future).
+    let queued = queued_at.take().is_some();
     match result {
         Ok((sel, request)) => {
             let m = &gw.metrics;
-            if queued_at.is_none() {
+            if !queued {
                 m.routing_duration.observe(started.elapsed().as_secs_f64());
             }
             m.predicted_cached_tokens.observe(sel.cached_tokens as f64);

@@ -1,6 +1,7 @@
 //! The gateway end to end: real gateway and simulated workers on 127.0.0.1, ephemeral ports.
 
 mod accuracy;
+mod admission;
 mod engines;
 mod events;
 mod explain;

@@ -1,0 +1,96 @@
+//! The admission queue's accounting: every way out of the queue gives its place back.
+
+use crate::health::scrape;
+use crate::support::*;
+use futures_util::StreamExt;
+use std::time::Duration;
+
+/// The `kvroute_queued_requests` gauge.
+async fn queued(url: &str) -> u64 {
+    let text = scrape(url).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix("kvroute_queued_requests "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(u64::MAX)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_give_up_while_queued_leave_the_queue() {
+    // At the profile's own speed the long answer below takes about 40 s.
+    let a = worker_with("a", |c| c.speedup = 1.0).await;
+    let mut cfg = config(&[&a], "kv");
+    cfg.router.admission.mode = kvroute_core::AdmissionMode::Queue;
+    cfg.router.admission.max_queue_wait_secs = 120.0;
+    // Room for 3 waiting: a leaked place would refuse the 4th as `queue_full` forever.
+    cfg.router.admission.max_queued_requests = 3;
+    cfg.workers[0].max_batch = Some(1);
+    let gw = gateway(&[&a], cfg).await;
+    let url = gw.url();
+    let long = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat(&[("user", "a long answer please")], true, 4000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(long.status(), 200);
+    let mut stream = long.bytes_stream();
+    assert!(stream.next().await.is_some());
+    for round in 0..2 {
+        // Three clients queue, then give up and close their connections.
+        let waiting: Vec<_> = (0..3)
+            .map(|i| {
+                let url = url.clone();
+                tokio::spawn(async move {
+                    let impatient = reqwest::Client::builder()
+                        .no_proxy()
+                        .timeout(Duration::from_millis(1500))
+                        .build()
+                        .unwrap();
+                    impatient
+                        .post(format!("{url}/v1/chat/completions"))
+                        .json(&chat(
+                            &[("user", &format!("waiting {round} {i}"))],
+                            false,
+                            2,
+                        ))
+                        .send()
+                        .await
+                })
+            })
+            .collect();
+        assert!(
+            eventually(10, async || queued(&url).await == 3).await,
+            "round {round}: {} queued",
+            queued(&url).await
+        );
+        for w in waiting {
+            let r = w.await.unwrap();
+            assert!(
+                r.is_err(),
+                "the client timed out: {:?}",
+                r.map(|r| r.status())
+            );
+        }
+        assert!(
+            eventually(10, async || queued(&url).await == 0).await,
+            "round {round}: {} still counted after their clients left",
+            queued(&url).await
+        );
+    }
+    // The worker frees up: a request goes through, none refused for a full queue.
+    drop(stream);
+    let (status, _, body) = post(
+        &url,
+        "/v1/chat/completions",
+        &chat(&[("user", "after")], false, 2),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let text = scrape(&url).await;
+    let full = text
+        .lines()
+        .find(|l| l.starts_with("kvroute_rejected_requests_total{reason=\"queue_full\"}"));
+    assert!(full.is_none_or(|l| l.ends_with(" 0")), "{full:?}");
+    gw.shutdown().await;
+    a.shutdown().await;
+}
