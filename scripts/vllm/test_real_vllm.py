@@ -899,7 +899,8 @@ class Run:
              f"requests after the kill are served by {survivor.name}"),
             (status.get("499", 0) == 0,
              f"no status 499: every stream was read to its end ([DONE] or the gateway's error "
-             f"event; {broken} broke, counted {status.get('502', 0)} x 502), got {status.get('499', 0)}"),
+             f"event; {broken} broke, counted {sum(v for k, v in errs.items() if k[1] == 'stream_broken'):.0f} "
+             f"x stream_broken), got {status.get('499', 0)}"),
         ]
         return victim, checks
 

@@ -14,7 +14,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvroute_core::RouteRequest;
 use kvroute_protocol::openai::http::read_body;
-use kvroute_protocol::openai::{parse_request, ApiError, Endpoint, ErrorKind, ModelList};
+use kvroute_protocol::openai::{parse_request, ApiError, Endpoint, ModelList};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,6 +31,7 @@ pub fn routes(gw: Arc<Gateway>) -> Router {
         .route("/debug/workers", get(debug_workers))
         .route("/debug/explain", post(debug_explain))
         .route("/debug/reset", post(debug_reset))
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(gw)
@@ -210,9 +211,15 @@ async fn debug_reset(State(gw): State<Arc<Gateway>>) -> Response {
 }
 
 async fn not_found(req: Request<Body>) -> Response {
-    let e = ApiError::new(
-        ErrorKind::NotFound,
-        format!("no route for {} {}", req.method(), req.uri().path()),
-    );
-    error_response(&e, "")
+    error_response(
+        &ApiError::no_route(req.method().as_str(), req.uri().path()),
+        "",
+    )
+}
+
+async fn method_not_allowed(req: Request<Body>) -> Response {
+    error_response(
+        &ApiError::method_not_allowed(req.method().as_str(), req.uri().path()),
+        "",
+    )
 }

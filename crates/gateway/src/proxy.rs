@@ -456,6 +456,29 @@ impl Watch {
         }
     }
 
+    /// The worker's stream broke off after the client got its `200` headers: counted as an
+    /// upstream error of the worker (`stream_broken`), the request as the `200` the client
+    /// saw; the error event to end the stream with, mapped like every upstream failure.
+    fn broke_off(&mut self, e: &reqwest::Error) -> kvroute_protocol::openai::ApiError {
+        let worker = self
+            .guard
+            .as_ref()
+            .map_or_else(|| "?".to_string(), |g| worker_name(&self.gw, g.worker));
+        tracing::warn!(worker = %worker, error = %e, "worker stream broke off");
+        self.gw
+            .metrics
+            .upstream_errors
+            .with_label_values(&[&worker, "stream_broken"])
+            .inc();
+        self.end(StatusCode::OK);
+        GatewayError::Upstream {
+            worker,
+            message: format!("its stream broke off: {e}"),
+            timeout: false,
+        }
+        .to_api()
+    }
+
     fn end(&mut self, status: StatusCode) {
         if !self.done {
             self.done = true;
@@ -512,12 +535,7 @@ fn watched(
                     Some((Ok(chunk), (up, watch, false)))
                 }
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, "worker stream broke off");
-                    watch.end(StatusCode::BAD_GATEWAY);
-                    let err = kvroute_protocol::openai::ApiError::new(
-                        kvroute_protocol::openai::ErrorKind::Upstream,
-                        format!("the worker's stream broke off: {e}"),
-                    );
+                    let err = watch.broke_off(&e);
                     let bytes = Bytes::from(format!("data: {}\n\n", err.to_json()));
                     Some((Ok(bytes), (up, watch, true)))
                 }

@@ -57,6 +57,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/admin/reset", post(reset))
         .route("/admin/faults", post(faults))
         .route("/kv_cache_events", post(kv_cache_events))
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), request_id))
         .with_state(state)
@@ -172,11 +173,12 @@ async fn kv_cache_events(State(s): State<AppState>, req: Request) -> Response {
 }
 
 async fn not_found(req: Request) -> Response {
-    error_response(
-        &ApiError::new(
-            ErrorKind::NotFound,
-            format!("no route for {} {}", req.method(), req.uri().path()),
-        )
-        .with_code("not_found"),
-    )
+    error_response(&ApiError::no_route(req.method().as_str(), req.uri().path()))
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    error_response(&ApiError::method_not_allowed(
+        req.method().as_str(),
+        req.uri().path(),
+    ))
 }

@@ -235,6 +235,14 @@ async fn bad_requests_get_openai_errors() {
             .await
             .unwrap();
         expect_error(r, 404).await;
+        let r = client
+            .get(format!("{}/v1/chat/completions", w.url()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.headers()["allow"], "POST");
+        let v = expect_error(r, 405).await;
+        assert_eq!(v["error"]["code"], "method_not_allowed");
         w.shutdown().await;
     })
     .await;

@@ -181,6 +181,24 @@ async fn bad_requests_get_their_status_and_an_openai_error() {
         assert!(e["type"].is_string(), "{body}");
     }
     assert_eq!(cases[3].1["error"]["code"], "model_not_found");
+    assert_eq!(cases[6].1["error"]["code"], "not_found");
+    // A known route with another method: 405, an OpenAI error body and `Allow`.
+    for (path, allow) in [("/v1/chat/completions", "POST"), ("/debug/reset", "POST")] {
+        let r = client().get(format!("{url}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 405);
+        assert_eq!(r.headers()["allow"], allow);
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "method_not_allowed", "{body}");
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    }
+    let r = client()
+        .delete(format!("{url}/v1/models"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "method_not_allowed", "{body}");
     gw.shutdown().await;
     a.shutdown().await;
 }

@@ -148,3 +148,73 @@ async fn a_stream_that_breaks_before_its_first_chunk_is_retried_elsewhere() {
     gw.shutdown().await;
     good.shutdown().await;
 }
+
+/// A worker whose stream sends one token chunk, then drops the connection (an engine dying
+/// mid-answer).
+async fn dying_worker() -> String {
+    let stream = || async {
+        let token = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
+        let chunks = futures_util::stream::once(async move {
+            Ok::<_, std::io::Error>(axum::body::Bytes::from_static(token.as_bytes()))
+        })
+        .chain(futures_util::stream::once(async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Err::<axum::body::Bytes, _>(std::io::Error::other("engine died"))
+        }));
+        (
+            [("content-type", "text/event-stream")],
+            axum::body::Body::from_stream(chunks),
+        )
+    };
+    kvroute_testkit::serve(
+        axum::Router::new()
+            .route("/v1/chat/completions", post(stream))
+            .route("/health", get(|| async { "ok" })),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_breaks_mid_way_ends_with_an_upstream_failed_event() {
+    let mut cfg = config(&[], "kv");
+    cfg.workers = vec![kvroute_gateway::WorkerSpec {
+        url: dying_worker().await,
+        name: Some("w".into()),
+        ..kvroute_gateway::WorkerSpec::default()
+    }];
+    let gw = gateway_with_feeds(cfg, std::collections::BTreeMap::new()).await;
+    let url = gw.url();
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat(&[("user", "hi")], true, 4))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    let last = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .last()
+        .unwrap_or_default();
+    let event: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(event["error"]["code"], "upstream_failed", "{text}");
+    assert_eq!(event["error"]["type"], "upstream_error", "{text}");
+    assert!(!text.contains("[DONE]"), "{text}");
+    // Counted as the 200 the client got, and as the worker's broken stream.
+    assert!(
+        eventually(10, async || {
+            let m = crate::scrape(&url).await;
+            count(&m, "200") == 1.0
+                && kvroute_testkit::sample(
+                    &m,
+                    "kvroute_upstream_errors_total{kind=\"stream_broken\",worker=\"w\"}",
+                ) == Some(1.0)
+        })
+        .await,
+        "{}",
+        crate::scrape(&url).await
+    );
+    assert_eq!(count(&crate::scrape(&url).await, "502"), 0.0);
+    gw.shutdown().await;
+}

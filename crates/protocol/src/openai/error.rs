@@ -10,6 +10,8 @@ pub enum ErrorKind {
     InvalidRequest,
     /// Unknown model or route (404).
     NotFound,
+    /// A known route asked with another method (405).
+    MethodNotAllowed,
     /// Body or prompt too large (413).
     TooLarge,
     /// Overloaded or no healthy worker (503, with `Retry-After`).
@@ -28,6 +30,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidRequest => 400,
             ErrorKind::NotFound => 404,
+            ErrorKind::MethodNotAllowed => 405,
             ErrorKind::TooLarge => 413,
             ErrorKind::Unavailable => 503,
             ErrorKind::Upstream => 502,
@@ -39,9 +42,10 @@ impl ErrorKind {
     /// The `type` field of the error object.
     pub fn type_name(self) -> &'static str {
         match self {
-            ErrorKind::InvalidRequest | ErrorKind::NotFound | ErrorKind::TooLarge => {
-                "invalid_request_error"
-            }
+            ErrorKind::InvalidRequest
+            | ErrorKind::NotFound
+            | ErrorKind::MethodNotAllowed
+            | ErrorKind::TooLarge => "invalid_request_error",
             ErrorKind::Unavailable => "service_unavailable",
             ErrorKind::Upstream | ErrorKind::Timeout => "upstream_error",
             ErrorKind::Internal => "server_error",
@@ -106,6 +110,21 @@ impl ApiError {
     /// 400 about one field.
     pub fn invalid_param(param: &str, message: impl Into<String>) -> Self {
         Self::invalid(message).with_param(param)
+    }
+
+    /// 404 for a path no route serves.
+    pub fn no_route(method: &str, path: &str) -> Self {
+        Self::new(ErrorKind::NotFound, format!("no route for {method} {path}"))
+            .with_code("not_found")
+    }
+
+    /// 405 for a route asked with a method it does not take.
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        Self::new(
+            ErrorKind::MethodNotAllowed,
+            format!("{path} does not take {method}"),
+        )
+        .with_code("method_not_allowed")
     }
 
     /// 404 for a model nobody serves.
