@@ -94,9 +94,12 @@ impl AdmissionConfig {
                 }
             }
         }
-        if !(self.max_queue_wait_secs.is_finite() && self.max_queue_wait_secs >= 0.0) {
+        // At most a week: the wait becomes a deadline.
+        if !(self.max_queue_wait_secs.is_finite()
+            && (0.0..=604_800.0).contains(&self.max_queue_wait_secs))
+        {
             return Err(format!(
-                "admission max_queue_wait_secs must be >= 0, got {}",
+                "admission max_queue_wait_secs must be within 0..=604800, got {}",
                 self.max_queue_wait_secs
             ));
         }

@@ -264,8 +264,12 @@ impl Default for HealthConfig {
 pub struct UpstreamConfig {
     /// Seconds to open a connection.
     pub connect_timeout_secs: f64,
-    /// Seconds until the answer's headers arrive.
+    /// Seconds until the answer's headers arrive (and, for a stream, its first chunk).
     pub first_byte_timeout_secs: f64,
+    /// Seconds an answer may go silent after its first byte (between stream chunks, or
+    /// within a whole answer's body) before the gateway gives up on the worker: a stream
+    /// then ends with an `upstream_timeout` error event.
+    pub idle_timeout_secs: f64,
     /// Retry a request that failed before its first byte once, on another worker.
     pub retry: bool,
     /// Seconds to wait for a replay of missed KV events.
@@ -291,6 +295,7 @@ impl Default for UpstreamConfig {
         Self {
             connect_timeout_secs: 2.0,
             first_byte_timeout_secs: 120.0,
+            idle_timeout_secs: 60.0,
             retry: true,
             replay_timeout_secs: 2.0,
             max_event_message_bytes: 64 << 20,
@@ -301,6 +306,9 @@ impl Default for UpstreamConfig {
         }
     }
 }
+
+/// The longest timeout the config takes, in seconds (a week).
+pub const MAX_TIMEOUT_SECS: f64 = 7.0 * 86_400.0;
 
 /// Invalid settings.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -339,34 +347,49 @@ impl GatewayConfig {
                 Err(ConfigError(format!("{name} must be > 0, got {v}")))
             }
         };
-        positive("health.interval_secs", self.health.interval_secs)?;
-        positive("health.timeout_secs", self.health.timeout_secs)?;
-        positive(
+        // Seconds that become `Duration`s: positive and at most a week (a larger value
+        // would overflow a deadline).
+        let secs = |name: &str, v: f64| {
+            positive(name, v)?;
+            if v > MAX_TIMEOUT_SECS {
+                return Err(ConfigError(format!(
+                    "{name} must be at most {MAX_TIMEOUT_SECS} s, got {v}"
+                )));
+            }
+            Ok(())
+        };
+        secs(
+            "upstream.idle_timeout_secs",
+            self.upstream.idle_timeout_secs,
+        )?;
+        secs("health.interval_secs", self.health.interval_secs)?;
+        secs("health.timeout_secs", self.health.timeout_secs)?;
+        secs(
             "upstream.connect_timeout_secs",
             self.upstream.connect_timeout_secs,
         )?;
-        positive(
+        secs(
             "upstream.first_byte_timeout_secs",
             self.upstream.first_byte_timeout_secs,
         )?;
-        positive(
+        secs(
             "upstream.replay_timeout_secs",
             self.upstream.replay_timeout_secs,
         )?;
-        positive(
+        secs(
             "upstream.event_heartbeat_timeout_secs",
             self.upstream.event_heartbeat_timeout_secs,
         )?;
-        positive("upstream.event_poll_secs", self.upstream.event_poll_secs)?;
-        positive(
+        secs("upstream.event_poll_secs", self.upstream.event_poll_secs)?;
+        secs(
             "upstream.event_poll_timeout_secs",
             self.upstream.event_poll_timeout_secs,
         )?;
         if !(self.upstream.event_heartbeat_secs.is_finite()
-            && self.upstream.event_heartbeat_secs >= 0.0)
+            && (0.0..=MAX_TIMEOUT_SECS).contains(&self.upstream.event_heartbeat_secs))
         {
             return Err(ConfigError(
-                "upstream.event_heartbeat_secs must be >= 0".into(),
+                "upstream.event_heartbeat_secs must be within 0..=604800".into(),
             ));
         }
         if self.upstream.max_event_message_bytes < 1024 {

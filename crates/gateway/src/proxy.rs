@@ -310,9 +310,17 @@ fn answer(
 /// Reads a whole answer, bounded; on failure returns an error body and a code.
 async fn read_body(gw: &Gateway, mut resp: reqwest::Response) -> (Option<&'static str>, Bytes) {
     let limit = gw.config.limits.max_response_bytes;
+    let idle = Duration::from_secs_f64(gw.config.upstream.idle_timeout_secs);
     let mut buf = Vec::new();
     loop {
-        match resp.chunk().await {
+        let Ok(chunk) = tokio::time::timeout(idle, resp.chunk()).await else {
+            let e = kvroute_protocol::openai::ApiError::new(
+                kvroute_protocol::openai::ErrorKind::Upstream,
+                format!("the worker's answer went silent for {idle:?}"),
+            );
+            return (Some("broken"), Bytes::from(e.to_json()));
+        };
+        match chunk {
             Ok(Some(c)) if buf.len() + c.len() <= limit => buf.extend_from_slice(&c),
             Ok(Some(_)) => {
                 let e = kvroute_protocol::openai::ApiError::new(
@@ -460,10 +468,7 @@ impl Watch {
     /// upstream error of the worker (`stream_broken`), the request as the `200` the client
     /// saw; the error event to end the stream with, mapped like every upstream failure.
     fn broke_off(&mut self, e: &reqwest::Error) -> kvroute_protocol::openai::ApiError {
-        let worker = self
-            .guard
-            .as_ref()
-            .map_or_else(|| "?".to_string(), |g| worker_name(&self.gw, g.worker));
+        let worker = self.worker_name();
         tracing::warn!(worker = %worker, error = %e, "worker stream broke off");
         self.gw
             .metrics
@@ -477,6 +482,32 @@ impl Watch {
             timeout: false,
         }
         .to_api()
+    }
+
+    /// The worker's stream sent nothing for `idle`: counted as its `stream_idle` error (the
+    /// request as the `200` the client saw); the error event to end the stream with. The
+    /// upstream request is dropped with the stream, which cancels it at the worker.
+    fn went_silent(&mut self, idle: Duration) -> kvroute_protocol::openai::ApiError {
+        let worker = self.worker_name();
+        tracing::warn!(worker = %worker, idle_secs = idle.as_secs_f64(), "worker stream went silent");
+        self.gw
+            .metrics
+            .upstream_errors
+            .with_label_values(&[&worker, "stream_idle"])
+            .inc();
+        self.end(StatusCode::OK);
+        GatewayError::Upstream {
+            worker,
+            message: format!("its stream sent nothing for {idle:?}"),
+            timeout: true,
+        }
+        .to_api()
+    }
+
+    fn worker_name(&self) -> String {
+        self.guard
+            .as_ref()
+            .map_or_else(|| "?".to_string(), |g| worker_name(&self.gw, g.worker))
     }
 
     fn end(&mut self, status: StatusCode) {
@@ -529,7 +560,13 @@ fn watched(
             if over {
                 return None;
             }
-            match up.next().await {
+            let idle = Duration::from_secs_f64(watch.gw.config.upstream.idle_timeout_secs);
+            let Ok(next) = tokio::time::timeout(idle, up.next()).await else {
+                let err = watch.went_silent(idle);
+                let bytes = Bytes::from(format!("data: {}\n\n", err.to_json()));
+                return Some((Ok(bytes), (up, watch, true)));
+            };
+            match next {
                 Some(Ok(chunk)) => {
                     watch.observe(&chunk);
                     Some((Ok(chunk), (up, watch, false)))

@@ -218,3 +218,55 @@ async fn a_stream_that_breaks_mid_way_ends_with_an_upstream_failed_event() {
     assert_eq!(count(&crate::scrape(&url).await, "502"), 0.0);
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_goes_silent_ends_with_an_upstream_timeout_event() {
+    let mut cfg = config(&[], "kv");
+    cfg.upstream.idle_timeout_secs = 0.5;
+    cfg.workers = vec![kvroute_gateway::WorkerSpec {
+        url: lingering_worker().await,
+        name: Some("w".into()),
+        ..kvroute_gateway::WorkerSpec::default()
+    }];
+    let gw = gateway_with_feeds(cfg, std::collections::BTreeMap::new()).await;
+    let url = gw.url();
+    // One token, then the worker holds the stream open without a word for 60 s.
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat(&[("user", "hi")], true, 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let read = tokio::time::timeout(Duration::from_secs(20), r.text()).await;
+    let text = read.expect("the gateway ends a silent stream").unwrap();
+    assert!(text.contains("\"content\":\"hi\""), "{text}");
+    let last = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .last()
+        .unwrap_or_default();
+    let event: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(event["error"]["code"], "upstream_timeout", "{text}");
+    let m = crate::scrape(&url).await;
+    assert_eq!(
+        kvroute_testkit::sample(
+            &m,
+            "kvroute_upstream_errors_total{kind=\"stream_idle\",worker=\"w\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(count(&m, "200"), 1.0, "{m}");
+    let bad = {
+        let mut c = config(&[], "kv");
+        c.workers = vec![kvroute_gateway::WorkerSpec {
+            url: "http://127.0.0.1:1".into(),
+            ..kvroute_gateway::WorkerSpec::default()
+        }];
+        c.upstream.idle_timeout_secs = 1e30;
+        c.validate().unwrap_err().to_string()
+    };
+    assert!(bad.contains("upstream.idle_timeout_secs"), "{bad}");
+    gw.shutdown().await;
+}
