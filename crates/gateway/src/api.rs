@@ -62,9 +62,14 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
     let id = request_id(&gw, &headers);
     let result = async {
         let unknown = |e: ApiError| (GatewayError::Api(e), String::new());
-        let body = read_body(&headers, req.into_body(), gw.config.limits.max_body_bytes)
-            .await
-            .map_err(unknown)?;
+        let body = read_body(
+            &headers,
+            req.into_body(),
+            gw.config.limits.max_body_bytes,
+            gw.body_read_timeout(),
+        )
+        .await
+        .map_err(unknown)?;
         let (_, view) =
             parse_request(endpoint, &body, gw.config.limits.max_prompt_tokens).map_err(unknown)?;
         if !gw.serves(&view.model) {
@@ -175,7 +180,7 @@ async fn debug_explain(State(gw): State<Arc<Gateway>>, req: Request) -> Response
     let result = async {
         let limit = gw.config.limits.max_body_bytes;
         let (parts, body) = req.into_parts();
-        let body = read_body(&parts.headers, body, limit)
+        let body = read_body(&parts.headers, body, limit, gw.body_read_timeout())
             .await
             .map_err(GatewayError::from)?;
         let endpoint = if serde_json::from_slice::<serde_json::Value>(&body)

@@ -224,14 +224,29 @@ pub struct Limits {
     pub max_prompt_tokens: usize,
     /// Largest non-streamed answer read from a worker, in bytes (502 past it).
     pub max_response_bytes: usize,
+    /// Seconds a client has to send a request's headers, counted from when its connection
+    /// is ready for a request: so also the longest idle keep-alive gap.
+    pub header_read_timeout_secs: f64,
+    /// Seconds a client has to send a request's body (408 past it).
+    pub body_read_timeout_secs: f64,
+    /// Most client connections open at once; past it a few more are answered `503
+    /// too_many_connections` (`/live` still answers) and the rest closed at once. Keep it
+    /// below the process's file descriptor limit (`ulimit -n`) minus what the connections
+    /// to workers need.
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
+        use kvroute_protocol::openai::http;
+        let serve = http::ServeLimits::default();
         Self {
             max_body_bytes: 8 << 20,
             max_prompt_tokens: 262_144,
             max_response_bytes: 64 << 20,
+            header_read_timeout_secs: serve.header_read_timeout.as_secs_f64(),
+            body_read_timeout_secs: http::BODY_READ_TIMEOUT.as_secs_f64(),
+            max_connections: serve.max_connections,
         }
     }
 }
@@ -316,6 +331,17 @@ pub const MAX_TIMEOUT_SECS: f64 = 7.0 * 86_400.0;
 pub struct ConfigError(pub String);
 
 impl GatewayConfig {
+    /// What clients may hold open, for the HTTP server.
+    pub fn serve_limits(&self) -> kvroute_protocol::openai::http::ServeLimits {
+        kvroute_protocol::openai::http::ServeLimits {
+            header_read_timeout: std::time::Duration::from_secs_f64(
+                self.limits.header_read_timeout_secs,
+            ),
+            max_connections: self.limits.max_connections,
+            ..Default::default()
+        }
+    }
+
     /// Reads a TOML file's text.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError(e.to_string()))

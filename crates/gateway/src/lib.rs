@@ -86,7 +86,7 @@ pub struct GatewayHandle {
     state: Arc<Gateway>,
     tasks: Vec<JoinHandle<()>>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    server: Option<JoinHandle<std::io::Result<()>>>,
+    server: Option<JoinHandle<()>>,
 }
 
 impl GatewayHandle {
@@ -118,12 +118,13 @@ impl GatewayHandle {
         }
     }
 
-    /// Waits until the server stops (it stops on [`GatewayHandle::shutdown`] or an error).
+    /// Waits until the server stops (it stops on [`GatewayHandle::shutdown`]; failures to
+    /// accept a connection are logged and retried, not fatal).
     pub async fn wait(mut self) -> std::io::Result<()> {
-        let r = match self.server.take() {
-            Some(s) => s.await.unwrap_or(Ok(())),
-            None => Ok(()),
-        };
+        if let Some(s) = self.server.take() {
+            s.await.map_err(std::io::Error::other)?;
+        }
+        let r = Ok(());
         for t in &self.tasks {
             t.abort();
         }
@@ -247,12 +248,9 @@ pub async fn spawn(
     let addr = listener.local_addr()?;
     let app = api::routes(gw.clone());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let limits = gw.config.serve_limits();
     let server = tokio::spawn(async move {
-        axum::serve(
-            kvroute_protocol::openai::http::nodelay_listener(listener),
-            app,
-        )
-        .with_graceful_shutdown(async move {
+        kvroute_protocol::openai::http::serve(listener, app, limits, async move {
             let _ = rx.await;
         })
         .await

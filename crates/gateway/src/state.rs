@@ -88,6 +88,11 @@ impl Gateway {
         *self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// How long a client may take to send a request body.
+    pub fn body_read_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.config.limits.body_read_timeout_secs)
+    }
+
     /// Adds (`+1`) or removes (`-1`) a request of `tokens` prompt tokens from the queue.
     pub fn queue_change(&self, add: bool, tokens: u64) {
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());

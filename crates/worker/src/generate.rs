@@ -76,7 +76,13 @@ async fn generate(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = read_body(&headers, body, s.cfg.max_body_bytes).await?;
+    let bytes = read_body(
+        &headers,
+        body,
+        s.cfg.max_body_bytes,
+        kvroute_protocol::openai::http::BODY_READ_TIMEOUT,
+    )
+    .await?;
     let (obj, view) = parse_request(endpoint, &bytes, s.cfg.max_prompt_tokens)?;
     // The base model, or one of its LoRA adapters (whose blocks are its own), named alone
     // (vLLM) or as `base:adapter` (SGLang).

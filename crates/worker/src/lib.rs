@@ -265,14 +265,14 @@ pub async fn spawn(
     tasks.push((
         "http",
         tokio::spawn(async move {
-            let serve = axum::serve(
-                kvroute_protocol::openai::http::nodelay_listener(listener),
+            kvroute_protocol::openai::http::serve(
+                listener,
                 app,
+                kvroute_protocol::openai::http::ServeLimits::default(),
+                async move { wait_shutdown(&mut stop).await },
             )
-            .with_graceful_shutdown(async move { wait_shutdown(&mut stop).await });
-            if let Err(e) = serve.await {
-                tracing::warn!(worker = %server_name, error = %e, "HTTP server failed");
-            }
+            .await;
+            tracing::debug!(worker = %server_name, "HTTP server stopped");
         }),
     ));
     tracing::info!(

@@ -94,3 +94,26 @@ async fn clients_that_give_up_while_queued_leave_the_queue() {
     gw.shutdown().await;
     a.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_trickles_in_too_slowly_gets_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = worker("a").await;
+    let mut cfg = config(&[&a], "kv");
+    cfg.limits.body_read_timeout_secs = 0.3;
+    let gw = gateway(&[&a], cfg).await;
+    let mut c = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+    // The headers promise 100 bytes; 10 come, then nothing.
+    c.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\nconnection: close\r\n\r\n{\"model\":",
+    )
+    .await
+    .unwrap();
+    let mut out = String::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), c.read_to_string(&mut out)).await;
+    assert!(read.is_ok(), "no answer within 10 s");
+    assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+    assert!(out.contains("body_timeout"), "{out}");
+    gw.shutdown().await;
+    a.shutdown().await;
+}

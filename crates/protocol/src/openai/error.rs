@@ -12,6 +12,8 @@ pub enum ErrorKind {
     NotFound,
     /// A known route asked with another method (405).
     MethodNotAllowed,
+    /// The client did not send its request in time (408).
+    RequestTimeout,
     /// Body or prompt too large (413).
     TooLarge,
     /// Overloaded or no healthy worker (503, with `Retry-After`).
@@ -31,6 +33,7 @@ impl ErrorKind {
             ErrorKind::InvalidRequest => 400,
             ErrorKind::NotFound => 404,
             ErrorKind::MethodNotAllowed => 405,
+            ErrorKind::RequestTimeout => 408,
             ErrorKind::TooLarge => 413,
             ErrorKind::Unavailable => 503,
             ErrorKind::Upstream => 502,
@@ -45,6 +48,7 @@ impl ErrorKind {
             ErrorKind::InvalidRequest
             | ErrorKind::NotFound
             | ErrorKind::MethodNotAllowed
+            | ErrorKind::RequestTimeout
             | ErrorKind::TooLarge => "invalid_request_error",
             ErrorKind::Unavailable => "service_unavailable",
             ErrorKind::Upstream | ErrorKind::Timeout => "upstream_error",
@@ -142,6 +146,15 @@ impl ApiError {
         let mut e = Self::new(ErrorKind::Unavailable, message).with_code(code);
         e.retry_after_secs = Some(retry_after_secs.max(1));
         e
+    }
+
+    /// 408 for a request body that did not arrive within `timeout`.
+    pub fn body_timeout(timeout: std::time::Duration) -> Self {
+        Self::new(
+            ErrorKind::RequestTimeout,
+            format!("the request body did not arrive within {timeout:?}"),
+        )
+        .with_code("body_timeout")
     }
 
     /// 413 for a request body over `limit` bytes.
