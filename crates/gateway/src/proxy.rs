@@ -464,42 +464,29 @@ impl Watch {
         }
     }
 
-    /// The worker's stream broke off after the client got its `200` headers: counted as an
-    /// upstream error of the worker (`stream_broken`), the request as the `200` the client
-    /// saw; the error event to end the stream with, mapped like every upstream failure.
-    fn broke_off(&mut self, e: &reqwest::Error) -> kvroute_protocol::openai::ApiError {
+    /// The worker's stream failed after the client got its `200` headers (`kind`:
+    /// `stream_broken`, or `stream_idle` when it went silent): counted as an upstream error
+    /// of the worker, the request as the `200` the client saw; returns the error event to end
+    /// the client's stream with, mapped like every upstream failure. The upstream request is
+    /// dropped with the stream, which cancels it at the worker.
+    fn give_up(
+        &mut self,
+        kind: &'static str,
+        message: String,
+        timeout: bool,
+    ) -> kvroute_protocol::openai::ApiError {
         let worker = self.worker_name();
-        tracing::warn!(worker = %worker, error = %e, "worker stream broke off");
+        tracing::warn!(worker = %worker, kind, error = %message, "worker stream failed");
         self.gw
             .metrics
             .upstream_errors
-            .with_label_values(&[&worker, "stream_broken"])
+            .with_label_values(&[&worker, kind])
             .inc();
         self.end(StatusCode::OK);
         GatewayError::Upstream {
             worker,
-            message: format!("its stream broke off: {e}"),
-            timeout: false,
-        }
-        .to_api()
-    }
-
-    /// The worker's stream sent nothing for `idle`: counted as its `stream_idle` error (the
-    /// request as the `200` the client saw); the error event to end the stream with. The
-    /// upstream request is dropped with the stream, which cancels it at the worker.
-    fn went_silent(&mut self, idle: Duration) -> kvroute_protocol::openai::ApiError {
-        let worker = self.worker_name();
-        tracing::warn!(worker = %worker, idle_secs = idle.as_secs_f64(), "worker stream went silent");
-        self.gw
-            .metrics
-            .upstream_errors
-            .with_label_values(&[&worker, "stream_idle"])
-            .inc();
-        self.end(StatusCode::OK);
-        GatewayError::Upstream {
-            worker,
-            message: format!("its stream sent nothing for {idle:?}"),
-            timeout: true,
+            message,
+            timeout,
         }
         .to_api()
     }
@@ -562,7 +549,11 @@ fn watched(
             }
             let idle = Duration::from_secs_f64(watch.gw.config.upstream.idle_timeout_secs);
             let Ok(next) = tokio::time::timeout(idle, up.next()).await else {
-                let err = watch.went_silent(idle);
+                let err = watch.give_up(
+                    "stream_idle",
+                    format!("its stream sent nothing for {idle:?}"),
+                    true,
+                );
                 let bytes = Bytes::from(format!("data: {}\n\n", err.to_json()));
                 return Some((Ok(bytes), (up, watch, true)));
             };
@@ -572,7 +563,8 @@ fn watched(
                     Some((Ok(chunk), (up, watch, false)))
                 }
                 Some(Err(e)) => {
-                    let err = watch.broke_off(&e);
+                    let err =
+                        watch.give_up("stream_broken", format!("its stream broke off: {e}"), false);
                     let bytes = Bytes::from(format!("data: {}\n\n", err.to_json()));
                     Some((Ok(bytes), (up, watch, true)))
                 }

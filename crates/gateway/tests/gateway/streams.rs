@@ -89,18 +89,15 @@ async fn a_stream_read_to_done_counts_as_completed_and_one_left_early_as_499() {
     gw.shutdown().await;
 }
 
-/// A worker that answers 200 with stream headers, then drops the connection before any
-/// chunk (an engine dying right after accepting a request).
-async fn breaking_worker() -> String {
-    let stream = || async {
-        // The headers go out first; the connection drops a moment later.
-        let chunks = futures_util::stream::once(async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            Err::<axum::body::Bytes, _>(std::io::Error::other("engine died"))
-        });
+/// A worker whose chat stream is `chunks()` (after `200` and the stream headers).
+async fn sse_worker<S>(chunks: fn() -> S) -> String
+where
+    S: futures_util::Stream<Item = Result<axum::body::Bytes, std::io::Error>> + Send + 'static,
+{
+    let stream = move || async move {
         (
             [("content-type", "text/event-stream")],
-            axum::body::Body::from_stream(chunks),
+            axum::body::Body::from_stream(chunks()),
         )
     };
     kvroute_testkit::serve(
@@ -108,6 +105,19 @@ async fn breaking_worker() -> String {
             .route("/v1/chat/completions", post(stream))
             .route("/health", get(|| async { "ok" })),
     )
+    .await
+}
+
+/// A worker that answers 200 with stream headers, then drops the connection before any
+/// chunk (an engine dying right after accepting a request).
+async fn breaking_worker() -> String {
+    sse_worker(|| {
+        // The headers go out first; the connection drops a moment later.
+        futures_util::stream::once(async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Err::<axum::body::Bytes, _>(std::io::Error::other("engine died"))
+        })
+    })
     .await
 }
 
@@ -152,25 +162,16 @@ async fn a_stream_that_breaks_before_its_first_chunk_is_retried_elsewhere() {
 /// A worker whose stream sends one token chunk, then drops the connection (an engine dying
 /// mid-answer).
 async fn dying_worker() -> String {
-    let stream = || async {
+    sse_worker(|| {
         let token = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
-        let chunks = futures_util::stream::once(async move {
+        futures_util::stream::once(async move {
             Ok::<_, std::io::Error>(axum::body::Bytes::from_static(token.as_bytes()))
         })
         .chain(futures_util::stream::once(async {
             tokio::time::sleep(Duration::from_millis(100)).await;
             Err::<axum::body::Bytes, _>(std::io::Error::other("engine died"))
-        }));
-        (
-            [("content-type", "text/event-stream")],
-            axum::body::Body::from_stream(chunks),
-        )
-    };
-    kvroute_testkit::serve(
-        axum::Router::new()
-            .route("/v1/chat/completions", post(stream))
-            .route("/health", get(|| async { "ok" })),
-    )
+        }))
+    })
     .await
 }
 
