@@ -121,10 +121,10 @@ impl GatewayHandle {
     /// Waits until the server stops (it stops on [`GatewayHandle::shutdown`]; failures to
     /// accept a connection are logged and retried, not fatal).
     pub async fn wait(mut self) -> std::io::Result<()> {
-        if let Some(s) = self.server.take() {
-            s.await.map_err(std::io::Error::other)?;
-        }
-        let r = Ok(());
+        let r = match self.server.take() {
+            Some(s) => s.await.map_err(std::io::Error::other),
+            None => Ok(()),
+        };
         for t in &self.tasks {
             t.abort();
         }

@@ -310,7 +310,7 @@ fn answer(
 /// Reads a whole answer, bounded; on failure returns an error body and a code.
 async fn read_body(gw: &Gateway, mut resp: reqwest::Response) -> (Option<&'static str>, Bytes) {
     let limit = gw.config.limits.max_response_bytes;
-    let idle = Duration::from_secs_f64(gw.config.upstream.idle_timeout_secs);
+    let idle = gw.upstream_idle_timeout();
     let mut buf = Vec::new();
     loop {
         let Ok(chunk) = tokio::time::timeout(idle, resp.chunk()).await else {
@@ -390,6 +390,8 @@ struct Watch {
     completed: bool,
     /// What the router expected of the worker.
     prediction: Prediction,
+    /// The longest silence between the worker's chunks (`upstream.idle_timeout_secs`).
+    idle: Duration,
     done: bool,
 }
 
@@ -402,6 +404,7 @@ impl Watch {
         prediction: Prediction,
     ) -> Self {
         Self {
+            idle: gw.upstream_idle_timeout(),
             gw,
             guard: Some(guard),
             model,
@@ -547,7 +550,7 @@ fn watched(
             if over {
                 return None;
             }
-            let idle = Duration::from_secs_f64(watch.gw.config.upstream.idle_timeout_secs);
+            let idle = watch.idle;
             let Ok(next) = tokio::time::timeout(idle, up.next()).await else {
                 let err = watch.give_up(
                     "stream_idle",

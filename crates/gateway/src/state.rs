@@ -93,6 +93,11 @@ impl Gateway {
         std::time::Duration::from_secs_f64(self.config.limits.body_read_timeout_secs)
     }
 
+    /// How long a worker's answer may go silent after its first byte.
+    pub fn upstream_idle_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.config.upstream.idle_timeout_secs)
+    }
+
     /// Adds (`+1`) or removes (`-1`) a request of `tokens` prompt tokens from the queue.
     pub fn queue_change(&self, add: bool, tokens: u64) {
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());

@@ -2,7 +2,6 @@
 
 use crate::health::scrape;
 use crate::support::*;
-use futures_util::StreamExt;
 use std::time::Duration;
 
 /// The `kvroute_queued_requests` gauge.
@@ -26,15 +25,7 @@ async fn clients_that_give_up_while_queued_leave_the_queue() {
     cfg.workers[0].max_batch = Some(1);
     let gw = gateway(&[&a], cfg).await;
     let url = gw.url();
-    let long = client()
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&chat(&[("user", "a long answer please")], true, 4000))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(long.status(), 200);
-    let mut stream = long.bytes_stream();
-    assert!(stream.next().await.is_some());
+    let stream = long_stream(&url).await;
     for round in 0..2 {
         // Three clients queue, then give up and close their connections.
         let waiting: Vec<_> = (0..3)

@@ -1,7 +1,6 @@
 //! Admission, dead workers and metrics.
 
 use crate::support::*;
-use futures_util::StreamExt;
 use kvroute_gateway::{EventFeed, WorkerSpec};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -13,15 +12,7 @@ async fn shed_mode_answers_503_with_retry_after_and_counts_it() {
     cfg.workers[0].max_batch = Some(1);
     let gw = gateway(&[&a], cfg).await;
     let url = gw.url();
-    let long = client()
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&chat(&[("user", "a long answer please")], true, 4000))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(long.status(), 200);
-    let mut stream = long.bytes_stream();
-    assert!(stream.next().await.is_some());
+    let stream = long_stream(&url).await;
     let r = client()
         .post(format!("{url}/v1/chat/completions"))
         .json(&chat(&[("user", "me too")], false, 4))

@@ -58,6 +58,31 @@ async fn read_and_leave(url: &str, to_done: bool) {
     assert!(!to_done || seen.contains("[DONE]"), "{seen}");
 }
 
+/// A gateway in front of the single (fake) worker at `url`, named `w`.
+async fn gateway_before(
+    url: String,
+    tweak: impl FnOnce(&mut kvroute_gateway::GatewayConfig),
+) -> kvroute_gateway::GatewayHandle {
+    let mut cfg = config(&[], "kv");
+    tweak(&mut cfg);
+    cfg.workers = vec![kvroute_gateway::WorkerSpec {
+        url,
+        name: Some("w".into()),
+        ..kvroute_gateway::WorkerSpec::default()
+    }];
+    gateway_with_feeds(cfg, std::collections::BTreeMap::new()).await
+}
+
+/// The last `data:` event of a stream's text, as JSON.
+fn last_event(text: &str) -> serde_json::Value {
+    let last = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .last()
+        .unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
 fn count(metrics: &str, status: &str) -> f64 {
     let name = format!("kvroute_requests_total{{model=\"{MODEL}\",status=\"{status}\"}}");
     kvroute_testkit::sample(metrics, &name).unwrap_or(0.0)
@@ -65,13 +90,7 @@ fn count(metrics: &str, status: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_read_to_done_counts_as_completed_and_one_left_early_as_499() {
-    let mut cfg = config(&[], "kv");
-    cfg.workers = vec![kvroute_gateway::WorkerSpec {
-        url: lingering_worker().await,
-        name: Some("w".into()),
-        ..kvroute_gateway::WorkerSpec::default()
-    }];
-    let gw = gateway_with_feeds(cfg, std::collections::BTreeMap::new()).await;
+    let gw = gateway_before(lingering_worker().await, |_| {}).await;
     let url = gw.url();
     for _ in 0..3 {
         read_and_leave(&url, true).await;
@@ -177,13 +196,7 @@ async fn dying_worker() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_that_breaks_mid_way_ends_with_an_upstream_failed_event() {
-    let mut cfg = config(&[], "kv");
-    cfg.workers = vec![kvroute_gateway::WorkerSpec {
-        url: dying_worker().await,
-        name: Some("w".into()),
-        ..kvroute_gateway::WorkerSpec::default()
-    }];
-    let gw = gateway_with_feeds(cfg, std::collections::BTreeMap::new()).await;
+    let gw = gateway_before(dying_worker().await, |_| {}).await;
     let url = gw.url();
     let r = client()
         .post(format!("{url}/v1/chat/completions"))
@@ -193,12 +206,7 @@ async fn a_stream_that_breaks_mid_way_ends_with_an_upstream_failed_event() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap();
-    let last = text
-        .split("\n\n")
-        .filter_map(|e| e.strip_prefix("data: "))
-        .last()
-        .unwrap_or_default();
-    let event: serde_json::Value = serde_json::from_str(last).unwrap();
+    let event = last_event(&text);
     assert_eq!(event["error"]["code"], "upstream_failed", "{text}");
     assert_eq!(event["error"]["type"], "upstream_error", "{text}");
     assert!(!text.contains("[DONE]"), "{text}");
@@ -222,14 +230,10 @@ async fn a_stream_that_breaks_mid_way_ends_with_an_upstream_failed_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_that_goes_silent_ends_with_an_upstream_timeout_event() {
-    let mut cfg = config(&[], "kv");
-    cfg.upstream.idle_timeout_secs = 0.5;
-    cfg.workers = vec![kvroute_gateway::WorkerSpec {
-        url: lingering_worker().await,
-        name: Some("w".into()),
-        ..kvroute_gateway::WorkerSpec::default()
-    }];
-    let gw = gateway_with_feeds(cfg, std::collections::BTreeMap::new()).await;
+    let gw = gateway_before(lingering_worker().await, |c| {
+        c.upstream.idle_timeout_secs = 0.5
+    })
+    .await;
     let url = gw.url();
     // One token, then the worker holds the stream open without a word for 60 s.
     let r = client()
@@ -242,12 +246,7 @@ async fn a_stream_that_goes_silent_ends_with_an_upstream_timeout_event() {
     let read = tokio::time::timeout(Duration::from_secs(20), r.text()).await;
     let text = read.expect("the gateway ends a silent stream").unwrap();
     assert!(text.contains("\"content\":\"hi\""), "{text}");
-    let last = text
-        .split("\n\n")
-        .filter_map(|e| e.strip_prefix("data: "))
-        .last()
-        .unwrap_or_default();
-    let event: serde_json::Value = serde_json::from_str(last).unwrap();
+    let event = last_event(&text);
     assert_eq!(event["error"]["code"], "upstream_timeout", "{text}");
     let m = crate::scrape(&url).await;
     assert_eq!(

@@ -219,3 +219,21 @@ pub async fn ask_cached(
         .unwrap_or(0);
     (worker, predicted, cached)
 }
+
+/// A streamed request for a long answer (4,000 tokens) whose first chunk has arrived: it
+/// keeps its worker busy until the stream is dropped.
+pub async fn long_stream(
+    url: &str,
+) -> impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> {
+    use futures_util::StreamExt;
+    let long = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat(&[("user", "a long answer please")], true, 4000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(long.status(), 200);
+    let mut stream = Box::pin(long.bytes_stream());
+    assert!(stream.next().await.is_some());
+    stream
+}

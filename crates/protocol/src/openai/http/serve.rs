@@ -19,7 +19,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 /// Connections served past `max_connections` with a `503` and closed (then: closed at once).
@@ -86,10 +86,10 @@ pub async fn serve(
         // A connection that cannot take the option still works, only with Nagle's delays (a
         // stream writes one small chunk per token).
         let _ = stream.set_nodelay(true);
+        let io = TokioIo::new(stream);
         if let Ok(permit) = served.clone().try_acquire_owned() {
-            let conn = builder
-                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
-            let conn = graceful.watch(conn);
+            let service = TowerToHyperService::new(app.clone());
+            let conn = graceful.watch(builder.serve_connection(io, service));
             tokio::spawn(async move {
                 let _ = conn.await;
                 drop(permit);
@@ -99,18 +99,14 @@ pub async fn serve(
                 max_connections = limits.max_connections,
                 "connection limit reached: answering 503"
             );
-            let conn = closing.serve_connection(
-                TokioIo::new(stream),
-                hyper::service::service_fn(over_the_limit),
-            );
-            let conn = graceful.watch(conn);
+            let service = hyper::service::service_fn(over_the_limit);
+            let conn = graceful.watch(closing.serve_connection(io, service));
             tokio::spawn(async move {
                 let _ = conn.await;
                 drop(permit);
             });
-        } else {
-            close_at_once(stream);
         }
+        // Otherwise dropped unread: the client sees the connection closed.
     }
     drop(listener);
     if tokio::time::timeout(limits.shutdown_timeout, graceful.shutdown())
@@ -137,15 +133,11 @@ async fn over_the_limit(req: Request<Incoming>) -> Result<Response<Body>, Infall
     })
 }
 
-fn close_at_once(stream: TcpStream) {
-    // Closing without reading: the client sees the connection reset or closed.
-    drop(stream);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
 
     async fn start(
         limits: ServeLimits,
