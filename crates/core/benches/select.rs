@@ -10,7 +10,6 @@
 //! Run with `cargo bench -p kvroute-core --bench select` (CI smoke mode: `-- --test`).
 
 use criterion::{black_box, BenchmarkId, Criterion};
-use kvroute_core::admission::QueueState;
 use kvroute_core::ledger::WorkerCapacity;
 use kvroute_core::router::RouteOutcome;
 use kvroute_core::{
@@ -75,12 +74,7 @@ fn prompt(tokens: &[u32]) -> BlockedPrompt {
 }
 
 fn request(p: &BlockedPrompt) -> RouteRequest<'_> {
-    RouteRequest {
-        prompt: p,
-        session: None,
-        queue: QueueState::default(),
-        exclude: None,
-    }
+    RouteRequest::new(p)
 }
 
 /// The benchmarked prompt: blocks 0..256, the first 32 being the system prompt.

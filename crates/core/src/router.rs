@@ -141,6 +141,18 @@ pub struct RouteRequest<'a> {
     pub exclude: Option<WorkerId>,
 }
 
+impl<'a> RouteRequest<'a> {
+    /// A request for `prompt` with no session, an empty queue, no worker excluded.
+    pub fn new(prompt: &'a BlockedPrompt) -> Self {
+        Self {
+            prompt,
+            session: None,
+            queue: QueueState::default(),
+            exclude: None,
+        }
+    }
+}
+
 /// The worker chosen for a request.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Selection {

@@ -128,7 +128,7 @@ const VLLM_OFFLOADED: &str = "93cb3ff8000000000000988aa474797065ab426c6f636b5374
 #[test]
 fn vllm_offloaded_tiers_are_tracked_and_loadable() {
     use kvroute_core::{
-        Loadable, QueueState, RouteOutcome, RouteRequest, Router, RouterConfig, WorkerCapacity,
+        Loadable, RouteOutcome, RouteRequest, Router, RouterConfig, WorkerCapacity,
     };
     let (_, events, _) = decode(VLLM_OFFLOADED);
     let tiers: Vec<Tier> = events.iter().map(Event::tier).collect();
@@ -154,12 +154,7 @@ fn vllm_offloaded_tiers_are_tracked_and_loadable() {
     // Block 1 on the device, 2 and 3 in host memory, 4 on disk only.
     let tokens: Vec<u32> = (1..=17).collect();
     let prompt = BlockedPrompt::new(&tokens, BlockSize::new(4).unwrap(), Namespace::default());
-    let req = RouteRequest {
-        prompt: &prompt,
-        session: None,
-        queue: QueueState::default(),
-        exclude: None,
-    };
+    let req = RouteRequest::new(&prompt);
     let RouteOutcome::Dispatch(sel) = r.route(&req) else {
         panic!("dispatch expected")
     };

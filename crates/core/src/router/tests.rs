@@ -55,12 +55,7 @@ fn store(r: &mut Router, w: u64, t: &[u32]) {
 }
 
 fn req(p: &BlockedPrompt) -> RouteRequest<'_> {
-    RouteRequest {
-        prompt: p,
-        session: None,
-        queue: QueueState::default(),
-        exclude: None,
-    }
+    RouteRequest::new(p)
 }
 
 /// Sends `p` to `worker` as request `id` at `at_ms` and finishes it 10 ms later (a dispatch the

@@ -1,7 +1,7 @@
 //! Offloaded tiers: full and bare stores, the loadable run, and how the router credits it.
 
 use super::*;
-use crate::admission::{AdmissionConfig, QueueState};
+use crate::admission::AdmissionConfig;
 use crate::hashing::{BlockedPrompt, Namespace};
 use crate::index::StoredBlocks;
 use crate::ledger::WorkerCapacity;
@@ -78,12 +78,7 @@ fn prompt(t: &[u32]) -> BlockedPrompt {
 }
 
 fn req(p: &BlockedPrompt) -> RouteRequest<'_> {
-    RouteRequest {
-        prompt: p,
-        session: None,
-        queue: QueueState::default(),
-        exclude: None,
-    }
+    RouteRequest::new(p)
 }
 
 fn loadable(r: &Router, w: u64, t: &[u32]) -> Loadable {
