@@ -208,11 +208,7 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
             let listener = crate::ui::bind(&cmd.dashboard.ui_host, cmd.ui_port).await?;
             let ui = format!("http://{}/", listener.local_addr()?);
             let app = crate::ui::router(service);
-            tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, app).await {
-                    tracing::error!(error = %e, "the dashboard stopped");
-                }
-            });
+            tokio::spawn(crate::ui::serve_app(listener, app, std::future::pending()));
             let note = if crate::ui::built() { "" } else { "(UI not built: see the page) " };
             println!("  dashboard {ui} {note}(press Start to run the multi-turn chat load)");
         }

@@ -219,19 +219,15 @@ fn serve(args: &LoadgenArgs, port: u16) -> Result<()> {
         println!("  POST /api/start, /api/stop, /api/concurrency {{\"concurrency\": N}}; GET /api/ws, /api/conversations, /metrics");
         println!("Ctrl-C stops.");
         let app = crate::ui::router(service.clone());
-        tokio::select! {
-            r = axum_serve(listener, app) => r?,
-            r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
-        }
+        let ctrl_c = async {
+            if let Err(e) = tokio::signal::ctrl_c().await {
+                tracing::error!(error = %e, "waiting for Ctrl-C failed: stopping");
+            }
+        };
+        crate::ui::serve_app(listener, app, ctrl_c).await;
         let _ = service.stop();
         let stats = service.publish();
         println!("{}", serde_json::to_string(&stats.totals)?);
         Ok(())
     })
-}
-
-async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router) -> Result<()> {
-    axum::serve(listener, app)
-        .await
-        .context("serving the control API")
 }

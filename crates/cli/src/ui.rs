@@ -146,3 +146,14 @@ pub async fn bind(host: &str, port: u16) -> anyhow::Result<tokio::net::TcpListen
         .await
         .with_context(|| format!("listening on {addr} for the dashboard (taken? try --ui-port)"))
 }
+
+/// Serves the dashboard (`app` from [`router`]) until `shutdown`, under the same connection
+/// limits as the gateway's defaults (header deadline, connection cap, WebSocket upgrades).
+pub async fn serve_app(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) {
+    use kvroute_protocol::openai::http;
+    http::serve(listener, app, http::ServeLimits::default(), shutdown).await;
+}

@@ -388,6 +388,21 @@ impl GatewayConfig {
             "upstream.idle_timeout_secs",
             self.upstream.idle_timeout_secs,
         )?;
+        secs(
+            "limits.header_read_timeout_secs",
+            self.limits.header_read_timeout_secs,
+        )?;
+        secs(
+            "limits.body_read_timeout_secs",
+            self.limits.body_read_timeout_secs,
+        )?;
+        let max_connections = kvroute_protocol::openai::http::MAX_CONNECTIONS;
+        if !(1..=max_connections).contains(&self.limits.max_connections) {
+            return Err(ConfigError(format!(
+                "limits.max_connections must be within 1..={max_connections}, got {}",
+                self.limits.max_connections
+            )));
+        }
         secs("health.interval_secs", self.health.interval_secs)?;
         secs("health.timeout_secs", self.health.timeout_secs)?;
         secs(
@@ -505,5 +520,24 @@ mod tests {
         let mut dup = c.clone();
         dup.workers.push(c.workers[0].clone());
         assert!(dup.validate().is_err());
+    }
+
+    #[test]
+    fn client_limits_out_of_range_are_refused() {
+        let mut c = GatewayConfig::default();
+        c.workers.push(WorkerSpec::parse("http://h:1").unwrap());
+        c.validate().unwrap();
+        let cases: [fn(&mut Limits); 5] = [
+            |l| l.header_read_timeout_secs = f64::NAN,
+            |l| l.header_read_timeout_secs = 0.0,
+            |l| l.body_read_timeout_secs = 1e30,
+            |l| l.max_connections = 0,
+            |l| l.max_connections = usize::MAX,
+        ];
+        for bad in cases {
+            let mut b = c.clone();
+            bad(&mut b.limits);
+            assert!(b.validate().is_err(), "{:?}", b.limits);
+        }
     }
 }

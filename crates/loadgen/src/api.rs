@@ -6,7 +6,7 @@
 //! | `POST /api/start` | starts the load (409 when running or still stopping) |
 //! | `POST /api/stop` | stops it, cutting turns in flight (409 when not running) |
 //! | `POST /api/concurrency` | `{"concurrency": n}`: applied after the debounce time (202) |
-//! | `GET /api/ws` | WebSocket: a [`LiveStats`] JSON text at once, then at every update |
+//! | `GET /api/ws` | WebSocket: a [`LiveStats`] JSON text at once, then at every update (at most [`MAX_WEBSOCKETS`] at once: `503` past it) |
 //! | `GET /api/conversations?limit=N` | the newest conversations (default 100, at most 1000) |
 //! | `GET /api/conversations/{id}` | one conversation with its transcript (404 if unknown) |
 //! | `GET /api/config` | the dashboard's settings: SLO objectives, slider range, baseline |
@@ -24,9 +24,18 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
 
 /// The most conversations one list answer holds.
 const MAX_LIST: usize = 1000;
+
+/// The most WebSocket clients served at once (an upgraded connection no longer counts
+/// against the server's connection cap).
+pub const MAX_WEBSOCKETS: usize = 256;
+
+/// How long one update may take to reach a client before its socket is closed.
+const WS_SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl IntoResponse for ServiceError {
     fn into_response(self) -> Response {
@@ -34,6 +43,7 @@ impl IntoResponse for ServiceError {
             ServiceError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ServiceError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             ServiceError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ServiceError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
             ServiceError::Load(_) => (StatusCode::INTERNAL_SERVER_ERROR, "load_failed"),
         };
         let body = serde_json::json!({"error": {"message": self.to_string(), "code": code}});
@@ -43,12 +53,16 @@ impl IntoResponse for ServiceError {
 
 /// The routes above, on `service`.
 pub fn router(service: Service) -> Router {
+    let sockets = Arc::new(Semaphore::new(MAX_WEBSOCKETS));
     Router::new()
         .route("/api/status", get(status))
         .route("/api/start", post(start))
         .route("/api/stop", post(stop))
         .route("/api/concurrency", post(concurrency))
-        .route("/api/ws", get(ws))
+        .route(
+            "/api/ws",
+            get(move |state, upgrade| ws(state, upgrade, sockets.clone())),
+        )
         .route("/api/conversations", get(conversations))
         .route("/api/conversations/{id}", get(conversation))
         .route("/api/config", get(config))
@@ -142,10 +156,23 @@ async fn metrics(State(s): State<Service>) -> Response {
         .into_response()
 }
 
-async fn ws(State(s): State<Service>, upgrade: WebSocketUpgrade) -> Response {
+async fn ws(
+    State(s): State<Service>,
+    upgrade: WebSocketUpgrade,
+    sockets: Arc<Semaphore>,
+) -> Response {
+    let Ok(permit) = sockets.try_acquire_owned() else {
+        return ServiceError::Busy(format!(
+            "{MAX_WEBSOCKETS} WebSocket clients are connected already: retry later"
+        ))
+        .into_response();
+    };
     upgrade
         .max_message_size(64 << 10)
-        .on_upgrade(move |socket| stream(s, socket))
+        .on_upgrade(move |socket| async move {
+            stream(s, socket).await;
+            drop(permit);
+        })
 }
 
 /// Sends the statistics at once, then at every update, until the client goes; only the
@@ -160,8 +187,10 @@ async fn stream(s: Service, mut socket: WebSocket) {
                 Err(_) => return,
             }
         };
-        if socket.send(Message::Text(text.into())).await.is_err() {
-            return;
+        // A client that stops reading is dropped rather than held forever.
+        match tokio::time::timeout(WS_SEND_TIMEOUT, socket.send(Message::Text(text.into()))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => return,
         }
         tokio::select! {
             changed = updates.changed() => {

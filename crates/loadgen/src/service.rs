@@ -56,6 +56,9 @@ pub enum ServiceError {
     /// No such thing.
     #[error("{0}")]
     NotFound(String),
+    /// Too many clients at once: retry later.
+    #[error("{0}")]
+    Busy(String),
     /// The load could not start.
     #[error(transparent)]
     Load(#[from] LoadgenError),

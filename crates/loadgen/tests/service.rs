@@ -10,8 +10,20 @@ use serde_json::{json, Value};
 use std::time::Duration;
 use support::{fleet, small_chat};
 
+/// The control API served as `kvroute demo` and `kvroute loadgen` serve it (under the
+/// protocol crate's connection limits, WebSocket upgrades included).
 async fn serve(service: Service) -> String {
-    kvroute_testkit::serve(kvroute_loadgen::api::router(service)).await
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let app = kvroute_loadgen::api::router(service);
+    let limits = kvroute_protocol::openai::http::ServeLimits::default();
+    tokio::spawn(kvroute_protocol::openai::http::serve(
+        listener,
+        app,
+        limits,
+        std::future::pending(),
+    ));
+    url
 }
 
 async fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
@@ -287,4 +299,39 @@ async fn a_target_without_a_fleet_view_says_so() {
         ..ServiceConfig::default()
     };
     assert!(Service::new(bad).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_clients_past_the_cap_are_refused_and_slots_come_back() {
+    let service = Service::new(ServiceConfig {
+        load: LoadgenConfig {
+            target: "http://127.0.0.1:9".into(),
+            ..LoadgenConfig::default()
+        },
+        ..ServiceConfig::default()
+    })
+    .unwrap();
+    let api = serve(service).await;
+    let ws_url = format!("{}/api/ws", api.replace("http://", "ws://"));
+    let mut held = Vec::new();
+    for _ in 0..kvroute_loadgen::api::MAX_WEBSOCKETS {
+        let (ws, _) = tokio_tungstenite::connect_async(&ws_url).await.unwrap();
+        held.push(ws);
+    }
+    match tokio_tungstenite::connect_async(&ws_url).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 503),
+        other => panic!("expected 503, got {other:?}"),
+    }
+    // The HTTP API still answers beside them.
+    let (s, _) = call("GET", &format!("{api}/api/status"), None).await;
+    assert_eq!(s, 200);
+    // A client that leaves frees its slot.
+    let mut gone = held.pop().unwrap();
+    gone.close(None).await.unwrap();
+    drop(gone);
+    let back = eventually(Duration::from_secs(10), async || {
+        tokio_tungstenite::connect_async(&ws_url).await.is_ok()
+    })
+    .await;
+    assert!(back, "no slot after a client left");
 }

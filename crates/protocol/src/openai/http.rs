@@ -10,7 +10,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::BodyExt;
-pub use serve::{serve, ServeLimits, BODY_READ_TIMEOUT, OVERFLOW_CONNECTIONS};
+pub use serve::{serve, ServeLimits, BODY_READ_TIMEOUT, MAX_CONNECTIONS, OVERFLOW_CONNECTIONS};
 
 /// An OpenAI error answer: its status, the JSON body, `Retry-After` when the error has a
 /// retry delay.

@@ -13,14 +13,13 @@ use axum::http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 /// Connections served past `max_connections` with a `503` and closed (then: closed at once).
 pub const OVERFLOW_CONNECTIONS: usize = 64;
@@ -59,9 +58,11 @@ pub async fn serve(
     limits: ServeLimits,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let served = Arc::new(Semaphore::new(limits.max_connections));
+    // Permits are what the shutdown waits for: every connection holds one until it ends.
+    let max = limits.max_connections.clamp(1, MAX_CONNECTIONS);
+    let served = Arc::new(Semaphore::new(max));
     let overflow = Arc::new(Semaphore::new(OVERFLOW_CONNECTIONS));
-    let graceful = GracefulShutdown::new();
+    let (stop, stopping) = watch::channel(false);
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -89,27 +90,27 @@ pub async fn serve(
         let io = TokioIo::new(stream);
         if let Ok(permit) = served.clone().try_acquire_owned() {
             let service = TowerToHyperService::new(app.clone());
-            let conn = graceful.watch(builder.serve_connection(io, service));
-            tokio::spawn(async move {
-                let _ = conn.await;
-                drop(permit);
-            });
+            let conn = builder.serve_connection(io, service).with_upgrades();
+            tokio::spawn(drive(conn, permit, stopping.clone()));
         } else if let Ok(permit) = overflow.clone().try_acquire_owned() {
             tracing::warn!(
-                max_connections = limits.max_connections,
+                max_connections = max,
                 "connection limit reached: answering 503"
             );
             let service = hyper::service::service_fn(over_the_limit);
-            let conn = graceful.watch(closing.serve_connection(io, service));
-            tokio::spawn(async move {
-                let _ = conn.await;
-                drop(permit);
-            });
+            let conn = closing.serve_connection(io, service).with_upgrades();
+            tokio::spawn(drive(conn, permit, stopping.clone()));
         }
         // Otherwise dropped unread: the client sees the connection closed.
     }
     drop(listener);
-    if tokio::time::timeout(limits.shutdown_timeout, graceful.shutdown())
+    let _ = stop.send(true);
+    let all_closed = async {
+        // Every permit back means every connection ended (upgraded ones included).
+        let _ = served.acquire_many(permits(max)).await;
+        let _ = overflow.acquire_many(permits(OVERFLOW_CONNECTIONS)).await;
+    };
+    if tokio::time::timeout(limits.shutdown_timeout, all_closed)
         .await
         .is_err()
     {
@@ -118,6 +119,38 @@ pub async fn serve(
             "connections still open at the end of the shutdown wait: dropped"
         );
     }
+}
+
+/// The largest connection cap [`serve`] takes (more is served as this many).
+pub const MAX_CONNECTIONS: usize = 1 << 20;
+
+fn permits(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Serves one connection (and what it is upgraded to, a WebSocket) to its end, asking it to
+/// finish its request in progress and close once the server stops; the permit is held until
+/// then.
+async fn drive<S, B>(
+    conn: http1::UpgradeableConnection<TokioIo<TcpStream>, S>,
+    permit: OwnedSemaphorePermit,
+    mut stopping: watch::Receiver<bool>,
+) where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        // Sent once, at shutdown (or the server dropped: the same).
+        _ = stopping.changed() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+    drop(permit);
 }
 
 /// The answer on a connection past the limit: `/live` is alive, everything else is refused.
