@@ -3,8 +3,10 @@
 //! publisher went away, and applies the batches to the router's index.
 //!
 //! - Sequence numbers are consecutive per engine incarnation. A gap means batches were lost:
-//!   the task asks the engine's replay service for them. A number going back means the
-//!   engine restarted: the worker's entries are dropped before the new batch applies.
+//!   the task asks the engine's replay service for them. A number going back is a batch
+//!   delivered twice or late (dropped, counted) or, when its number 0 or its content says so
+//!   ([`sync::judge_back`]) and the replay service agrees, a restarted engine: the worker's
+//!   entries are dropped before the new batch applies.
 //! - At start, and whenever the publisher comes back after a disconnect (or the worker's
 //!   health check passes again after failing), the task asks the replay service for the
 //!   batch it applied last ([`sync::verdict`]): the same batch means the same engine, whose
@@ -28,7 +30,7 @@ use kvroute_core::{IndexError, WorkerId};
 use kvroute_protocol::kv_events::{Event, EventBatch};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use sync::{classify, complete_from_start, verdict, Mark, Step, Verdict};
+use sync::{classify, complete_from_start, judge_back, verdict, Back, Mark, Recent, Step, Verdict};
 use tokio::sync::mpsc;
 
 /// Fetches batches from a sequence number on, from an engine's replay service.
@@ -121,6 +123,8 @@ struct Tracker {
     next: Option<u64>,
     /// The batch applied last.
     last: Option<Mark>,
+    /// The batches applied last (to tell a repeated or late batch from a restart).
+    recent: Recent,
     /// Live batches below this were applied from a replay already: skip them.
     skip_below: Option<u64>,
     /// The publisher went away and has not come back yet.
@@ -138,7 +142,7 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
     let mut t = Tracker::default();
     let replay = feed.replay.take();
     let replay = replay.as_deref();
-    resync(&gw, entry, replay, &mut t, "start").await;
+    let _ = resync(&gw, entry, replay, &mut t, "start").await;
     loop {
         let item = tokio::select! {
             item = feed.items.recv() => match item {
@@ -155,7 +159,7 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
                 // The worker answers again after failing: whether its engine restarted is
                 // for the replay service to say (even while the publisher is still away),
                 // before requests go there again.
-                resync(&gw, entry, replay, &mut t, "health check passed again").await;
+                let _ = resync(&gw, entry, replay, &mut t, "health check passed again").await;
                 gw.verified(entry.id);
                 continue;
             }
@@ -169,7 +173,7 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
                 t.away = false;
                 // What the engine published before this subscription held (at start, or
                 // while it was away) is in its replay buffer.
-                resync(&gw, entry, replay, &mut t, "publisher connected").await;
+                let _ = resync(&gw, entry, replay, &mut t, "publisher connected").await;
             }
             FeedItem::Disconnected => {
                 t.away = true;
@@ -203,6 +207,21 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
     tracing::info!(worker = %entry.name, "KV event feed ended");
 }
 
+impl Tracker {
+    /// Notes `b` as applied.
+    fn applied(&mut self, b: &EventBatch) {
+        let mark = Mark::of(b);
+        self.last = Some(mark);
+        self.recent.push(mark);
+    }
+
+    /// Forgets what was applied (the index was dropped).
+    fn forget(&mut self) {
+        self.last = None;
+        self.recent.clear();
+    }
+}
+
 fn state_of(t: &Tracker) -> CacheState {
     if t.away || t.lost {
         CacheState::Unknown
@@ -226,22 +245,23 @@ async fn on_batch(
         t.skip_below = None;
     }
     // A first batch past 0 means history was published before this feed: fetch it.
-    let step = match t.next {
+    let mut step = match t.next {
         None if b.seq > 0 => Step::Gap { from: 0 },
         next => classify(next, b.seq),
     };
-    match step {
-        Step::Apply => {}
-        Step::Restart => {
-            entry.events.restarts.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(worker = %entry.name, seq = b.seq, expected = ?t.next, "event sequence went back: engine restarted, dropping its index entries");
-            clear(gw, entry);
-            t.lost = false;
+    if step == Step::Back {
+        if !went_back(gw, entry, replay, t, b).await {
+            return;
         }
+        step = classify(t.next, b.seq);
+    }
+    match step {
+        // Handled above.
+        Step::Apply | Step::Back => {}
         Step::Gap { from } => {
             entry.events.gaps.fetch_add(1, Ordering::Relaxed);
             let filled = match replay {
-                Some(r) => fill_gap(gw, entry, r, from, b.seq).await,
+                Some(r) => fill_gap(gw, entry, r, t, from, b.seq).await,
                 None => false,
             };
             if filled {
@@ -255,12 +275,69 @@ async fn on_batch(
     }
     apply(gw, entry, b);
     t.next = Some(b.seq.wrapping_add(1));
-    t.last = Some(Mark::of(b));
+    t.applied(b);
     entry
         .events
         .next_seq
         .store(b.seq.wrapping_add(1), Ordering::Relaxed);
     entry.set_cache_state(state_of(t));
+}
+
+/// A live batch numbered below the one expected: a repeat or a late delivery is dropped
+/// (counted), a new engine incarnation drops the index (after the replay service, when
+/// there is one, confirms it and rebuilds). True when `b` is still to be applied (then
+/// `t.next` is what to expect now).
+async fn went_back(
+    gw: &Arc<Gateway>,
+    entry: &WorkerEntry,
+    replay: Option<&dyn Replay>,
+    t: &mut Tracker,
+    b: &EventBatch,
+) -> bool {
+    let next = t.next.unwrap_or(0);
+    match judge_back(&t.recent, Mark::of(b), next) {
+        Back::Duplicate => {
+            tracing::debug!(worker = %entry.name, seq = b.seq, "KV event batch delivered again: dropped");
+            count(gw, &entry.name, "batch", "duplicate");
+            return false;
+        }
+        Back::Stale => {
+            tracing::warn!(worker = %entry.name, seq = b.seq, expected = next, "KV event batch arrived after later ones: dropped");
+            count(gw, &entry.name, "batch", "stale");
+            return false;
+        }
+        Back::Restart => {}
+    }
+    // The replay service knows whether the engine is the one applied: same (the batch is a
+    // stray; continue) or restarted (rebuild from its replay, which holds `b` too when it is
+    // the new incarnation's).
+    match resync(gw, entry, replay, t, "event sequence went back").await {
+        Synced::Same => {
+            count(gw, &entry.name, "batch", "stale");
+            return t.next.is_some_and(|n| b.seq >= n);
+        }
+        Synced::Rebuilt => return t.next.is_some_and(|n| b.seq >= n),
+        // The numbers decide.
+        Synced::NoAnswer => {}
+    }
+    entry.events.restarts.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(worker = %entry.name, seq = b.seq, expected = next, "event sequence went back: engine restarted, dropping its index entries");
+    clear(gw, entry);
+    t.forget();
+    t.lost = false;
+    t.next = None;
+    true
+}
+
+/// What a re-synchronisation found.
+#[derive(Debug, PartialEq, Eq)]
+enum Synced {
+    /// The engine applied last, caught up.
+    Same,
+    /// The index rebuilt from the replay (a restarted engine, or nothing applied before).
+    Rebuilt,
+    /// No replay service, or it did not answer: nothing changed.
+    NoAnswer,
 }
 
 /// Re-synchronises with the replay service: continues the same engine's stream, or
@@ -272,16 +349,16 @@ async fn resync(
     replay: Option<&dyn Replay>,
     t: &mut Tracker,
     why: &str,
-) {
+) -> Synced {
     let Some(replay) = replay else {
         entry.set_cache_state(state_of(t));
-        return;
+        return Synced::NoAnswer;
     };
     entry.set_cache_state(CacheState::CatchingUp);
     if let Some(last) = t.last {
         let Some(answer) = fetch(gw, &entry.name, replay, last.seq).await else {
             entry.set_cache_state(CacheState::Unknown);
-            return;
+            return Synced::NoAnswer;
         };
         if let Verdict::Same { from } = verdict(last, &answer) {
             let mut expect = last.seq.wrapping_add(1);
@@ -291,17 +368,17 @@ async fn resync(
                     break;
                 }
                 apply(gw, entry, b);
-                t.last = Some(Mark::of(b));
+                t.applied(b);
                 expect = expect.wrapping_add(1);
             }
             finish_sync(entry, t, expect);
             tracing::info!(worker = %entry.name, reason = why, next = expect, "KV events: same engine, caught up");
-            return;
+            return Synced::Same;
         }
     }
     let Some(answer) = fetch(gw, &entry.name, replay, 0).await else {
         entry.set_cache_state(CacheState::Unknown);
-        return;
+        return Synced::NoAnswer;
     };
     if t.last.is_some() {
         entry.events.restarts.fetch_add(1, Ordering::Relaxed);
@@ -310,10 +387,10 @@ async fn resync(
     }
     let (run, complete) = complete_from_start(&answer);
     t.lost = !complete || run < answer.len();
-    t.last = None;
+    t.forget();
     for b in &answer[..run] {
         apply(gw, entry, b);
-        t.last = Some(Mark::of(b));
+        t.applied(b);
     }
     let next = answer[..run].last().map_or(0, |b| b.seq.wrapping_add(1));
     finish_sync(entry, t, next);
@@ -323,6 +400,7 @@ async fn resync(
         entry.events.degraded.store(false, Ordering::Relaxed);
     }
     tracing::info!(worker = %entry.name, reason = why, batches = run, next, complete = !t.lost, "KV events: index built from the replay service");
+    Synced::Rebuilt
 }
 
 /// Rebuilds the worker's index from everything the replay service holds, when that is the
@@ -351,10 +429,10 @@ async fn repair(
     }
     clear(gw, entry);
     t.lost = false;
-    t.last = None;
+    t.forget();
     for b in &answer {
         apply(gw, entry, b);
-        t.last = Some(Mark::of(b));
+        t.applied(b);
     }
     let next = answer.last().map_or(0, |b| b.seq.wrapping_add(1));
     finish_sync(entry, t, next);
@@ -401,6 +479,7 @@ async fn fill_gap(
     gw: &Arc<Gateway>,
     entry: &WorkerEntry,
     replay: &dyn Replay,
+    t: &mut Tracker,
     from: u64,
     upto: u64,
 ) -> bool {
@@ -413,6 +492,7 @@ async fn fill_gap(
             break;
         }
         apply(gw, entry, b);
+        t.applied(b);
         expect += 1;
     }
     expect == upto

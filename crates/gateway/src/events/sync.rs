@@ -8,7 +8,12 @@
 //! restarted (its cache is gone) and the index is rebuilt from the replay.
 
 use kvroute_protocol::kv_events::{Event, EventBatch};
+use std::collections::VecDeque;
 use std::hash::{DefaultHasher, Hash, Hasher};
+
+/// How many of the batches applied last are remembered to tell a batch delivered twice or
+/// late from a new incarnation's.
+pub const RECENT_MARKS: usize = 1024;
 
 /// A batch's sequence number and a digest of its content: tells one incarnation's batch
 /// from another's with the same number.
@@ -57,8 +62,9 @@ pub enum Step {
         /// The first missing sequence number.
         from: u64,
     },
-    /// The number went back: a new engine incarnation. Clear, then apply.
-    Restart,
+    /// The number went back: a batch delivered twice or late, or a new engine incarnation
+    /// ([`judge_back`] says which).
+    Back,
 }
 
 /// Classifies a live batch.
@@ -67,8 +73,56 @@ pub fn classify(next: Option<u64>, seq: u64) -> Step {
         None => Step::Apply,
         Some(n) if seq == n => Step::Apply,
         Some(n) if seq > n => Step::Gap { from: n },
-        // A PUB stream never repeats a batch: going back is a new engine incarnation.
-        Some(_) => Step::Restart,
+        Some(_) => Step::Back,
+    }
+}
+
+/// The marks of the batches applied last, at most [`RECENT_MARKS`].
+#[derive(Debug, Default)]
+pub struct Recent {
+    marks: VecDeque<Mark>,
+}
+
+impl Recent {
+    /// Remembers an applied batch (forgetting the oldest past the bound).
+    pub fn push(&mut self, mark: Mark) {
+        if self.marks.len() == RECENT_MARKS {
+            self.marks.pop_front();
+        }
+        self.marks.push_back(mark);
+    }
+
+    /// Forgets everything (the index was dropped).
+    pub fn clear(&mut self) {
+        self.marks.clear();
+    }
+
+    fn find(&self, seq: u64) -> Option<Mark> {
+        self.marks.iter().rev().find(|m| m.seq == seq).copied()
+    }
+}
+
+/// What a batch whose number went back (below `next`) is.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Back {
+    /// A batch applied already, delivered again: drop it.
+    Duplicate,
+    /// A recent number never applied (lost in a gap and delivered late, or replayed past):
+    /// drop it; the engine is the same.
+    Stale,
+    /// Another engine incarnation: its number 0, other content under a number applied, or a
+    /// number too far back to be a late delivery.
+    Restart,
+}
+
+/// Judges a batch with `mark` that arrived when `next` was expected (`mark.seq < next`).
+pub fn judge_back(recent: &Recent, mark: Mark, next: u64) -> Back {
+    match recent.find(mark.seq) {
+        Some(m) if m == mark => Back::Duplicate,
+        Some(_) => Back::Restart,
+        None if mark.seq == 0 => Back::Restart,
+        None if next.saturating_sub(mark.seq) <= RECENT_MARKS as u64 => Back::Stale,
+        None => Back::Restart,
     }
 }
 
@@ -127,9 +181,36 @@ mod tests {
         assert_eq!(classify(None, 17), Step::Apply);
         assert_eq!(classify(Some(5), 5), Step::Apply);
         assert_eq!(classify(Some(5), 9), Step::Gap { from: 5 });
-        assert_eq!(classify(Some(5), 4), Step::Restart);
-        assert_eq!(classify(Some(100), 0), Step::Restart);
-        assert_eq!(classify(Some(5), 0), Step::Restart);
+        assert_eq!(classify(Some(5), 4), Step::Back);
+        assert_eq!(classify(Some(5), 0), Step::Back);
+    }
+
+    #[test]
+    fn a_batch_going_back_is_a_duplicate_a_late_one_or_a_restart() {
+        let mut recent = Recent::default();
+        // Applied: 0..=9 except 6 (lost in a gap).
+        for seq in (0..10).filter(|&s| s != 6) {
+            recent.push(Mark::of(&batch(seq, seq as f64)));
+        }
+        let next = 10;
+        let judge = |seq, ts| judge_back(&recent, Mark::of(&batch(seq, ts)), next);
+        assert_eq!(judge(8, 8.0), Back::Duplicate);
+        assert_eq!(judge(0, 0.0), Back::Duplicate);
+        assert_eq!(judge(6, 6.0), Back::Stale);
+        // Other content under a number applied, or a new stream's first batch.
+        assert_eq!(judge(8, 80.0), Back::Restart);
+        assert_eq!(judge(0, 50.0), Back::Restart);
+        // Far behind everything remembered.
+        let far = judge_back(&recent, Mark::of(&batch(6, 6.0)), 5_000);
+        assert_eq!(far, Back::Restart);
+        // The memory is bounded: the oldest marks go first.
+        for seq in 10..10 + RECENT_MARKS as u64 {
+            recent.push(Mark::of(&batch(seq, seq as f64)));
+        }
+        assert_eq!(recent.marks.len(), RECENT_MARKS);
+        assert!(recent.find(9).is_none() && recent.find(10).is_some());
+        recent.clear();
+        assert!(recent.find(10).is_none());
     }
 
     #[test]

@@ -203,3 +203,87 @@ async fn events_published_before_the_gateway_joined_come_from_the_replay_service
     gw.shutdown().await;
     a.shutdown().await;
 }
+
+/// A one-block batch numbered `seq` whose block is token run `first`, decoded as a feed
+/// delivers it.
+fn one_block(seq: u64, first: u32) -> Arc<EventBatch> {
+    let frames = stored_map(seq, first, 1, None);
+    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    Arc::new(kvroute_protocol::kv_events::decode_message(&refs).unwrap())
+}
+
+/// `kvroute_kv_events_total` of worker `a` for `type`/`result`.
+async fn dropped(url: &str, kind: &str) -> f64 {
+    let name = format!("kvroute_kv_events_total{{result=\"{kind}\",type=\"batch\",worker=\"a\"}}");
+    kvroute_testkit::sample(&crate::scrape(url).await, &name).unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_and_late_batches_are_dropped_without_wiping_the_index() {
+    let a = worker("a").await;
+    // Without a replay service: the numbers and the batches' content decide.
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let feed = EventFeed::from_batches(rx, None);
+    let gw = gateway_with_feeds(config(&[&a], "kv"), BTreeMap::from([(0, feed)])).await;
+    let url = gw.url();
+    let batches: Vec<_> = (0..6).map(|s| one_block(s, 100 * (s as u32 + 1))).collect();
+    for b in &batches[..3] {
+        tx.send(b.clone()).await.unwrap();
+    }
+    assert!(eventually(10, async || index_blocks(&url, 0).await == 3).await);
+    // Batch 1 again (a duplicated delivery).
+    tx.send(batches[1].clone()).await.unwrap();
+    assert!(eventually(10, async || dropped(&url, "duplicate").await == 1.0).await);
+    // 4 overtakes 3 (3 counted lost, nothing to replay it from), then 3 comes late.
+    tx.send(batches[4].clone()).await.unwrap();
+    tx.send(batches[3].clone()).await.unwrap();
+    assert!(eventually(10, async || dropped(&url, "stale").await == 1.0).await);
+    assert_eq!(index_blocks(&url, 0).await, 4);
+    tx.send(batches[5].clone()).await.unwrap();
+    assert!(eventually(10, async || index_blocks(&url, 0).await == 5).await);
+    let w = &debug_workers(&url).await["workers"][0]["worker"];
+    assert_eq!(w["restarts"], 0, "{w}");
+    // A real restart still clears: a batch 0 of other content.
+    tx.send(one_block(0, 9000)).await.unwrap();
+    assert!(eventually(10, async || index_blocks(&url, 0).await == 1).await);
+    let w = &debug_workers(&url).await["workers"][0]["worker"];
+    assert_eq!(w["restarts"], 1, "{w}");
+    gw.shutdown().await;
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reordered_batch_is_replayed_once_and_a_stray_number_is_checked_with_the_replay() {
+    let a = worker("a").await;
+    let batches: Vec<_> = (0..4).map(|s| one_block(s, 100 * (s as u32 + 1))).collect();
+    let published = Arc::new(std::sync::Mutex::new(batches.clone()));
+    let held = published.clone();
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let feed = EventFeed::from_batches(
+        rx,
+        Some(Box::new(BufferReplay(Arc::new(move |from| {
+            let held = held.lock().unwrap();
+            held.iter().filter(|b| b.seq >= from).cloned().collect()
+        })))),
+    );
+    let gw = gateway_with_feeds(config(&[&a], "kv"), BTreeMap::from([(0, feed)])).await;
+    let url = gw.url();
+    // At start the replay brings 0..=3 in.
+    assert!(eventually(10, async || index_blocks(&url, 0).await == 4).await);
+    // 5 overtakes 4: the gap is filled from the replay, and 4 arriving late is a repeat.
+    let more = [one_block(4, 500), one_block(5, 600)];
+    published.lock().unwrap().extend(more.iter().cloned());
+    tx.send(more[1].clone()).await.unwrap();
+    assert!(eventually(10, async || index_blocks(&url, 0).await == 6).await);
+    tx.send(more[0].clone()).await.unwrap();
+    assert!(eventually(10, async || dropped(&url, "duplicate").await == 1.0).await);
+    // A batch numbered 2 with other content: the replay says the engine is the same one,
+    // so it is a stray and the index stays.
+    tx.send(one_block(2, 7000)).await.unwrap();
+    assert!(eventually(10, async || dropped(&url, "stale").await == 1.0).await);
+    assert_eq!(index_blocks(&url, 0).await, 6);
+    let w = &debug_workers(&url).await["workers"][0]["worker"];
+    assert_eq!(w["restarts"], 0, "{w}");
+    gw.shutdown().await;
+    a.shutdown().await;
+}
