@@ -2,6 +2,8 @@
 //! it): a publisher that plays an engine, a subscriber, and a replay request. Blocking calls
 //! run on tokio's blocking pool, bounded by timeouts, so a test's runtime keeps serving.
 
+pub mod raw;
+
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 

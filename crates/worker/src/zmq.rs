@@ -26,6 +26,11 @@ pub const END_SEQ: [u8; 8] = [0xFF; 8];
 /// How often the replay thread looks for shutdown, in milliseconds.
 const POLL_MS: i64 = 100;
 
+/// The largest message a peer may send to either socket: subscriptions (a topic) and
+/// replay requests (a sequence number) are a few bytes; a peer announcing more is
+/// disconnected at the frame's header instead of being read.
+const MAX_INBOUND_MESSAGE_BYTES: i64 = 64 << 10;
+
 fn context() -> &'static zmq::Context {
     static CTX: OnceLock<zmq::Context> = OnceLock::new();
     CTX.get_or_init(zmq::Context::new)
@@ -72,6 +77,9 @@ pub(crate) async fn start(
     pub_socket
         .set_sndhwm(100_000)
         .map_err(zmq_err("PUB high-water mark".into()))?;
+    pub_socket
+        .set_maxmsgsize(MAX_INBOUND_MESSAGE_BYTES)
+        .map_err(zmq_err("PUB message size limit".into()))?;
     let publish = if cfg.connect {
         pub_socket
             .connect(&cfg.publish)
@@ -92,6 +100,9 @@ pub(crate) async fn start(
         router
             .set_linger(0)
             .map_err(zmq_err("ROUTER linger".into()))?;
+        router
+            .set_maxmsgsize(MAX_INBOUND_MESSAGE_BYTES)
+            .map_err(zmq_err("ROUTER message size limit".into()))?;
         router
             .bind(endpoint)
             .map_err(zmq_err(format!("binding ROUTER to {endpoint}")))?;

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use kvroute_protocol::kv_events::{decode_message, decode_payload, Event, EventBatch};
-use kvroute_testkit::zmq::{replay_raw, Subscriber};
+use kvroute_testkit::zmq::{raw, replay_raw, Subscriber};
 use kvroute_worker::{WorkerHandle, ZmqConfig, END_SEQ};
 use serde_json::json;
 use std::sync::Arc;
@@ -170,6 +170,95 @@ async fn zmq_publishes_like_vllm_and_answers_replay_requests() {
         assert!(
             replay(&replay_ep, 1 << 40).await.is_empty(),
             "only the end marker"
+        );
+        w.shutdown().await;
+    })
+    .await;
+}
+
+/// What a raw peer of `socket_type` gets from `endpoint` when it announces a frame of
+/// `size` bytes and sends `send` of them: the bytes taken before the worker closed the
+/// connection, and whether it closed it.
+async fn oversized(
+    endpoint: &str,
+    socket_type: &'static str,
+    size: u64,
+    send: usize,
+) -> (usize, bool) {
+    use kvroute_testkit::zmq::raw;
+    let endpoint = endpoint.to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut conn = raw::connect(&endpoint, socket_type);
+        let taken = raw::send_frame(&mut conn, size, send);
+        (taken, raw::read_for(&mut conn, Duration::from_secs(5)).1)
+    })
+    .await
+    .unwrap()
+}
+
+/// Sends `bytes` to `endpoint` as a raw `socket_type` peer: the bytes it answers within a
+/// second, and whether it closed the connection.
+async fn raw_exchange(endpoint: &str, socket_type: &'static str, bytes: Vec<u8>) -> (usize, bool) {
+    use std::io::Write;
+    let endpoint = endpoint.to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut conn = raw::connect(&endpoint, socket_type);
+        conn.write_all(&bytes).unwrap();
+        raw::read_for(&mut conn, Duration::from_secs(1))
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_zmq_sockets_refuse_oversized_frames_and_keep_serving() {
+    bounded(async {
+        let zmq = ZmqConfig {
+            publish: "tcp://127.0.0.1:0".into(),
+            connect: false,
+            replay: Some("tcp://127.0.0.1:0".into()),
+        };
+        let w = start(config(), Some(zmq)).await;
+        let (pub_ep, replay_ep) = w.zmq_endpoints().unwrap();
+        for (endpoint, peer) in [(&pub_ep, "SUB"), (&replay_ep, "DEALER")] {
+            // A frame of 2^62 bytes: the connection is dropped at its header.
+            let (_, closed) = oversized(endpoint, peer, 1 << 62, 0).await;
+            assert!(closed, "{peer} peer announcing 2^62 bytes still connected");
+            // 64 MiB, sent for real: refused long before its end, not buffered.
+            let (taken, closed) = oversized(endpoint, peer, 64 << 20, 64 << 20).await;
+            assert!(
+                closed && taken < 64 << 20,
+                "{peer} peer: {taken} bytes taken"
+            );
+        }
+        // Well-formed messages from raw peers are taken (so the peers above were refused
+        // for their frames' size, not for their handshakes): a subscription, a replay
+        // request answered.
+        let subscribe = raw_exchange(&pub_ep, "SUB", raw::message(&[b"\x01kv-events"])).await;
+        assert_eq!(subscribe, (0, false));
+        let request = raw::message(&[b"", &0u64.to_be_bytes()]);
+        let (answered, closed) = raw_exchange(&replay_ep, "DEALER", request).await;
+        assert!(
+            answered > 0 && !closed,
+            "replay answer {answered} bytes, closed {closed}"
+        );
+        // Both sockets still serve.
+        let client = reqwest::Client::new();
+        complete(&client, &w, &(0..32).collect::<Vec<u32>>(), 1).await;
+        assert!(!replay(&replay_ep, 0).await.is_empty());
+        let sub = Subscriber::connect(&pub_ep);
+        let mut got = None;
+        for k in 1..80u32 {
+            let prompt: Vec<u32> = (0..32).map(|i| 50_000 + k * 100 + i).collect();
+            complete(&client, &w, &prompt, 1).await;
+            got = sub.recv(Duration::from_millis(250)).await;
+            if got.is_some() {
+                break;
+            }
+        }
+        assert!(
+            got.is_some(),
+            "nothing published after the oversized frames"
         );
         w.shutdown().await;
     })

@@ -6,7 +6,7 @@
 use crate::events::stored_map;
 use crate::support::*;
 use kvroute_gateway::WorkerSpec;
-use kvroute_testkit::zmq::{free_low_port, Publisher, ReplayServer};
+use kvroute_testkit::zmq::{free_low_port, raw, Publisher, ReplayServer};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -149,32 +149,19 @@ fn raw_publisher(then: Then) -> (String, std::sync::Arc<std::sync::atomic::Atomi
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { return };
             count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            raw::handshake(&mut conn, "PUB");
             let mut reader = conn.try_clone().unwrap();
             std::thread::spawn(move || {
                 let mut sink = [0u8; 256];
                 while matches!(reader.read(&mut sink), Ok(n) if n > 0) {}
             });
-            let mut greeting = vec![0xFF, 0, 0, 0, 0, 0, 0, 0, 0, 0x7F, 3, 1];
-            greeting.extend_from_slice(b"NULL");
-            greeting.resize(64, 0);
-            let mut ready = vec![5u8];
-            ready.extend_from_slice(b"READY");
-            ready.push(11);
-            ready.extend_from_slice(b"Socket-Type");
-            ready.extend_from_slice(&3u32.to_be_bytes());
-            ready.extend_from_slice(b"PUB");
-            let mut out = greeting;
-            out.extend_from_slice(&[0x04, ready.len() as u8]);
-            out.extend_from_slice(&ready);
-            if let Then::HugeFrame = then {
-                // A message frame (long size, no more frames) of 2^62 bytes.
-                out.push(0x02);
-                out.extend_from_slice(&(1u64 << 62).to_be_bytes());
-                out.extend_from_slice(&[0u8; 64]);
-            }
-            let _ = conn.write_all(&out);
             match then {
-                Then::HugeFrame => std::thread::sleep(Duration::from_millis(200)),
+                Then::HugeFrame => {
+                    let mut out = raw::frame_header(1 << 62);
+                    out.extend_from_slice(&[0u8; 64]);
+                    let _ = conn.write_all(&out);
+                    std::thread::sleep(Duration::from_millis(200));
+                }
                 // Held open (and silent) for the rest of the test.
                 Then::Silent => std::mem::forget(conn),
             }
@@ -293,6 +280,93 @@ async fn a_publisher_gone_silent_is_found_by_heartbeats_and_connected_again() {
             >= Some(1))
         .await
     );
+    gw.shutdown().await;
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateways_bound_sub_socket_refuses_oversized_frames() {
+    let a = worker("a").await;
+    let port = free_low_port();
+    let events = format!("tcp://127.0.0.1:{port}");
+    let mut cfg = config(&[&a], "kv");
+    cfg.workers[0] = events_from(&a, format!("bind:{events}"));
+    cfg.upstream.max_event_message_bytes = 1 << 20;
+    let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
+    let url = gw.url();
+    let refused = tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        for (size, send) in [(1u64 << 62, 0usize), (64 << 20, 64 << 20)] {
+            let mut conn = raw::connect(&events, "PUB");
+            let taken = raw::send_frame(&mut conn, size, send);
+            let (_, closed) = raw::read_for(&mut conn, Duration::from_secs(5));
+            out.push((size, taken, closed));
+        }
+        out
+    })
+    .await
+    .unwrap();
+    for (size, taken, closed) in refused {
+        assert!(closed && taken < 64 << 20, "{size}: {taken} bytes taken");
+    }
+    // Still serving, and a well-formed publisher is still taken: its batch lands.
+    let (status, _, body) = post(
+        &url,
+        "/v1/chat/completions",
+        &chat(&[("user", "hi")], false, 2),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let publisher = Publisher::connect(&format!("tcp://127.0.0.1:{port}"));
+    assert!(
+        eventually(10, async || {
+            publisher.send(&stored_map(0, 1000, 2, None));
+            index_blocks(&url, 0).await == 2
+        })
+        .await
+    );
+    gw.shutdown().await;
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_service_answering_an_oversized_frame_is_a_failed_replay() {
+    use std::io::Write;
+    let a = worker("a").await;
+    // A raw ROUTER that answers every connection's request with a frame of 2^62 bytes.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let replay = format!("tcp://{}", listener.local_addr().unwrap());
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = asked.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            raw::handshake(&mut conn, "ROUTER");
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = conn.write_all(&raw::frame_header(1 << 62));
+            let _ = raw::read_for(&mut conn, Duration::from_secs(2));
+        }
+    });
+    let publisher = Publisher::bind("tcp://127.0.0.1:0");
+    let mut cfg = config(&[&a], "kv");
+    cfg.workers[0] = events_from(&a, publisher.endpoint.clone());
+    cfg.workers[0].replay = Some(replay);
+    let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
+    let url = gw.url();
+    assert!(
+        eventually(20, async || asked.load(std::sync::atomic::Ordering::SeqCst)
+            >= 1)
+        .await
+    );
+    // The replay failed: the state says so, and the gateway serves.
+    assert!(eventually(20, async || field(&url, "cache_state").await == "unknown").await);
+    let (status, _, body) = post(
+        &url,
+        "/v1/chat/completions",
+        &chat(&[("user", "hi")], false, 2),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
     gw.shutdown().await;
     a.shutdown().await;
 }
