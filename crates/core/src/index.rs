@@ -35,7 +35,7 @@ use foldhash::fast::RandomState;
 use hashbrown::hash_map::Entry;
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 type Map<K, V> = hashbrown::HashMap<K, V, RandomState>;
 
@@ -119,6 +119,11 @@ struct Slot {
     held: usize,
     /// Blocks reserved ahead for it ([`PrefixIndex::reserve`]).
     reserved: usize,
+    /// Engine hashes in the order they were stored (with names removed since, until the
+    /// next compaction): the oldest go first when the worker holds too many.
+    order: VecDeque<u64>,
+    /// Blocks dropped from the index to keep the worker under the limit.
+    evicted: u64,
 }
 
 impl Slot {
@@ -130,14 +135,53 @@ impl Slot {
             copies: Map::default(),
             held: 0,
             reserved: 0,
+            order: VecDeque::new(),
+            evicted: 0,
         }
     }
+
+    /// Drops the oldest names until at most `limit` are held; the number dropped. The order
+    /// is compacted (names no longer held, and earlier stores of names stored again, taken
+    /// out) when it holds twice what the worker does, so it stays bounded by removals too.
+    fn evict_past(&mut self, nodes: &mut NodeTable, ix: usize, limit: usize) -> u64 {
+        let mut evicted = 0;
+        while self.blocks.len() > limit {
+            let Some(engine) = self.order.pop_front() else {
+                break;
+            };
+            self.copies.remove(&engine);
+            if let Some(seq) = self.blocks.remove(engine) {
+                release(nodes, self, ix, seq);
+                evicted += 1;
+            }
+        }
+        self.evicted += evicted;
+        if self.order.len() > 2 * self.blocks.len() + ORDER_SLACK {
+            let mut seen = Map::default();
+            let mut kept: VecDeque<u64> = VecDeque::with_capacity(self.blocks.len());
+            for &engine in self.order.iter().rev() {
+                if self.blocks.contains(engine) && seen.insert(engine, ()).is_none() {
+                    kept.push_front(engine);
+                }
+            }
+            self.order = kept;
+        }
+        evicted
+    }
 }
+
+/// Names the eviction order may hold beyond twice a worker's blocks before it is compacted.
+const ORDER_SLACK: usize = 4096;
+
+/// Blocks a worker may hold in one index unless configured: past it the oldest are dropped
+/// from the index (the engine may still hold them: a predicted miss, never a wrong hit).
+pub const DEFAULT_MAX_BLOCKS_PER_WORKER: usize = 1 << 22;
 
 /// The prefix index. See the module documentation.
 pub struct PrefixIndex {
     block_size: BlockSize,
     max_workers: usize,
+    max_blocks_per_worker: usize,
     /// `(sequence hash, word)` -> bits of the workers of that word holding the block.
     nodes: NodeTable,
     slots: Vec<Option<Slot>>,
@@ -157,6 +201,7 @@ impl PrefixIndex {
         Self {
             block_size,
             max_workers,
+            max_blocks_per_worker: DEFAULT_MAX_BLOCKS_PER_WORKER,
             nodes: NodeTable::for_workers(max_workers),
             slots: Vec::new(),
             slot_of: Map::default(),
@@ -168,6 +213,30 @@ impl PrefixIndex {
     /// The block size events must carry.
     pub fn block_size(&self) -> BlockSize {
         self.block_size
+    }
+
+    /// Keeps at most `limit` blocks (at least 1) per worker from now on: past it the oldest
+    /// stored are dropped from the index and counted ([`PrefixIndex::evicted`]).
+    pub fn set_max_blocks_per_worker(&mut self, limit: usize) {
+        self.max_blocks_per_worker = limit.max(1);
+        for ix in 0..self.slots.len() {
+            self.enforce_limit(ix);
+        }
+    }
+
+    /// Blocks of `worker` dropped to keep it under the limit since it was registered.
+    pub fn evicted(&self, worker: WorkerId) -> u64 {
+        self.slot_of
+            .get(&worker)
+            .and_then(|&ix| self.slots[ix].as_ref())
+            .map_or(0, |s| s.evicted)
+    }
+
+    fn enforce_limit(&mut self, ix: usize) {
+        if let Some(slot) = self.slots[ix].as_mut() {
+            let evicted = slot.evict_past(&mut self.nodes, ix, self.max_blocks_per_worker);
+            self.stats.blocks_evicted += evicted;
+        }
     }
 
     /// Applies one event of `worker`. A rejected event leaves the index unchanged (but for the
@@ -205,6 +274,7 @@ impl PrefixIndex {
             store(&mut self.nodes, slot, slot_ix, h.0, seq.0, true);
         }
         self.stats.blocks_stored += s.block_hashes.len() as u64;
+        self.enforce_limit(slot_ix);
         Ok(())
     }
 
@@ -307,6 +377,7 @@ impl PrefixIndex {
             store(&mut self.nodes, slot, slot_ix, h.0, seq.0, true);
         }
         self.stats.blocks_stored += s.block_hashes.len() as u64;
+        self.enforce_limit(slot_ix);
         Ok(())
     }
 
@@ -400,6 +471,7 @@ impl PrefixIndex {
         for s in seqs {
             store(&mut self.nodes, slot, slot_ix, s.0, s.0, false);
         }
+        self.enforce_limit(slot_ix);
         Ok(())
     }
 
@@ -457,6 +529,8 @@ impl PrefixIndex {
         let slot = self.slots[ix].as_mut().expect("mapped slots are live");
         let blocks = blocks.min(MAX_RESERVED_BLOCKS);
         slot.blocks.reserve(blocks);
+        slot.order
+            .reserve_exact(blocks.saturating_sub(slot.order.len()));
         slot.reserved = blocks;
         // Room for the reservations of the workers registered now, together (shared blocks
         // make it an upper bound).
@@ -490,6 +564,7 @@ impl PrefixIndex {
         slot.dups = Map::default();
         slot.copies = Map::default();
         slot.held = 0;
+        slot.order = VecDeque::new();
     }
 
     /// Forgets `worker` and all its blocks.
@@ -539,6 +614,7 @@ impl PrefixIndex {
             + self.free_slots.capacity() * std::mem::size_of::<usize>();
         for s in self.slots.iter().flatten() {
             total += s.blocks.bytes()
+                + s.order.capacity() * std::mem::size_of::<u64>()
                 + table_bytes::<u64, u32>(s.dups.capacity())
                 + table_bytes::<u64, u32>(s.copies.capacity());
         }
@@ -605,7 +681,11 @@ fn store(
     seq: u64,
     count_copies: bool,
 ) {
-    match slot.blocks.insert(engine, seq) {
+    let before = slot.blocks.insert(engine, seq);
+    if before != Some(seq) {
+        slot.order.push_back(engine);
+    }
+    match before {
         Some(old) if old == seq => {
             if count_copies {
                 let c = slot.copies.entry(engine).or_insert(0);

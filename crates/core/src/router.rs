@@ -57,6 +57,10 @@ pub struct RouterConfig {
     pub session_ttl_secs: f64,
     /// Most workers tracked.
     pub max_workers: usize,
+    /// Most blocks tracked per worker in each tier's index: past it the oldest stored are
+    /// dropped from the index (counted), so a worker that never reports removals, or
+    /// reports far more than an engine can hold, cannot grow the index without bound.
+    pub max_blocks_per_worker: usize,
     /// Most requests in flight.
     pub max_inflight: usize,
 }
@@ -75,6 +79,7 @@ impl Default for RouterConfig {
             max_sessions: 65_536,
             session_ttl_secs: 600.0,
             max_workers: crate::index::DEFAULT_MAX_WORKERS,
+            max_blocks_per_worker: crate::index::DEFAULT_MAX_BLOCKS_PER_WORKER,
             max_inflight: crate::ledger::DEFAULT_MAX_INFLIGHT,
         }
     }
@@ -107,8 +112,10 @@ impl RouterConfig {
                 self.session_ttl_secs
             )));
         }
-        if self.max_workers == 0 || self.max_inflight == 0 {
-            return Err(bad("max_workers and max_inflight must be > 0".into()));
+        if self.max_workers == 0 || self.max_inflight == 0 || self.max_blocks_per_worker == 0 {
+            return Err(bad(
+                "max_workers, max_blocks_per_worker and max_inflight must be > 0".into(),
+            ));
         }
         Ok(())
     }
@@ -232,10 +239,14 @@ impl Router {
         config.validate()?;
         let block_size =
             BlockSize::new(config.block_size).map_err(|e| RouteError::Config(e.to_string()))?;
+        let mut index = PrefixIndex::with_max_workers(block_size, config.max_workers);
+        index.set_max_blocks_per_worker(config.max_blocks_per_worker);
+        let mut offloaded = OffloadedTiers::new(block_size, config.max_workers);
+        offloaded.set_max_blocks_per_worker(config.max_blocks_per_worker);
         Ok(Self {
             block_size,
-            index: PrefixIndex::with_max_workers(block_size, config.max_workers),
-            offloaded: OffloadedTiers::new(block_size, config.max_workers),
+            index,
+            offloaded,
             approx: ApproxIndex::new(block_size, &config.approx),
             pending: (config.pending_secs > 0.0).then(|| {
                 ApproxIndex::new(

@@ -123,6 +123,12 @@ impl OffloadedTiers {
         }
     }
 
+    /// Keeps at most `limit` blocks per worker in each tier's index.
+    pub fn set_max_blocks_per_worker(&mut self, limit: usize) {
+        self.host.set_max_blocks_per_worker(limit);
+        self.disk.set_max_blocks_per_worker(limit);
+    }
+
     /// The index of an offloaded tier (None for the device).
     pub fn index(&self, tier: Tier) -> Option<&PrefixIndex> {
         match tier {

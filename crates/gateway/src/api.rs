@@ -162,6 +162,7 @@ async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
                 "worker": w,
                 "load": load,
                 "index_blocks": blocks,
+                "index_evicted_blocks": crate::state::evicted_blocks(&r, id),
                 "offloaded_blocks": {
                     "host": offloaded.block_count(id, kvroute_core::Tier::Host),
                     "disk": offloaded.block_count(id, kvroute_core::Tier::Disk),

@@ -45,6 +45,7 @@ pub struct Metrics {
     pub kv_events: IntCounterVec,
     /// Blocks the index holds per worker.
     pub index_blocks: IntGaugeVec,
+    pub index_evicted: IntCounterVec,
     /// Blocks engines moved to an offloaded tier, per worker and tier.
     pub offloaded_blocks: IntGaugeVec,
     /// 1 for each worker's current cache state (exact, catching_up, unknown, approximate).
@@ -198,6 +199,11 @@ impl Metrics {
             index_blocks: gauge_vec(
                 "kvroute_index_blocks",
                 "Blocks the prefix index holds per worker.",
+                &["worker"],
+            )?,
+            index_evicted: counter_vec(
+                "kvroute_index_evicted_blocks_total",
+                "Blocks dropped from the prefix index (any tier) to keep a worker under router.max_blocks_per_worker.",
                 &["worker"],
             )?,
             offloaded_blocks: gauge_vec(

@@ -326,6 +326,10 @@ impl Gateway {
                 .index_blocks
                 .with_label_values(&labels)
                 .set(i64::try_from(blocks).unwrap_or(i64::MAX));
+            // Monotonic in the index (kept across clears): the counter follows it.
+            let evicted = evicted_blocks(&r, w.id);
+            let counter = self.metrics.index_evicted.with_label_values(&labels);
+            counter.inc_by(evicted.saturating_sub(counter.get()));
             for tier in kvroute_core::Tier::OFFLOADED {
                 let n = r.offloaded().block_count(w.id, tier);
                 self.metrics
@@ -357,4 +361,14 @@ impl Gateway {
             .inflight
             .set(i64::try_from(r.ledger().inflight()).unwrap_or(i64::MAX));
     }
+}
+
+/// Blocks of `worker` dropped from the router's indexes (device and offloaded tiers) to keep
+/// it under `router.max_blocks_per_worker`.
+pub fn evicted_blocks(r: &kvroute_core::Router, worker: kvroute_core::WorkerId) -> u64 {
+    let tiers = kvroute_core::Tier::OFFLOADED
+        .iter()
+        .filter_map(|&t| r.offloaded().index(t))
+        .map(|ix| ix.evicted(worker));
+    r.index().evicted(worker) + tiers.sum::<u64>()
 }

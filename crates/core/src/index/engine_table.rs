@@ -105,7 +105,6 @@ impl EngineTable {
     }
 
     /// Entries held.
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.by_id_len + self.map.len()
     }

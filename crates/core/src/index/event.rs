@@ -223,6 +223,8 @@ pub struct EventStats {
     pub blocks_stored: u64,
     /// Blocks removed.
     pub blocks_removed: u64,
+    /// Blocks dropped to keep a worker under the per-worker limit.
+    pub blocks_evicted: u64,
     /// Rejected events, by kind, in the order of [`RejectKind::ALL`].
     pub rejected: [u64; 8],
 }

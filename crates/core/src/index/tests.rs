@@ -395,8 +395,65 @@ fn reserved_tables_hold_the_capacity_without_growing_and_re_registering_adds_not
     let c = WorkerId(3);
     ix.add_worker(c).unwrap();
     ix.reserve(c, usize::MAX);
-    // Two tables (engine hashes, nodes) of 17-byte buckets, at most two buckets per entry.
+    // Two tables (engine hashes, nodes) of 17-byte buckets, at most two buckets per entry,
+    // and the eviction order's 8 bytes per block.
     let grown = ix.memory_bytes() - reserved;
     assert!(grown > 16 * MAX_RESERVED_BLOCKS, "{grown}");
-    assert!(grown <= 2 * 2 * 17 * MAX_RESERVED_BLOCKS + 1024, "{grown}");
+    assert!(
+        grown <= (2 * 2 * 17 + 8) * MAX_RESERVED_BLOCKS + 1024,
+        "{grown}"
+    );
+}
+
+#[test]
+fn a_worker_past_its_block_limit_loses_its_oldest_blocks_first() {
+    let mut ix = index();
+    ix.set_max_blocks_per_worker(4);
+    let (w, other) = (WorkerId(1), WorkerId(2));
+    ix.apply(w, &stored(None, &[10, 11, 12], &[1, 2, 3]))
+        .unwrap();
+    ix.apply(other, &stored(None, &[10, 11, 12], &[1, 2, 3]))
+        .unwrap();
+    // Three more blocks of another prompt: the first prompt's two oldest go.
+    ix.apply(w, &stored(None, &[20, 21, 22], &[7, 8, 9]))
+        .unwrap();
+    assert_eq!(ix.block_count(w), 4);
+    assert_eq!(ix.evicted(w), 2);
+    assert_eq!(ix.stats().blocks_evicted, 2);
+    assert_eq!(ix.find_matches(&query(&[7, 8, 9])).depth(w), 3);
+    assert!(ix.sequence_of(w, EngineHash(10)).is_none());
+    assert!(ix.sequence_of(w, EngineHash(12)).is_some());
+    // Only `w` lost them; the other worker's entries of the same blocks stay.
+    assert_eq!(ix.find_matches(&query(&[1, 2, 3])).depth(other), 3);
+    assert_eq!(ix.block_count(other), 3);
+    // A removal of an evicted block is an unknown hash, as for any block not held.
+    assert!(ix.apply(w, &removed(&[10])).is_err());
+    // Lowering the limit applies at once.
+    ix.set_max_blocks_per_worker(1);
+    assert_eq!(ix.block_count(w), 1);
+    assert_eq!(ix.evicted(w), 5);
+    assert!(
+        ix.sequence_of(w, EngineHash(22)).is_some(),
+        "the newest stays"
+    );
+}
+
+#[test]
+fn the_eviction_order_stays_bounded_under_store_and_remove_churn() {
+    let mut ix = index();
+    ix.set_max_blocks_per_worker(1_000);
+    let w = WorkerId(1);
+    ix.apply(w, &stored(None, &[1], &[1])).unwrap();
+    for k in 0..100_000u64 {
+        let h = 1_000 + k;
+        ix.apply(w, &stored(Some(1), &[h], &[2 + (k % 1000) as u32]))
+            .unwrap();
+        ix.apply(w, &removed(&[h])).unwrap();
+    }
+    assert_eq!(ix.block_count(w), 1);
+    assert_eq!(ix.evicted(w), 0, "never past the limit: nothing evicted");
+    let slot = ix.slots[ix.slot_of[&w]].as_ref().unwrap();
+    assert!(slot.order.len() <= 2 + ORDER_SLACK, "{}", slot.order.len());
+    // The block stored first is still the oldest held: it would go first.
+    assert_eq!(slot.order.front(), Some(&1));
 }

@@ -287,3 +287,33 @@ async fn a_reordered_batch_is_replayed_once_and_a_stray_number_is_checked_with_t
     gw.shutdown().await;
     a.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_reporting_more_blocks_than_the_limit_keeps_its_newest() {
+    let a = worker("a").await;
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let feed = EventFeed::from_batches(rx, None);
+    let mut cfg = config(&[&a], "kv");
+    cfg.router.max_blocks_per_worker = 4;
+    let gw = gateway_with_feeds(cfg, BTreeMap::from([(0, feed)])).await;
+    let url = gw.url();
+    for seq in 0..6 {
+        tx.send(one_block(seq, 100 * (seq as u32 + 1)))
+            .await
+            .unwrap();
+    }
+    assert!(
+        eventually(10, async || {
+            let w = &debug_workers(&url).await["workers"][0];
+            w["index_evicted_blocks"] == 2
+        })
+        .await
+    );
+    assert_eq!(index_blocks(&url, 0).await, 4);
+    let metrics = crate::scrape(&url).await;
+    let evicted =
+        kvroute_testkit::sample(&metrics, "kvroute_index_evicted_blocks_total{worker=\"a\"}");
+    assert_eq!(evicted, Some(2.0), "{metrics}");
+    gw.shutdown().await;
+    a.shutdown().await;
+}
