@@ -207,7 +207,7 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
             })?;
             let listener = crate::ui::bind(&cmd.dashboard.ui_host, cmd.ui_port).await?;
             let ui = format!("http://{}/", listener.local_addr()?);
-            let app = crate::ui::router(service);
+            let app = crate::ui::router(service, listener.local_addr()?);
             tokio::spawn(crate::ui::serve_app(listener, app, std::future::pending()));
             let note = if crate::ui::built() { "" } else { "(UI not built: see the page) " };
             println!("  dashboard {ui} {note}(press Start to run the multi-turn chat load)");

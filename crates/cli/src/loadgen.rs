@@ -218,7 +218,7 @@ fn serve(args: &LoadgenArgs, port: u16) -> Result<()> {
         println!("kvroute loadgen: dashboard http://{local}/ and control API http://{local}/api/status (target {})", args.target);
         println!("  POST /api/start, /api/stop, /api/concurrency {{\"concurrency\": N}}; GET /api/ws, /api/conversations, /metrics");
         println!("Ctrl-C stops.");
-        let app = crate::ui::router(service.clone());
+        let app = crate::ui::router(service.clone(), local);
         let ctrl_c = async {
             if let Err(e) = tokio::signal::ctrl_c().await {
                 tracing::error!(error = %e, "waiting for Ctrl-C failed: stopping");

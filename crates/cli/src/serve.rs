@@ -113,8 +113,26 @@ impl ServeArgs {
         if let Some(s) = self.seed {
             c.router.seed = s;
         }
+        keys_from_env(&mut c, |name| std::env::var(name).ok());
         c.validate()?;
         Ok(c)
+    }
+}
+
+/// Keys from the environment (never from flags: a command line is visible to every user of
+/// the host): `KVROUTE_API_KEYS` (comma-separated, added to the file's), `KVROUTE_ADMIN_KEY`,
+/// `KVROUTE_UPSTREAM_API_KEY`.
+pub fn keys_from_env(c: &mut GatewayConfig, var: impl Fn(&str) -> Option<String>) {
+    use kvroute_gateway::config::Secret;
+    if let Some(keys) = var("KVROUTE_API_KEYS") {
+        let keys = keys.split(',').map(str::trim).filter(|k| !k.is_empty());
+        c.auth.api_keys.extend(keys.map(|k| Secret(k.to_string())));
+    }
+    if let Some(k) = var("KVROUTE_ADMIN_KEY").filter(|k| !k.is_empty()) {
+        c.auth.admin_key = Some(Secret(k));
+    }
+    if let Some(k) = var("KVROUTE_UPSTREAM_API_KEY").filter(|k| !k.is_empty()) {
+        c.upstream.api_key = Some(Secret(k));
     }
 }
 

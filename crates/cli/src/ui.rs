@@ -71,9 +71,21 @@ pub async fn serve(uri: Uri) -> Response {
     })
 }
 
-/// The control API of `service` with the UI behind it.
-pub fn router(service: kvroute_loadgen::Service) -> axum::Router {
-    kvroute_loadgen::api::router(service).fallback(serve)
+/// The control API of `service` with the UI behind it, for a listener on `addr`: the
+/// control calls need `KVROUTE_ADMIN_KEY` when it is set, else a loopback listener.
+pub fn router(service: kvroute_loadgen::Service, addr: std::net::SocketAddr) -> axum::Router {
+    let admin_key = std::env::var("KVROUTE_ADMIN_KEY")
+        .ok()
+        .filter(|k| !k.is_empty());
+    if admin_key.is_none() && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "the dashboard's start / stop / concurrency are off: it listens beyond loopback and KVROUTE_ADMIN_KEY is not set");
+    }
+    let policy = std::sync::Arc::new(kvroute_protocol::openai::http::AccessPolicy {
+        admin_key,
+        loopback: addr.ip().is_loopback(),
+        ..Default::default()
+    });
+    kvroute_loadgen::api::router(service, &policy).fallback(serve)
 }
 
 /// The dashboard's options (shared by `kvroute demo` and `kvroute loadgen`).

@@ -106,6 +106,15 @@ impl WorkerArgs {
             c.lora_adapters = self.lora_adapters.clone();
         }
         c.data_parallel_rank = self.data_parallel_rank.unwrap_or(c.data_parallel_rank);
+        // Keys from the environment only (a command line is visible to every user).
+        let secret = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .filter(|k| !k.is_empty())
+                .map(kvroute_protocol::openai::http::Secret)
+        };
+        c.api_key = secret("KVROUTE_WORKER_API_KEY").or(c.api_key);
+        c.admin_key = secret("KVROUTE_ADMIN_KEY").or(c.admin_key);
         c.validate()?;
         Ok(c)
     }

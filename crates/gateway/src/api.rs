@@ -13,24 +13,29 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvroute_core::RouteRequest;
-use kvroute_protocol::openai::http::read_body;
+use kvroute_protocol::openai::http::{read_body, require, Access, AccessPolicy};
 use kvroute_protocol::openai::{parse_request, ApiError, Endpoint, ModelList};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The gateway's routes.
-pub fn routes(gw: Arc<Gateway>) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/models", get(models))
+/// The gateway's routes, each behind what it needs under `policy`: health, readiness,
+/// liveness and metrics for anyone; the OpenAI API and the read-only debug views behind the
+/// API keys; `/debug/reset` behind the admin key.
+pub fn routes(gw: Arc<Gateway>, policy: &Arc<AccessPolicy>) -> Router {
+    let open = Router::new()
         .route("/health", get(health))
         .route("/ready", get(health))
         .route("/live", get(live))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics));
+    let api = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
         .route("/debug/workers", get(debug_workers))
-        .route("/debug/explain", post(debug_explain))
-        .route("/debug/reset", post(debug_reset))
+        .route("/debug/explain", post(debug_explain));
+    let admin = Router::new().route("/debug/reset", post(debug_reset));
+    open.merge(require(api, policy, Access::Api))
+        .merge(require(admin, policy, Access::Admin))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::disable())
@@ -85,6 +90,7 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
             request_id: &id,
             started,
             explain: crate::explanation::asked(&headers),
+            authorization: headers.get(header::AUTHORIZATION),
         };
         forward(&gw, call, &prep)
             .await

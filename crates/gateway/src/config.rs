@@ -4,6 +4,7 @@
 mod ranks;
 
 use kvroute_core::{RouterConfig, WorkerCapacity};
+pub use kvroute_protocol::openai::http::Secret;
 use kvroute_protocol::openai::Endpoint;
 use serde::{Deserialize, Serialize};
 
@@ -37,6 +38,36 @@ pub struct GatewayConfig {
     pub upstream: UpstreamConfig,
     /// The closed loop on prediction accuracy.
     pub accuracy: crate::accuracy::AccuracyConfig,
+    /// Who may call the gateway.
+    pub auth: AuthConfig,
+}
+
+/// Keys and origins (see `kvroute_protocol::openai::http::access`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Keys for the OpenAI routes and the read-only debug views (empty: open). Also from
+    /// the environment: `KVROUTE_API_KEYS` (comma-separated).
+    #[serde(skip_serializing)]
+    pub api_keys: Vec<Secret>,
+    /// The key for `/debug/reset` (None: served on a loopback listener only). Also from
+    /// `KVROUTE_ADMIN_KEY`.
+    #[serde(skip_serializing)]
+    pub admin_key: Option<Secret>,
+    /// Origins (`https://host[:port]`) whose web pages may call the gateway.
+    pub allowed_origins: Vec<String>,
+}
+
+impl AuthConfig {
+    /// The access policy of a listener (`loopback`: bound to a loopback address).
+    pub fn policy(&self, loopback: bool) -> kvroute_protocol::openai::http::AccessPolicy {
+        kvroute_protocol::openai::http::AccessPolicy {
+            api_keys: self.api_keys.iter().map(|k| k.0.clone()).collect(),
+            admin_key: self.admin_key.as_ref().map(|k| k.0.clone()),
+            allowed_origins: self.allowed_origins.clone(),
+            loopback,
+        }
+    }
 }
 
 impl Default for GatewayConfig {
@@ -53,6 +84,7 @@ impl Default for GatewayConfig {
             health: HealthConfig::default(),
             upstream: UpstreamConfig::default(),
             accuracy: crate::accuracy::AccuracyConfig::default(),
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -87,6 +119,10 @@ pub struct WorkerSpec {
     /// gateway, never configured).
     #[serde(skip)]
     pub dp_rank: Option<u32>,
+    /// Its key (`Authorization: Bearer`), when it was started with one (vLLM `--api-key`);
+    /// else `upstream.api_key`.
+    #[serde(skip_serializing)]
+    pub api_key: Option<Secret>,
 }
 
 impl WorkerSpec {
@@ -287,6 +323,13 @@ pub struct UpstreamConfig {
     pub idle_timeout_secs: f64,
     /// Retry a request that failed before its first byte once, on another worker.
     pub retry: bool,
+    /// Key sent to every worker without one of its own (`Authorization: Bearer`), for
+    /// engines started with `--api-key`. Also from `KVROUTE_UPSTREAM_API_KEY`.
+    #[serde(skip_serializing)]
+    pub api_key: Option<Secret>,
+    /// Send the client's own `Authorization` header to the worker instead of the worker's
+    /// key (when the client sent one).
+    pub forward_authorization: bool,
     /// Seconds to wait for a replay of missed KV events.
     pub replay_timeout_secs: f64,
     /// Largest KV event message accepted, in bytes: a publisher announcing a larger frame
@@ -312,6 +355,8 @@ impl Default for UpstreamConfig {
             first_byte_timeout_secs: 120.0,
             idle_timeout_secs: 60.0,
             retry: true,
+            api_key: None,
+            forward_authorization: false,
             replay_timeout_secs: 2.0,
             max_event_message_bytes: 64 << 20,
             event_heartbeat_secs: 5.0,
@@ -437,6 +482,17 @@ impl GatewayConfig {
             return Err(ConfigError(
                 "upstream.max_event_message_bytes must be >= 1024".into(),
             ));
+        }
+        let keys = self.auth.api_keys.iter().chain(&self.auth.admin_key);
+        let keys = keys
+            .chain(&self.upstream.api_key)
+            .chain(self.workers.iter().filter_map(|w| w.api_key.as_ref()));
+        for k in keys {
+            if !k.is_valid() {
+                return Err(ConfigError(
+                    "keys must be 1 to 4096 printable ASCII characters without spaces".into(),
+                ));
+            }
         }
         if self.health.failures_to_remove == 0 {
             return Err(ConfigError("health.failures_to_remove must be >= 1".into()));

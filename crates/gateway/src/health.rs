@@ -38,12 +38,17 @@ pub async fn run(gw: Arc<Gateway>) {
 /// One round over every worker, then the decisions. Workers at one URL (the data-parallel
 /// ranks of an engine) share one check and one model list per round.
 async fn pass(gw: &Arc<Gateway>) {
-    let mut urls: Vec<&str> = gw.registry.iter().map(|w| w.spec.url.as_str()).collect();
+    let mut urls: Vec<(&str, Option<&str>)> = gw
+        .registry
+        .iter()
+        .map(|w| (w.spec.url.as_str(), gw.upstream_key(&w.spec)))
+        .collect();
     urls.sort_unstable();
-    urls.dedup();
+    urls.dedup_by_key(|u| u.0);
+    let keys: HashMap<&str, Option<&str>> = urls.iter().copied().collect();
     let probes = urls
         .into_iter()
-        .map(|url| async move { (url, probe(gw, url).await) });
+        .map(|(url, key)| async move { (url, probe(gw, url, key).await) });
     let by_url: HashMap<&str, Probe> = futures_util::future::join_all(probes)
         .await
         .into_iter()
@@ -56,7 +61,7 @@ async fn pass(gw: &Arc<Gateway>) {
     let passing = results.iter().filter(|r| r.1 == Probe::Passed).count();
     let timeout = Duration::from_secs_f64(gw.config.health.timeout_secs);
     for (url, _) in by_url.iter().filter(|(_, &p)| p == Probe::Passed) {
-        learn_models(gw, url.trim_end_matches('/'), timeout).await;
+        learn_models(gw, url.trim_end_matches('/'), keys[url], timeout).await;
     }
     for (id, result) in results {
         let Some(w) = gw.registry.get(id) else {
@@ -85,12 +90,10 @@ async fn pass(gw: &Arc<Gateway>) {
 }
 
 /// One check of the engine at `url`.
-async fn probe(gw: &Gateway, url: &str) -> Probe {
+async fn probe(gw: &Gateway, url: &str, key: Option<&str>) -> Probe {
     let base = url.trim_end_matches('/');
     let timeout = Duration::from_secs_f64(gw.config.health.timeout_secs);
-    match gw
-        .client
-        .get(format!("{base}/health"))
+    match with_key(gw.client.get(format!("{base}/health")), key)
         .timeout(timeout)
         .send()
         .await
@@ -102,10 +105,16 @@ async fn probe(gw: &Gateway, url: &str) -> Probe {
     }
 }
 
-async fn learn_models(gw: &Gateway, base: &str, timeout: Duration) {
-    let Ok(resp) = gw
-        .client
-        .get(format!("{base}/v1/models"))
+/// `req` with the worker's key, when it has one.
+pub(crate) fn with_key(req: reqwest::RequestBuilder, key: Option<&str>) -> reqwest::RequestBuilder {
+    match key {
+        Some(k) => req.bearer_auth(k),
+        None => req,
+    }
+}
+
+async fn learn_models(gw: &Gateway, base: &str, key: Option<&str>, timeout: Duration) {
+    let Ok(resp) = with_key(gw.client.get(format!("{base}/v1/models")), key)
         .timeout(timeout)
         .send()
         .await

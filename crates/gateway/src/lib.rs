@@ -210,6 +210,7 @@ pub async fn spawn(
                 let sub = events::PollSubscription {
                     worker: w.display_name(),
                     url: w.event_poll_url().unwrap_or_default(),
+                    api_key: gw.upstream_key(w).map(str::to_string),
                     interval_secs: up.event_poll_secs,
                     timeout_secs: up.event_poll_timeout_secs,
                     max_bytes: up.max_event_message_bytes,
@@ -246,7 +247,15 @@ pub async fn spawn(
     tasks.push(tokio::spawn(health::run(gw.clone())));
     tasks.push(tokio::spawn(prune(gw.clone())));
     let addr = listener.local_addr()?;
-    let app = api::routes(gw.clone());
+    let loopback = addr.ip().is_loopback();
+    if !loopback && gw.config.auth.api_keys.is_empty() {
+        tracing::warn!(%addr, "no API keys: the OpenAI API is open to anyone who reaches this address (auth.api_keys or KVROUTE_API_KEYS)");
+    }
+    if !loopback && gw.config.auth.admin_key.is_none() {
+        tracing::info!(%addr, "/debug/reset is off: no admin key and not on loopback");
+    }
+    let policy = std::sync::Arc::new(gw.config.auth.policy(loopback));
+    let app = api::routes(gw.clone(), &policy);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let limits = gw.config.serve_limits();
     let server = tokio::spawn(async move {

@@ -47,6 +47,8 @@ pub struct Call<'a> {
     pub started: Instant,
     /// Whether the client asked for the routing explanation (`x-kvroute-explain`).
     pub explain: bool,
+    /// The client's `Authorization` header (sent on with `upstream.forward_authorization`).
+    pub authorization: Option<&'a axum::http::HeaderValue>,
 }
 
 /// Routes and forwards `call`; returns the answer to send back.
@@ -170,6 +172,12 @@ async fn send(
     if let Some(rank) = w.spec.dp_rank {
         req = req.header(crate::DP_RANK_HEADER, rank);
     }
+    req = match call.authorization {
+        Some(client) if gw.config.upstream.forward_authorization => {
+            req.header(header::AUTHORIZATION, client)
+        }
+        _ => crate::health::with_key(req, gw.upstream_key(&w.spec)),
+    };
     let req = req.body(call.body.clone()).send();
     let timeout = Duration::from_secs_f64(gw.config.upstream.first_byte_timeout_secs);
     match tokio::time::timeout(timeout, req).await {

@@ -88,6 +88,14 @@ impl Gateway {
         *self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The key to send a worker: its own, else `upstream.api_key`.
+    pub fn upstream_key<'a>(&'a self, spec: &'a crate::WorkerSpec) -> Option<&'a str> {
+        spec.api_key
+            .as_ref()
+            .or(self.config.upstream.api_key.as_ref())
+            .map(|k| k.0.as_str())
+    }
+
     /// How long a client may take to send a request body.
     pub fn body_read_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(self.config.limits.body_read_timeout_secs)

@@ -13,7 +13,9 @@
 //! | `GET /api/fleet` | the routing policy and the workers behind the target |
 //! | `GET /metrics` | Prometheus text (`loadgen_ttft_all_seconds`, ...) |
 //!
-//! Errors are `{"error": {"message", "code"}}` with the status mapped in one place.
+//! Errors are `{"error": {"message", "code"}}` with the status mapped in one place. The
+//! control calls need the admin key (`Authorization: Bearer`) when one is set, or else a
+//! loopback listener; no route answers another site's page (`Origin`): 401 / 403.
 
 use crate::service::{LiveStats, Service, ServiceError};
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -22,6 +24,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use kvroute_protocol::openai::http::{require, Access, AccessPolicy};
 use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,14 +54,16 @@ impl IntoResponse for ServiceError {
     }
 }
 
-/// The routes above, on `service`.
-pub fn router(service: Service) -> Router {
+/// The routes above, on `service`: the control calls (`POST`) need the admin key under
+/// `policy` (or a loopback listener without one), the rest refuses other sites' pages.
+pub fn router(service: Service, policy: &Arc<AccessPolicy>) -> Router {
     let sockets = Arc::new(Semaphore::new(MAX_WEBSOCKETS));
-    Router::new()
-        .route("/api/status", get(status))
+    let control = Router::new()
         .route("/api/start", post(start))
         .route("/api/stop", post(stop))
-        .route("/api/concurrency", post(concurrency))
+        .route("/api/concurrency", post(concurrency));
+    let views = Router::new()
+        .route("/api/status", get(status))
         .route(
             "/api/ws",
             get(move |state, upgrade| ws(state, upgrade, sockets.clone())),
@@ -67,7 +72,9 @@ pub fn router(service: Service) -> Router {
         .route("/api/conversations/{id}", get(conversation))
         .route("/api/config", get(config))
         .route("/api/fleet", get(fleet))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics));
+    require(control, policy, Access::Admin)
+        .merge(require(views, policy, Access::Api))
         .with_state(service)
 }
 

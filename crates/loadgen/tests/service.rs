@@ -15,7 +15,11 @@ use support::{fleet, small_chat};
 async fn serve(service: Service) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let app = kvroute_loadgen::api::router(service);
+    let policy = std::sync::Arc::new(kvroute_protocol::openai::http::AccessPolicy {
+        loopback: true,
+        ..Default::default()
+    });
+    let app = kvroute_loadgen::api::router(service, &policy);
     let limits = kvroute_protocol::openai::http::ServeLimits::default();
     tokio::spawn(kvroute_protocol::openai::http::serve(
         listener,

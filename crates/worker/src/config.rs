@@ -3,6 +3,7 @@
 use crate::WorkerError;
 use kvroute_engine::{EngineConfig, Profile};
 use kvroute_protocol::kv_events::EventFormat;
+use kvroute_protocol::openai::http::Secret;
 use serde::{Deserialize, Serialize};
 
 /// Settings of a simulated worker. Every field has a default, so a TOML or JSON document
@@ -57,6 +58,14 @@ pub struct WorkerConfig {
     pub data_parallel_rank: u32,
     /// The worker's name in logs.
     pub worker_name: String,
+    /// The key its OpenAI routes need (`Authorization: Bearer`), as an engine started with
+    /// `--api-key` (None: open). Also from `KVROUTE_WORKER_API_KEY`.
+    #[serde(skip_serializing)]
+    pub api_key: Option<Secret>,
+    /// The key its `/admin/*` routes need (None: served on a loopback listener only). Also
+    /// from `KVROUTE_ADMIN_KEY`.
+    #[serde(skip_serializing)]
+    pub admin_key: Option<Secret>,
 }
 
 impl Default for WorkerConfig {
@@ -82,6 +91,8 @@ impl Default for WorkerConfig {
             replay_buffer: 10_000,
             data_parallel_rank: 0,
             worker_name: "worker".into(),
+            api_key: None,
+            admin_key: None,
         }
     }
 }
@@ -107,6 +118,13 @@ impl WorkerConfig {
         }
         if self.max_body_bytes == 0 || self.max_prompt_tokens == 0 {
             return bad("max_body_bytes and max_prompt_tokens must be at least 1");
+        }
+        if [&self.api_key, &self.admin_key]
+            .into_iter()
+            .flatten()
+            .any(|k| !k.is_valid())
+        {
+            return bad("keys must be 1 to 4096 printable ASCII characters without spaces");
         }
         let overrides = [
             ("block_size", self.block_size),

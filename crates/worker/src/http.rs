@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use kvroute_preprocess::Preprocessor;
+use kvroute_protocol::openai::http::{require, Access, AccessPolicy};
 use kvroute_protocol::openai::{ApiError, ErrorKind, ModelList};
 use serde_json::Value;
 use std::sync::Arc;
@@ -46,17 +47,28 @@ pub(crate) type AppState = Arc<Shared>;
 #[derive(Clone, Debug)]
 pub(crate) struct RequestTag(pub(crate) HeaderValue);
 
-/// The routes.
-pub(crate) fn router(state: AppState) -> Router {
-    Router::new()
+/// The routes: health and metrics for anyone, the OpenAI API and the pull API of KV events
+/// behind the API key (when set), `/admin/*` behind the admin key (or a loopback listener).
+pub(crate) fn router(state: AppState, loopback: bool) -> Router {
+    let policy = Arc::new(AccessPolicy {
+        api_keys: state.cfg.api_key.iter().map(|k| k.0.clone()).collect(),
+        admin_key: state.cfg.admin_key.as_ref().map(|k| k.0.clone()),
+        allowed_origins: Vec::new(),
+        loopback,
+    });
+    let open = Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics));
+    let api = Router::new()
         .route("/v1/chat/completions", post(crate::generate::chat))
         .route("/v1/completions", post(crate::generate::completions))
         .route("/v1/models", get(models))
-        .route("/health", get(health))
-        .route("/metrics", get(metrics))
+        .route("/kv_cache_events", post(kv_cache_events));
+    let admin = Router::new()
         .route("/admin/reset", post(reset))
-        .route("/admin/faults", post(faults))
-        .route("/kv_cache_events", post(kv_cache_events))
+        .route("/admin/faults", post(faults));
+    open.merge(require(api, &policy, Access::Api))
+        .merge(require(admin, &policy, Access::Admin))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), request_id))

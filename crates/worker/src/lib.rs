@@ -259,7 +259,7 @@ pub async fn spawn(
         cfg: config.clone(),
         hub: hub.clone(),
     });
-    let app = http::router(shared);
+    let app = http::router(shared, addr.ip().is_loopback());
     let mut stop = shutdown_rx.clone();
     let server_name = name.clone();
     tasks.push((

@@ -22,6 +22,8 @@ pub struct PollSubscription {
     pub worker: String,
     /// The pull API's URL (`http://host:port/kv_cache_events`).
     pub url: String,
+    /// The worker's key (`Authorization: Bearer`), when it has one.
+    pub api_key: Option<String>,
     /// Seconds between calls.
     pub interval_secs: f64,
     /// The longest a call may take, in seconds (older TensorRT-LLM holds a call open until
@@ -163,8 +165,7 @@ fn split(outs: &mut [Out], events: Vec<PulledEvent>) {
 
 /// One call: the answer's body, read up to `max_bytes`.
 async fn fetch(client: &reqwest::Client, sub: &PollSubscription) -> Result<Vec<u8>, String> {
-    let mut resp = client
-        .post(&sub.url)
+    let mut resp = crate::health::with_key(client.post(&sub.url), sub.api_key.as_deref())
         .timeout(Duration::from_secs_f64(sub.timeout_secs))
         .send()
         .await

@@ -2,6 +2,7 @@
 
 mod accuracy;
 mod admission;
+mod auth;
 mod engines;
 mod events;
 mod explain;

@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 pub enum ErrorKind {
     /// Malformed or invalid request (400).
     InvalidRequest,
+    /// No valid key (401).
+    Unauthorized,
+    /// A key, origin or host that may not do this (403).
+    Forbidden,
     /// Unknown model or route (404).
     NotFound,
     /// A known route asked with another method (405).
@@ -31,6 +35,8 @@ impl ErrorKind {
     pub fn status(self) -> u16 {
         match self {
             ErrorKind::InvalidRequest => 400,
+            ErrorKind::Unauthorized => 401,
+            ErrorKind::Forbidden => 403,
             ErrorKind::NotFound => 404,
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::RequestTimeout => 408,
@@ -52,6 +58,8 @@ impl ErrorKind {
             | ErrorKind::TooLarge => "invalid_request_error",
             ErrorKind::Unavailable => "service_unavailable",
             ErrorKind::Upstream | ErrorKind::Timeout => "upstream_error",
+            ErrorKind::Unauthorized => "authentication_error",
+            ErrorKind::Forbidden => "permission_error",
             ErrorKind::Internal => "server_error",
         }
     }

@@ -4,7 +4,9 @@
 
 use super::ApiError;
 
+pub mod access;
 mod serve;
+pub use access::{require, Access, AccessPolicy, Secret};
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
