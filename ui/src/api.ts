@@ -75,17 +75,42 @@ export function usePoll<T>(path: string | null, everyMs: number): { data: T | nu
   return { data, error };
 }
 
-/** POSTs a control call; resolves to an error message or null. */
-export async function control(path: string, body?: unknown): Promise<string | null> {
+/** Where the dashboard keeps the admin key the user entered (this tab only). */
+export const ADMIN_KEY = "kvroute-admin-key";
+
+/**
+ * POSTs a control call; resolves to an error message or null. When the server asks for the
+ * admin key (401 `invalid_admin_key`: a dashboard beyond loopback started with
+ * `KVROUTE_ADMIN_KEY`), asks the user once and retries with it; the key stays in this tab.
+ */
+export async function control(
+  path: string,
+  body?: unknown,
+  ask: () => string | null = () => window.prompt("Admin key of this dashboard"),
+): Promise<string | null> {
   try {
-    const r = await fetch(path, {
-      method: "POST",
-      headers: body === undefined ? undefined : { "content-type": "application/json" },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    if (r.ok) return null;
-    const j = await r.json().catch(() => null);
-    return j?.error?.message ?? `HTTP ${r.status}`;
+    for (let attempt = 0; attempt < 2; attempt++) {
+      const headers: Record<string, string> = {};
+      if (body !== undefined) headers["content-type"] = "application/json";
+      const key = sessionStorage.getItem(ADMIN_KEY);
+      if (key) headers["authorization"] = `Bearer ${key}`;
+      const r = await fetch(path, {
+        method: "POST",
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+      if (r.ok) return null;
+      const j = await r.json().catch(() => null);
+      if (attempt === 0 && r.status === 401 && j?.error?.code === "invalid_admin_key") {
+        const entered = ask();
+        if (entered) {
+          sessionStorage.setItem(ADMIN_KEY, entered.trim());
+          continue;
+        }
+      }
+      return j?.error?.message ?? `HTTP ${r.status}`;
+    }
+    return "the admin key was not accepted";
   } catch (e) {
     return String(e);
   }

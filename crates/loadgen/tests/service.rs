@@ -339,3 +339,52 @@ async fn websocket_clients_past_the_cap_are_refused_and_slots_come_back() {
     .await;
     assert!(back, "no slot after a client left");
 }
+
+#[tokio::test]
+async fn the_control_calls_need_the_admin_key_and_refuse_other_sites() {
+    let service = Service::new(ServiceConfig {
+        load: LoadgenConfig {
+            target: "http://127.0.0.1:9".into(),
+            ..LoadgenConfig::default()
+        },
+        ..ServiceConfig::default()
+    })
+    .unwrap();
+    let policy = std::sync::Arc::new(kvroute_protocol::openai::http::AccessPolicy {
+        admin_key: Some("root".into()),
+        loopback: true,
+        ..Default::default()
+    });
+    let api = kvroute_testkit::serve(kvroute_loadgen::api::router(service, &policy)).await;
+    let c = reqwest::Client::new();
+    let post = |auth: Option<&'static str>, origin: Option<&'static str>| {
+        let mut r = c
+            .post(format!("{api}/api/concurrency"))
+            .json(&json!({"concurrency": 3}));
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        if let Some(o) = origin {
+            r = r.header("origin", o);
+        }
+        async move { r.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(post(None, None).await, 401);
+    assert_eq!(post(Some("Bearer wrong"), None).await, 401);
+    assert_eq!(
+        post(Some("Bearer root"), Some("http://evil.example")).await,
+        403
+    );
+    assert_eq!(post(Some("Bearer root"), None).await, 202);
+    // The views stay readable without a key, but not from another site's page.
+    let (s, _) = call("GET", &format!("{api}/api/status"), None).await;
+    assert_eq!(s, 200);
+    let s = c
+        .get(format!("{api}/api/status"))
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(s, 403);
+}
