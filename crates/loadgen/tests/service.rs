@@ -30,6 +30,19 @@ async fn serve(service: Service) -> String {
     url
 }
 
+/// A service that is never started (its target is a closed port).
+fn idle_service() -> Service {
+    let load = LoadgenConfig {
+        target: "http://127.0.0.1:9".into(),
+        ..LoadgenConfig::default()
+    };
+    Service::new(ServiceConfig {
+        load,
+        ..ServiceConfig::default()
+    })
+    .unwrap()
+}
+
 async fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
     let c = reqwest::Client::new();
     let req = match method {
@@ -307,14 +320,7 @@ async fn a_target_without_a_fleet_view_says_so() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_clients_past_the_cap_are_refused_and_slots_come_back() {
-    let service = Service::new(ServiceConfig {
-        load: LoadgenConfig {
-            target: "http://127.0.0.1:9".into(),
-            ..LoadgenConfig::default()
-        },
-        ..ServiceConfig::default()
-    })
-    .unwrap();
+    let service = idle_service();
     let api = serve(service).await;
     let ws_url = format!("{}/api/ws", api.replace("http://", "ws://"));
     let mut held = Vec::new();
@@ -342,14 +348,7 @@ async fn websocket_clients_past_the_cap_are_refused_and_slots_come_back() {
 
 #[tokio::test]
 async fn the_control_calls_need_the_admin_key_and_refuse_other_sites() {
-    let service = Service::new(ServiceConfig {
-        load: LoadgenConfig {
-            target: "http://127.0.0.1:9".into(),
-            ..LoadgenConfig::default()
-        },
-        ..ServiceConfig::default()
-    })
-    .unwrap();
+    let service = idle_service();
     let policy = std::sync::Arc::new(kvroute_protocol::openai::http::AccessPolicy {
         admin_key: Some("root".into()),
         loopback: true,

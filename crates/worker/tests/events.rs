@@ -120,15 +120,19 @@ async fn replay(endpoint: &str, start: u64) -> Vec<EventBatch> {
         .collect()
 }
 
+/// PUB and replay ROUTER bound to free ports of 127.0.0.1.
+fn bound_zmq() -> ZmqConfig {
+    ZmqConfig {
+        publish: "tcp://127.0.0.1:0".into(),
+        connect: false,
+        replay: Some("tcp://127.0.0.1:0".into()),
+    }
+}
+
 #[tokio::test]
 async fn zmq_publishes_like_vllm_and_answers_replay_requests() {
     bounded(async {
-        let zmq = ZmqConfig {
-            publish: "tcp://127.0.0.1:0".into(),
-            connect: false,
-            replay: Some("tcp://127.0.0.1:0".into()),
-        };
-        let w = start(config(), Some(zmq)).await;
+        let w = start(config(), Some(bound_zmq())).await;
         let (pub_ep, replay_ep) = w.zmq_endpoints().unwrap();
         assert!(pub_ep.starts_with("tcp://127.0.0.1:") && !pub_ep.ends_with(":0"));
         assert!(replay_ep.starts_with("tcp://127.0.0.1:") && !replay_ep.ends_with(":0"));
@@ -213,12 +217,7 @@ async fn raw_exchange(endpoint: &str, socket_type: &'static str, bytes: Vec<u8>)
 #[tokio::test]
 async fn the_zmq_sockets_refuse_oversized_frames_and_keep_serving() {
     bounded(async {
-        let zmq = ZmqConfig {
-            publish: "tcp://127.0.0.1:0".into(),
-            connect: false,
-            replay: Some("tcp://127.0.0.1:0".into()),
-        };
-        let w = start(config(), Some(zmq)).await;
+        let w = start(config(), Some(bound_zmq())).await;
         let (pub_ep, replay_ep) = w.zmq_endpoints().unwrap();
         for (endpoint, peer) in [(&pub_ep, "SUB"), (&replay_ep, "DEALER")] {
             // A frame of 2^62 bytes: the connection is dropped at its header.

@@ -88,16 +88,7 @@ async fn a_sequence_gap_is_filled_from_the_replay_service() {
     };
     let all: Vec<Arc<EventBatch>> = (0..4).map(|s| batch(s, 100 * (s as u32 + 1))).collect();
     // The replay buffer holds what the engine has published so far.
-    let published = Arc::new(std::sync::Mutex::new(Vec::<Arc<EventBatch>>::new()));
-    let held = published.clone();
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    let feed = EventFeed::from_batches(
-        rx,
-        Some(Box::new(BufferReplay(Arc::new(move |from| {
-            let held = held.lock().unwrap();
-            held.iter().filter(|b| b.seq >= from).cloned().collect()
-        })))),
-    );
+    let (published, tx, feed) = replayed_feed(Vec::new());
     let gw = gateway_with_feeds(config(&[&a], "kv"), BTreeMap::from([(0, feed)])).await;
     let url = gw.url();
     published.lock().unwrap().push(all[0].clone());
@@ -204,6 +195,28 @@ async fn events_published_before_the_gateway_joined_come_from_the_replay_service
     a.shutdown().await;
 }
 
+/// What an engine has published (what its replay service holds).
+type Published = Arc<std::sync::Mutex<Vec<Arc<EventBatch>>>>;
+/// The sending end of an engine's live feed.
+type Live = tokio::sync::mpsc::Sender<Arc<EventBatch>>;
+
+/// The engine's published batches (starting with `held`; the replay service answers from
+/// them), the sender of its live feed, and the feed.
+fn replayed_feed(held: Vec<Arc<EventBatch>>) -> (Published, Live, EventFeed) {
+    let published = Arc::new(std::sync::Mutex::new(held));
+    let buffer = published.clone();
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let replay = BufferReplay(Arc::new(move |from| {
+        let held = buffer.lock().unwrap();
+        held.iter().filter(|b| b.seq >= from).cloned().collect()
+    }));
+    (
+        published,
+        tx,
+        EventFeed::from_batches(rx, Some(Box::new(replay))),
+    )
+}
+
 /// A one-block batch numbered `seq` whose block is token run `first`, decoded as a feed
 /// delivers it.
 fn one_block(seq: u64, first: u32) -> Arc<EventBatch> {
@@ -256,16 +269,7 @@ async fn repeated_and_late_batches_are_dropped_without_wiping_the_index() {
 async fn a_reordered_batch_is_replayed_once_and_a_stray_number_is_checked_with_the_replay() {
     let a = worker("a").await;
     let batches: Vec<_> = (0..4).map(|s| one_block(s, 100 * (s as u32 + 1))).collect();
-    let published = Arc::new(std::sync::Mutex::new(batches.clone()));
-    let held = published.clone();
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    let feed = EventFeed::from_batches(
-        rx,
-        Some(Box::new(BufferReplay(Arc::new(move |from| {
-            let held = held.lock().unwrap();
-            held.iter().filter(|b| b.seq >= from).cloned().collect()
-        })))),
-    );
+    let (published, tx, feed) = replayed_feed(batches.clone());
     let gw = gateway_with_feeds(config(&[&a], "kv"), BTreeMap::from([(0, feed)])).await;
     let url = gw.url();
     // At start the replay brings 0..=3 in.
