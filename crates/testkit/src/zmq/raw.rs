@@ -50,10 +50,20 @@ pub fn message(frames: &[&[u8]]) -> Vec<u8> {
 }
 
 /// A TCP connection to a `tcp://host:port` endpoint, through the handshake as a
-/// `socket_type` peer ([`handshake`]).
+/// `socket_type` peer ([`handshake`]). Tries for up to 10 s: a socket bound on another
+/// thread may not be listening yet.
 pub fn connect(endpoint: &str, socket_type: &str) -> TcpStream {
     let addr = endpoint.trim_start_matches("tcp://");
-    let mut conn = TcpStream::connect(addr).expect("connecting to the ZMQ endpoint");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut conn = loop {
+        match TcpStream::connect(addr) {
+            Ok(c) => break c,
+            Err(e) if std::time::Instant::now() >= deadline => {
+                panic!("connecting to the ZMQ endpoint {endpoint}: {e}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
     handshake(&mut conn, socket_type);
     conn
 }
