@@ -250,7 +250,7 @@ pub async fn spawn(
     ));
 
     let shared = Arc::new(http::Shared {
-        metrics: metrics::Metrics::new(snapshot.clone(), clock, config.model.clone()),
+        metrics: metrics::Metrics::new(snapshot.clone(), clock, config.model.clone(), &engine_cfg),
         started: http::unix_now(),
         ids: ids::IdGen::new(),
         text,

@@ -145,9 +145,28 @@ const VLLM_COUNTERS: [(&str, &str, Read); 4] = [
 ];
 
 impl Metrics {
-    /// Metrics read from `snapshot`; `model` labels the vLLM names.
-    pub(crate) fn new(snapshot: Arc<Mutex<EngineMetrics>>, clock: Clock, model: String) -> Self {
+    /// Metrics read from `snapshot`; `model` labels the vLLM names; `engine` gives
+    /// `vllm:cache_config_info` (an info gauge of value 1 whose labels carry the block size and
+    /// the number of KV blocks, as vLLM's does: what a router can learn the capacity from).
+    pub(crate) fn new(
+        snapshot: Arc<Mutex<EngineMetrics>>,
+        clock: Clock,
+        model: String,
+        engine: &kvroute_engine::EngineConfig,
+    ) -> Self {
         let registry = Registry::new();
+        let info = Opts::new(
+            "vllm:cache_config_info",
+            "Information of the KV cache config.",
+        )
+        .const_label("block_size", engine.block_size.to_string())
+        .const_label("num_gpu_blocks", engine.num_gpu_blocks.to_string())
+        .const_label("enable_prefix_caching", "True")
+        .const_label("engine", "0");
+        if let Ok(g) = Gauge::with_opts(info) {
+            g.set(1.0);
+            let _ = registry.register(Box::new(g));
+        }
         let opts = |name: &str, help: &str, labelled: bool| {
             let o = Opts::new(name, help);
             if labelled {
@@ -233,7 +252,14 @@ mod tests {
             prompt_tokens_total: 7,
             ..EngineMetrics::default()
         }));
-        let metrics = Metrics::new(snap.clone(), Clock::new(1.0), "m".into());
+        let engine = kvroute_engine::EngineConfig {
+            block_size: 32,
+            num_gpu_blocks: 500,
+            ..kvroute_engine::EngineConfig::from_profile(
+                &kvroute_engine::Profile::builtin("tiny").unwrap(),
+            )
+        };
+        let metrics = Metrics::new(snap.clone(), Clock::new(1.0), "m".into(), &engine);
         let text = metrics.render().unwrap();
         assert!(
             text.contains("kvroute_engine_running_requests 2\n"),
@@ -245,6 +271,10 @@ mod tests {
         );
         assert!(
             text.contains("vllm:num_requests_running{model_name=\"m\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("vllm:cache_config_info{block_size=\"32\",enable_prefix_caching=\"True\",engine=\"0\",num_gpu_blocks=\"500\"} 1\n"),
             "{text}"
         );
         for line in text.lines().filter(|l| !l.starts_with('#')) {
