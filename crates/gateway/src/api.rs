@@ -174,6 +174,7 @@ async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
                     "disk": offloaded.block_count(id, kvroute_core::Tier::Disk),
                 },
                 "prefill": r.ledger().prefill_estimate(id),
+                "capacity": r.ledger().capacity(id),
             })
         })
         .collect();

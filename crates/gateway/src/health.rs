@@ -62,7 +62,15 @@ async fn pass(gw: &Arc<Gateway>) {
     let timeout = Duration::from_secs_f64(gw.config.health.timeout_secs);
     for (url, _) in by_url.iter().filter(|(_, &p)| p == Probe::Passed) {
         learn_models(gw, url.trim_end_matches('/'), keys[url], timeout).await;
+        let unknown = gw
+            .registry
+            .iter()
+            .any(|w| w.spec.url == *url && crate::capacity::unknown(w));
+        if unknown {
+            learn_capacity(gw, url, keys[url], timeout).await;
+        }
     }
+    crate::capacity::warn_unknown(gw);
     for (id, result) in results {
         let Some(w) = gw.registry.get(id) else {
             continue;
@@ -113,22 +121,51 @@ pub(crate) fn with_key(req: reqwest::RequestBuilder, key: Option<&str>) -> reqwe
     }
 }
 
+/// A GET of `base``path` with the worker's key: its body when it answers 200 within
+/// `timeout` with at most `limit` bytes (read piece by piece: a larger body is dropped
+/// unread past the limit).
+async fn get_bounded(
+    gw: &Gateway,
+    url: String,
+    key: Option<&str>,
+    timeout: Duration,
+    limit: usize,
+) -> Option<Vec<u8>> {
+    let read = async {
+        let mut resp = with_key(gw.client.get(url), key).send().await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.ok()? {
+            if body.len() + chunk.len() > limit {
+                return None;
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Some(body)
+    };
+    tokio::time::timeout(timeout, read).await.ok().flatten()
+}
+
 async fn learn_models(gw: &Gateway, base: &str, key: Option<&str>, timeout: Duration) {
-    let Ok(resp) = with_key(gw.client.get(format!("{base}/v1/models")), key)
-        .timeout(timeout)
-        .send()
-        .await
-    else {
+    // A model list is small.
+    let url = format!("{base}/v1/models");
+    let Some(bytes) = get_bounded(gw, url, key, timeout, 1 << 20).await else {
         return;
     };
-    // Bounded: a model list is small.
-    let Ok(bytes) = resp.bytes().await else {
-        return;
-    };
-    if bytes.len() > 1 << 20 {
-        return;
-    }
     if let Ok(list) = serde_json::from_slice::<ModelList>(&bytes) {
         gw.learn_models(list.data);
     }
+}
+
+/// The engine's KV capacity from its metrics (vLLM's `vllm:cache_config_info`), for the
+/// workers at `url` without a configured one.
+async fn learn_capacity(gw: &Gateway, url: &str, key: Option<&str>, timeout: Duration) {
+    // vLLM's metrics text is a few hundred KiB with every histogram.
+    let metrics = format!("{}/metrics", url.trim_end_matches('/'));
+    let Some(bytes) = get_bounded(gw, metrics, key, timeout, 8 << 20).await else {
+        return;
+    };
+    crate::capacity::learn(gw, url, &String::from_utf8_lossy(&bytes));
 }

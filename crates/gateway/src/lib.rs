@@ -10,6 +10,7 @@
 
 pub mod accuracy;
 mod api;
+pub mod capacity;
 pub mod config;
 mod error;
 pub mod events;

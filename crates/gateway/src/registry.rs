@@ -92,6 +92,10 @@ pub struct WorkerEntry {
     /// Notified when its predictions keep missing: its event ingestion rebuilds the index
     /// from the replay service.
     pub repair: tokio::sync::Notify,
+    /// KV blocks learned from the engine's metrics (0: not learned).
+    pub learned_kv_blocks: AtomicU64,
+    /// Whether the gateway said admission cannot judge this worker.
+    pub capacity_warned: AtomicBool,
 }
 
 /// Counters of one worker's KV event stream.
@@ -245,6 +249,8 @@ impl Registry {
                 accuracy: Default::default(),
                 last_repair: Default::default(),
                 repair: tokio::sync::Notify::new(),
+                learned_kv_blocks: AtomicU64::new(0),
+                capacity_warned: AtomicBool::new(false),
             })
             .collect();
         Self { workers }

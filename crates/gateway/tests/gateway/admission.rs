@@ -108,3 +108,25 @@ async fn a_body_that_trickles_in_too_slowly_gets_408() {
     gw.shutdown().await;
     a.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_capacity_is_learned_from_its_cache_config_metric() {
+    // Two workers without kv_blocks in the gateway's config; the engines publish
+    // vllm:cache_config_info with 300 and 500 blocks of 16 tokens.
+    let a = worker_with("a", |c| c.num_gpu_blocks = Some(300)).await;
+    let b = worker_with("b", |c| c.num_gpu_blocks = Some(500)).await;
+    let mut cfg = config(&[&a, &b], "kv");
+    cfg.router.block_size = 32;
+    cfg.workers[1].kv_blocks = Some(7);
+    let gw = gateway_with_feeds(cfg, Default::default()).await;
+    let url = gw.url();
+    let capacity =
+        async |i: usize| debug_workers(&url).await["workers"][i]["capacity"]["kv_blocks"].clone();
+    // In the router's blocks of 32 tokens: 300 x 16 / 32.
+    assert!(eventually(10, async || capacity(0).await == 150).await);
+    // A configured capacity wins over what the engine says.
+    assert_eq!(capacity(1).await, 7);
+    gw.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
