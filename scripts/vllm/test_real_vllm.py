@@ -34,10 +34,12 @@ on failure, on a signal, and at the overall deadline.
 import argparse
 import os
 import random
+import re
 import signal
 import sys
 import threading
 import time
+import urllib.request
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
@@ -283,6 +285,7 @@ class Run:
             "replayed": inner.get("replayed"),
             "restarts": inner.get("restarts"),
             "degraded": inner.get("degraded"),
+            "kv_blocks": (w.get("capacity") or {}).get("kv_blocks"),
         }
         for k in ("cache_state", "resubscribes"):  # newer gateways
             for src in (w, inner):
@@ -394,6 +397,16 @@ class Run:
         r.info(f"turn 2 through the gateway: {self.fig(t)}")
         r.check(t.ok, "turn 2 succeeded")
         r.check(view.get("index_blocks", 0) > 0, f"engine1's blocks known after catch-up (index_blocks {view.get('index_blocks')})")
+        # The gateway was given no kv_blocks: it learns them from vllm:cache_config_info.
+        engine_blocks = None
+        with urllib.request.urlopen(f"{self.e1.url}/metrics", timeout=10) as resp:
+            for line in resp.read().decode().splitlines():
+                m = re.match(r'vllm:cache_config_info\{.*num_gpu_blocks="(\d+)"', line)
+                if m:
+                    engine_blocks = int(m.group(1))
+        r.info(f"engine1 publishes num_gpu_blocks {engine_blocks}; the gateway's capacity: {view.get('kv_blocks')} blocks")
+        r.check(engine_blocks is not None and view.get("kv_blocks") == engine_blocks,
+                f"capacity learned from vllm:cache_config_info ({view.get('kv_blocks')} == {engine_blocks})")
         r.check(t.ok and t.worker == self.e1.gateway_name, f"routed to engine1, which holds the prefix (went to {self.w(t.worker)})")
         r.check(t.good, f"predicted {t.predicted} > 0 and within {BLOCK} of reported {t.reported}")
 
@@ -510,7 +523,6 @@ class Run:
 
     def explain_raw(self, messages):
         import json
-        import urllib.request
         body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 16}).encode()
         req = urllib.request.Request(self.gw.url + "/debug/explain", data=body,
                                      headers={"content-type": "application/json"})
