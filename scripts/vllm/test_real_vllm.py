@@ -13,7 +13,8 @@ with usage in the last chunk; the gateway's `x-kvroute-worker` and
 `usage.prompt_tokens_details.cached_tokens`. "Predicted right" means within one block (32
 tokens) of the reported figure. Scenarios:
 
-  b. a conversation begun on engine 1 before the gateway starts is known after catch-up;
+  b. a conversation begun on engine 1 before the gateway starts is known after catch-up, and
+     the engine's capacity is learned from its `vllm:cache_config_info`;
   a. multi-turn conversations: no failure, no 499, every KV event applied, predictions right;
   f. the same block-aligned prompt sent again: predicted exactly as the engine counts it (a
      full hit stops at prompt length - 1, so one block less than the prompt);
