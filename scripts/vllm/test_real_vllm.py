@@ -405,6 +405,11 @@ class Run:
                 m = re.match(r'vllm:cache_config_info\{.*num_gpu_blocks="(\d+)"', line)
                 if m:
                     engine_blocks = int(m.group(1))
+        # Learned by the health checks (every 2 s): wait for a round to have read it.
+        deadline = time.time() + 15.0
+        while time.time() < deadline and view.get("kv_blocks") is None:
+            time.sleep(0.2)
+            view = self.worker_view(self.e1)
         r.info(f"engine1 publishes num_gpu_blocks {engine_blocks}; the gateway's capacity: {view.get('kv_blocks')} blocks")
         r.check(engine_blocks is not None and view.get("kv_blocks") == engine_blocks,
                 f"capacity learned from vllm:cache_config_info ({view.get('kv_blocks')} == {engine_blocks})")
