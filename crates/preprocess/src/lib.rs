@@ -302,12 +302,44 @@ impl Preprocessor {
     }
 
     /// Token ids of a request's prompt: chat messages rendered with the template (with the
-    /// generation prompt) then encoded, a text encoded, or token ids as given.
+    /// generation prompt, or continuing the final message) then encoded, a text encoded, or
+    /// token ids as given.
     pub fn prompt_tokens(&self, input: &PromptInput) -> Result<Vec<u32>, PreprocessError> {
         match input {
             PromptInput::Tokens(ids) => Ok(ids.clone()),
             PromptInput::Text(text) => self.encode(text),
             PromptInput::Messages(messages) => self.encode(&self.render_chat(messages, true)?),
+            PromptInput::Continue(messages) => self.encode(&self.render_continuation(messages)?),
+        }
+    }
+
+    /// Renders `messages` so that the answer continues the final one (an assistant's
+    /// partial answer: `continue_final_message`): rendered without a generation prompt, then
+    /// cut right after the last place the final message's text (trimmed) appears, as
+    /// Hugging Face's `apply_chat_template` does, so that the template's end-of-turn markup
+    /// after it is not in the prompt.
+    ///
+    /// Errors: those of [`render_chat`](Self::render_chat), and
+    /// [`PreprocessError::Invalid`] when the final message's content is not text or does
+    /// not appear in the rendered prompt.
+    pub fn render_continuation(&self, messages: &[Json]) -> Result<String, PreprocessError> {
+        let rendered = self.render_chat(messages, false)?;
+        let last = template::normalize_messages(&messages[messages.len().saturating_sub(1)..])?;
+        let text = match last.first().and_then(|m| m.get("content")) {
+            Some(Json::String(t)) => t.trim(),
+            None | Some(Json::Null) => "",
+            Some(_) => {
+                return Err(PreprocessError::Invalid(
+                    "the message to continue must have text content".into(),
+                ))
+            }
+        };
+        match rendered.rfind(text) {
+            Some(at) => Ok(rendered[..at + text.len()].to_string()),
+            None => Err(PreprocessError::Invalid(
+                "the final message does not appear in the rendered chat, so it cannot be continued"
+                    .into(),
+            )),
         }
     }
 

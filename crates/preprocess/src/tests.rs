@@ -97,6 +97,44 @@ fn builtin_renders_chatml() {
 }
 
 #[test]
+fn a_continuation_ends_with_the_final_messages_text() {
+    let p = Preprocessor::builtin();
+    let messages = vec![
+        json!({"role": "user", "content": "Say hello"}),
+        json!({"role": "assistant", "content": "Hello, wor"}),
+    ];
+    let prompt = p.render_continuation(&messages).unwrap();
+    assert_eq!(
+        prompt,
+        "<|im_start|>user\nSay hello<|im_end|>\n<|im_start|>assistant\nHello, wor"
+    );
+    // The same tokens as the prompt's continuation input, and a prefix of the full render.
+    let ids = p
+        .prompt_tokens(&PromptInput::Continue(messages.clone()))
+        .unwrap();
+    assert_eq!(ids, p.encode(&prompt).unwrap());
+    assert!(p
+        .render_chat(&messages, false)
+        .unwrap()
+        .starts_with(&prompt));
+    // Text parts count as text; other content cannot be continued.
+    let parts = vec![
+        json!({"role": "user", "content": "Say hello"}),
+        json!({"role": "assistant", "content": [{"type": "text", "text": "Hello, wor"}]}),
+    ];
+    assert_eq!(p.render_continuation(&parts).unwrap(), prompt);
+    let image = vec![json!({"role": "assistant", "content": [{"type": "image_url"}]})];
+    assert!(matches!(
+        p.render_continuation(&image),
+        Err(PreprocessError::Invalid(_))
+    ));
+    // Approximate mode cuts the same way.
+    let a = Preprocessor::approximate();
+    let approx = a.render_continuation(&messages).unwrap();
+    assert!(approx.ends_with("Hello, wor"), "{approx}");
+}
+
+#[test]
 fn builtin_encode_decode_round_trip() {
     let p = Preprocessor::builtin();
     for text in [

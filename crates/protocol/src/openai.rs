@@ -2,6 +2,7 @@
 //! JSON objects so that fields we do not know are forwarded unchanged), the response and
 //! stream-chunk bodies, server-sent events, and error objects with their HTTP status.
 
+pub mod continuation;
 mod error;
 #[cfg(feature = "axum")]
 pub mod http;

@@ -39,6 +39,10 @@ impl Endpoint {
 pub enum PromptInput {
     /// Chat messages, as given (each a JSON object with a string `role`).
     Messages(Vec<Value>),
+    /// Chat messages whose final one, the assistant's, the answer continues
+    /// (`continue_final_message`, vLLM's and Hugging Face's): rendered without a generation
+    /// prompt and cut right after that message's text.
+    Continue(Vec<Value>),
     /// A text prompt.
     Text(String),
     /// A prompt of token ids.
@@ -59,7 +63,7 @@ impl PromptInput {
         match self {
             PromptInput::Text(t) => t.len(),
             PromptInput::Tokens(_) => 0,
-            PromptInput::Messages(m) => m.iter().map(text).sum(),
+            PromptInput::Messages(m) | PromptInput::Continue(m) => m.iter().map(text).sum(),
         }
     }
 }
@@ -142,7 +146,7 @@ fn view(
         ));
     }
     let input = match endpoint {
-        Endpoint::Chat => messages(obj)?,
+        Endpoint::Chat => chat_input(obj)?,
         Endpoint::Completions => prompt(obj, max_prompt_tokens)?,
     };
     Ok(RequestView {
@@ -195,7 +199,29 @@ fn opt_u32(obj: &Map<String, Value>, key: &str) -> Result<Option<u32>, ApiError>
     }
 }
 
-fn messages(obj: &Map<String, Value>) -> Result<PromptInput, ApiError> {
+/// A chat request's messages, continued (`continue_final_message`) or answered.
+fn chat_input(obj: &Map<String, Value>) -> Result<PromptInput, ApiError> {
+    let list = messages(obj)?;
+    if opt_bool(obj, "continue_final_message")? != Some(true) {
+        return Ok(PromptInput::Messages(list));
+    }
+    if opt_bool(obj, "add_generation_prompt")? == Some(true) {
+        return Err(ApiError::invalid_param(
+            "continue_final_message",
+            "`continue_final_message` and `add_generation_prompt` cannot both be true",
+        ));
+    }
+    let last = list.last().and_then(Value::as_object);
+    if last.and_then(|m| m.get("role")).and_then(Value::as_str) != Some("assistant") {
+        return Err(ApiError::invalid_param(
+            "continue_final_message",
+            "`continue_final_message` needs an assistant message last",
+        ));
+    }
+    Ok(PromptInput::Continue(list))
+}
+
+fn messages(obj: &Map<String, Value>) -> Result<Vec<Value>, ApiError> {
     let list = match obj.get("messages") {
         Some(Value::Array(a)) => a,
         Some(_) => {
@@ -226,7 +252,7 @@ fn messages(obj: &Map<String, Value>) -> Result<PromptInput, ApiError> {
             ));
         }
     }
-    Ok(PromptInput::Messages(list.clone()))
+    Ok(list.clone())
 }
 
 fn prompt(obj: &Map<String, Value>, max_prompt_tokens: usize) -> Result<PromptInput, ApiError> {
@@ -260,7 +286,7 @@ fn prompt(obj: &Map<String, Value>, max_prompt_tokens: usize) -> Result<PromptIn
     let empty = match &input {
         PromptInput::Text(t) => t.is_empty(),
         PromptInput::Tokens(t) => t.is_empty(),
-        PromptInput::Messages(m) => m.is_empty(),
+        PromptInput::Messages(m) | PromptInput::Continue(m) => m.is_empty(),
     };
     if empty {
         return Err(bad("`prompt` must not be empty"));
