@@ -84,17 +84,19 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
         let prep = prepare(&gw, &view, session)
             .await
             .map_err(|e| (e, view.model.clone()))?;
+        let model = view.model.clone();
         let call = Call {
-            view: &view,
+            view,
             body,
-            request_id: &id,
+            request_id: id.clone(),
             started,
             explain: crate::explanation::asked(&headers),
-            authorization: headers.get(header::AUTHORIZATION),
+            authorization: headers.get(header::AUTHORIZATION).cloned(),
+            migrate: gw.config.upstream.migration_limit > 0 && !migration_off(&headers),
         };
-        forward(&gw, call, &prep)
+        forward(&gw, Arc::new(call), Arc::new(prep))
             .await
-            .map_err(|e| (e, view.model.clone()))
+            .map_err(|e| (e, model))
     }
     .await;
     match result {
@@ -109,6 +111,20 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
             error_response(&api, &id)
         }
     }
+}
+
+/// Whether the request opted out of mid-stream migration (`x-kvroute-migrate: off`, `false`
+/// or `0`).
+fn migration_off(headers: &HeaderMap) -> bool {
+    headers
+        .get(crate::MIGRATE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "off" | "false" | "0" | "no"
+            )
+        })
 }
 
 async fn models(State(gw): State<Arc<Gateway>>) -> Response {

@@ -323,6 +323,11 @@ pub struct UpstreamConfig {
     pub idle_timeout_secs: f64,
     /// Retry a request that failed before its first byte once, on another worker.
     pub retry: bool,
+    /// How many times a stream whose worker died or went silent after its first byte is
+    /// carried on by another worker (the prompt plus what was streamed, as a continuation),
+    /// the client seeing one stream; 0: never (the stream ends with an error event). A
+    /// request opts out with `x-kvroute-migrate: off`.
+    pub migration_limit: u32,
     /// Key sent to every worker without one of its own (`Authorization: Bearer`), for
     /// engines started with `--api-key`. Also from `KVROUTE_UPSTREAM_API_KEY`.
     #[serde(skip_serializing)]
@@ -355,6 +360,7 @@ impl Default for UpstreamConfig {
             first_byte_timeout_secs: 120.0,
             idle_timeout_secs: 60.0,
             retry: true,
+            migration_limit: 3,
             api_key: None,
             forward_authorization: false,
             replay_timeout_secs: 2.0,
@@ -369,6 +375,9 @@ impl Default for UpstreamConfig {
 
 /// The longest timeout the config takes, in seconds (a week).
 pub const MAX_TIMEOUT_SECS: f64 = 7.0 * 86_400.0;
+
+/// The most migrations a stream may go through (`upstream.migration_limit`).
+pub const MAX_MIGRATIONS: u32 = 16;
 
 /// Invalid settings.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -441,6 +450,12 @@ impl GatewayConfig {
             "limits.body_read_timeout_secs",
             self.limits.body_read_timeout_secs,
         )?;
+        if self.upstream.migration_limit > MAX_MIGRATIONS {
+            return Err(ConfigError(format!(
+                "upstream.migration_limit must be at most {MAX_MIGRATIONS}, got {}",
+                self.upstream.migration_limit
+            )));
+        }
         let max_connections = kvroute_protocol::openai::http::MAX_CONNECTIONS;
         if !(1..=max_connections).contains(&self.limits.max_connections) {
             return Err(ConfigError(format!(

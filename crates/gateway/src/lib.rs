@@ -48,6 +48,9 @@ pub const WORKER_HEADER: &str = "x-kvroute-worker";
 /// cached (compare with the answer's `usage.prompt_tokens_details.cached_tokens`).
 pub const PREDICTED_CACHED_HEADER: &str = "x-kvroute-predicted-cached-tokens";
 
+/// The header by which a request opts out of mid-stream migration (`off`, `false` or `0`).
+pub const MIGRATE_HEADER: &str = "x-kvroute-migrate";
+
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

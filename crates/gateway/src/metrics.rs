@@ -72,6 +72,9 @@ pub struct Metrics {
     pub retries: IntCounter,
     /// Failed calls to workers, by worker and kind.
     pub upstream_errors: IntCounterVec,
+    /// Streams that broke off after their first byte, by what became of them (`migrated`,
+    /// `failed`, `limit`, `off`, `unsupported`, `complete`).
+    pub migrations: IntCounterVec,
 }
 
 fn token_buckets() -> Vec<f64> {
@@ -282,6 +285,11 @@ impl Metrics {
                 "kvroute_upstream_errors_total",
                 "Failed calls to workers, by worker and kind.",
                 &["worker", "kind"],
+            )?,
+            migrations: counter_vec(
+                "kvroute_migrations_total",
+                "Streams that broke off after their first byte, by what became of them: migrated (carried on by another worker), failed (no worker could), limit (upstream.migration_limit reached), off (the request opted out or the limit is 0), unsupported (the answer cannot be continued), complete (every token had been sent).",
+                &["result"],
             )?,
             registry,
         };

@@ -1,7 +1,9 @@
 //! Forwarding a routed request to its worker and the answer back: the body goes out as the
-//! client sent it; a stream comes back chunk by chunk while the gateway watches it (first
-//! token, inter-token gaps, usage) and releases the ledger; a failure before the first byte
-//! is retried once on another worker.
+//! client sent it; a failure before the first byte is retried once on another worker; a
+//! whole answer comes back read under a bound, a stream through [`stream`] (watched, and
+//! carried on by another worker when its own fails mid-way).
+
+mod stream;
 
 use crate::error::GatewayError;
 use crate::routing::{admit, LedgerGuard, Prepared};
@@ -12,7 +14,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use kvroute_protocol::openai::{RequestView, SseEvent, SseParser, Usage};
+use kvroute_protocol::openai::{RequestView, Usage};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use std::sync::Arc;
@@ -36,46 +38,50 @@ struct Prediction {
 }
 
 /// One request on its way through the gateway.
-pub struct Call<'a> {
+#[derive(Clone)]
+pub struct Call {
     /// The checked request.
-    pub view: &'a RequestView,
+    pub view: RequestView,
     /// The body as the client sent it.
     pub body: Bytes,
     /// The request id (sent upstream and back).
-    pub request_id: &'a str,
+    pub request_id: String,
     /// When it arrived.
     pub started: Instant,
     /// Whether the client asked for the routing explanation (`x-kvroute-explain`).
     pub explain: bool,
     /// The client's `Authorization` header (sent on with `upstream.forward_authorization`).
-    pub authorization: Option<&'a axum::http::HeaderValue>,
+    pub authorization: Option<HeaderValue>,
+    /// Whether a stream that breaks after its first byte may be carried on by another worker
+    /// (`upstream.migration_limit` above 0 and no `x-kvroute-migrate: off`).
+    pub migrate: bool,
 }
 
 /// Routes and forwards `call`; returns the answer to send back.
 pub async fn forward(
     gw: &Arc<Gateway>,
-    call: Call<'_>,
-    prep: &Prepared,
+    call: Arc<Call>,
+    prep: Arc<Prepared>,
 ) -> Result<Response, GatewayError> {
     let mut exclude = None;
     let attempts = if gw.config.upstream.retry { 2 } else { 1 };
     let mut last_error = None;
     for attempt in 0..attempts {
-        let (sel, guard, explanation) = match admit(gw, prep, exclude, &call).await {
+        let (sel, guard, explanation) = match admit(gw, &prep, exclude, &call).await {
             Ok(x) => x,
             // A retry that finds no other worker reports the first failure.
             Err(e) if attempt > 0 => return Err(last_error.unwrap_or(e)),
             Err(e) => return Err(e),
         };
         let worker = guard.worker;
-        match send(gw, &call, worker).await {
+        match send(gw, &call, worker, call.body.clone()).await {
             Ok(resp) if resp.status().is_server_error() && attempt + 1 < attempts => {
                 let name = worker_name(gw, worker);
                 gw.metrics
                     .upstream_errors
                     .with_label_values(&[&name, "status_5xx"])
                     .inc();
-                tracing::warn!(worker = %name, status = resp.status().as_u16(), request_id = call.request_id, "worker failed; retrying elsewhere");
+                tracing::warn!(worker = %name, status = resp.status().as_u16(), request_id = %call.request_id, "worker failed; retrying elsewhere");
                 last_error = Some(GatewayError::Upstream {
                     worker: name,
                     message: format!("answered {}", resp.status()),
@@ -89,7 +95,7 @@ pub async fn forward(
                         predicted: sel.cached_tokens as u64,
                         prompt_tokens: prep.prompt.tokens as u64,
                     };
-                    let mut out = answer(gw, &call, guard, read, prediction);
+                    let mut out = answer(gw, &call, &prep, guard, read, prediction);
                     if let Some(v) = explanation
                         .as_ref()
                         .and_then(|ex| crate::explanation::header_value(gw, ex))
@@ -107,7 +113,7 @@ pub async fn forward(
                         .upstream_errors
                         .with_label_values(&[&name, "broken"])
                         .inc();
-                    tracing::warn!(worker = %name, error = %message, request_id = call.request_id, "worker's answer broke off before its first byte");
+                    tracing::warn!(worker = %name, error = %message, request_id = %call.request_id, "worker's answer broke off before its first byte");
                     let e = GatewayError::Upstream {
                         worker: name,
                         message,
@@ -130,7 +136,7 @@ pub async fn forward(
                     .upstream_errors
                     .with_label_values(&[&name, kind])
                     .inc();
-                tracing::warn!(worker = %name, error = %e, request_id = call.request_id, "worker unreachable");
+                tracing::warn!(worker = %name, error = %e, request_id = %call.request_id, "worker unreachable");
                 if kind == "connect" {
                     // A refused connection is a dead worker: stop sending it traffic now
                     // rather than at the next health check.
@@ -152,10 +158,12 @@ fn worker_name(gw: &Gateway, id: kvroute_core::WorkerId) -> String {
         .map_or_else(|| id.to_string(), |w| w.name.clone())
 }
 
+/// Sends `body` (the client's, or a continuation) for `call` to `worker`.
 async fn send(
     gw: &Arc<Gateway>,
-    call: &Call<'_>,
+    call: &Call,
     worker: kvroute_core::WorkerId,
+    body: Bytes,
 ) -> Result<reqwest::Response, GatewayError> {
     let w = gw
         .registry
@@ -168,17 +176,17 @@ async fn send(
         .client
         .post(url)
         .header(header::CONTENT_TYPE, "application/json")
-        .header(REQUEST_ID_HEADER, call.request_id);
+        .header(REQUEST_ID_HEADER, &call.request_id);
     if let Some(rank) = w.spec.dp_rank {
         req = req.header(crate::DP_RANK_HEADER, rank);
     }
-    req = match call.authorization {
+    req = match &call.authorization {
         Some(client) if gw.config.upstream.forward_authorization => {
             req.header(header::AUTHORIZATION, client)
         }
         _ => crate::health::with_key(req, gw.upstream_key(&w.spec)),
     };
-    let req = req.body(call.body.clone()).send();
+    let req = req.body(body).send();
     let timeout = Duration::from_secs_f64(gw.config.upstream.first_byte_timeout_secs);
     match tokio::time::timeout(timeout, req).await {
         Ok(Ok(resp)) => Ok(resp),
@@ -216,7 +224,7 @@ enum ReadBody {
 /// could reach the client (the request can then go elsewhere).
 async fn start_reading(
     gw: &Arc<Gateway>,
-    call: &Call<'_>,
+    call: &Call,
     resp: reqwest::Response,
 ) -> Result<Read, String> {
     let status = resp.status();
@@ -250,7 +258,8 @@ async fn start_reading(
 /// expected the worker to hold.
 fn answer(
     gw: &Arc<Gateway>,
-    call: &Call<'_>,
+    call: &Arc<Call>,
+    prep: &Arc<Prepared>,
     guard: LedgerGuard,
     read: Read,
     prediction: Prediction,
@@ -263,16 +272,14 @@ fn answer(
     let worker = worker_name(gw, guard.worker);
     let streaming = matches!(body, ReadBody::Stream { .. });
     let mut out = match body {
-        ReadBody::Stream { first, rest } => {
-            let watch = Watch::new(
-                gw.clone(),
-                guard,
-                call.view.model.clone(),
-                call.started,
-                prediction,
-            );
-            Response::new(Body::from_stream(watched(first, rest, watch)))
-        }
+        ReadBody::Stream { first, rest } => Response::new(Body::from_stream(stream::relay(
+            gw,
+            call.clone(),
+            prep.clone(),
+            guard,
+            (first, rest),
+            prediction,
+        ))),
         ReadBody::Whole(code, body) => {
             let status = if code.is_some() {
                 StatusCode::BAD_GATEWAY
@@ -288,7 +295,7 @@ fn answer(
                 status,
                 call.started,
                 usage.as_ref(),
-                prediction,
+                Some(prediction),
             );
             drop(guard);
             let mut r = Response::new(Body::from(body));
@@ -302,7 +309,7 @@ fn answer(
         header::CONTENT_TYPE,
         content_type.unwrap_or(HeaderValue::from_static("application/json")),
     );
-    if let Ok(v) = HeaderValue::from_str(call.request_id) {
+    if let Ok(v) = HeaderValue::from_str(&call.request_id) {
         headers.insert(REQUEST_ID_HEADER, v);
     }
     if let Ok(v) = HeaderValue::from_str(&worker) {
@@ -350,14 +357,14 @@ async fn read_body(gw: &Gateway, mut resp: reqwest::Response) -> (Option<&'stati
 }
 
 /// Records a finished request; a successful one whose usage reports cached tokens is a
-/// sample of the worker's prediction accuracy.
+/// sample of the worker's prediction accuracy (`prediction`; none for a migrated stream).
 fn finish(
     gw: &Gateway,
     model: &str,
     status: StatusCode,
     started: Instant,
     usage: Option<&Usage>,
-    prediction: Prediction,
+    prediction: Option<Prediction>,
 ) {
     let m = &gw.metrics;
     m.requests
@@ -369,7 +376,9 @@ fn finish(
         m.cached_tokens.observe(u.cached_tokens() as f64);
         m.output_tokens.observe(u.completion_tokens as f64);
         m.output_tokens_total.inc_by(u.completion_tokens);
-        if let (true, Some(details)) = (status.is_success(), &u.prompt_tokens_details) {
+        if let (true, Some(details), Some(prediction)) =
+            (status.is_success(), &u.prompt_tokens_details, prediction)
+        {
             gw.observe_prediction(
                 prediction.worker,
                 crate::accuracy::Sample {
@@ -382,210 +391,4 @@ fn finish(
             );
         }
     }
-}
-
-/// Watches a stream on its way through.
-struct Watch {
-    gw: Arc<Gateway>,
-    guard: Option<LedgerGuard>,
-    model: String,
-    started: Instant,
-    parser: SseParser,
-    events: Vec<SseEvent>,
-    last_token: Option<Instant>,
-    usage: Option<Usage>,
-    /// The stream's `[DONE]` went by: the client has the whole answer.
-    completed: bool,
-    /// What the router expected of the worker.
-    prediction: Prediction,
-    /// The longest silence between the worker's chunks (`upstream.idle_timeout_secs`).
-    idle: Duration,
-    done: bool,
-}
-
-impl Watch {
-    fn new(
-        gw: Arc<Gateway>,
-        guard: LedgerGuard,
-        model: String,
-        started: Instant,
-        prediction: Prediction,
-    ) -> Self {
-        Self {
-            idle: gw.upstream_idle_timeout(),
-            gw,
-            guard: Some(guard),
-            model,
-            started,
-            parser: SseParser::new(),
-            events: Vec::new(),
-            last_token: None,
-            usage: None,
-            completed: false,
-            prediction,
-            done: false,
-        }
-    }
-
-    fn observe(&mut self, chunk: &[u8]) {
-        if self.parser.feed(chunk, &mut self.events).is_err() {
-            // Not a stream we understand: pass it on untouched, stop watching.
-            self.events.clear();
-            return;
-        }
-        for ev in self.events.drain(..) {
-            let d = match ev {
-                SseEvent::Data(d) => d,
-                SseEvent::Done => {
-                    self.completed = true;
-                    continue;
-                }
-            };
-            // After the first token only the usage chunk needs reading; other chunks are
-            // token chunks (for the inter-token gaps) and skip the JSON parse.
-            if self.last_token.is_none() || d.contains("\"usage\"") {
-                let Ok(peek) = serde_json::from_str::<Peek>(&d) else {
-                    continue;
-                };
-                if peek.usage.is_some() {
-                    self.usage = peek.usage;
-                }
-                if peek.choices.is_empty() {
-                    continue;
-                }
-            }
-            let now = Instant::now();
-            match self.last_token {
-                None => {
-                    self.gw
-                        .metrics
-                        .ttft
-                        .observe(now.duration_since(self.started).as_secs_f64());
-                    if let Some(g) = &mut self.guard {
-                        g.first_token();
-                    }
-                }
-                Some(prev) => self
-                    .gw
-                    .metrics
-                    .itl
-                    .observe(now.duration_since(prev).as_secs_f64()),
-            }
-            self.last_token = Some(now);
-        }
-    }
-
-    /// The worker's stream failed after the client got its `200` headers (`kind`:
-    /// `stream_broken`, or `stream_idle` when it went silent): counted as an upstream error
-    /// of the worker, the request as the `200` the client saw; returns the error event to end
-    /// the client's stream with, mapped like every upstream failure. The upstream request is
-    /// dropped with the stream, which cancels it at the worker.
-    fn give_up(
-        &mut self,
-        kind: &'static str,
-        message: String,
-        timeout: bool,
-    ) -> kvroute_protocol::openai::ApiError {
-        let worker = self.worker_name();
-        tracing::warn!(worker = %worker, kind, error = %message, "worker stream failed");
-        self.gw
-            .metrics
-            .upstream_errors
-            .with_label_values(&[&worker, kind])
-            .inc();
-        self.end(StatusCode::OK);
-        GatewayError::Upstream {
-            worker,
-            message,
-            timeout,
-        }
-        .to_api()
-    }
-
-    fn worker_name(&self) -> String {
-        self.guard
-            .as_ref()
-            .map_or_else(|| "?".to_string(), |g| worker_name(&self.gw, g.worker))
-    }
-
-    fn end(&mut self, status: StatusCode) {
-        if !self.done {
-            self.done = true;
-            finish(
-                &self.gw,
-                &self.model,
-                status,
-                self.started,
-                self.usage.as_ref(),
-                self.prediction,
-            );
-            self.guard = None;
-        }
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        // The stream was dropped before the worker's end. A client that read `[DONE]` may
-        // close at once (the official clients do): that request completed. Otherwise the
-        // client went away before the end: 499, as proxies log it.
-        if !self.done {
-            let status = if self.completed {
-                StatusCode::OK
-            } else {
-                StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST)
-            };
-            self.end(status);
-        }
-    }
-}
-
-/// The worker's stream (its first chunk already read), watched; a break-off ends it with an
-/// error event.
-fn watched(
-    first: Bytes,
-    rest: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
-    watch: Watch,
-) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
-    let upstream = futures_util::stream::once(async move { Ok(first) })
-        .filter(|c: &reqwest::Result<Bytes>| {
-            std::future::ready(c.as_ref().map_or(true, |b| !b.is_empty()))
-        })
-        .chain(rest);
-    futures_util::stream::unfold(
-        (upstream.boxed(), watch, false),
-        |(mut up, mut watch, over)| async move {
-            if over {
-                return None;
-            }
-            let idle = watch.idle;
-            let Ok(next) = tokio::time::timeout(idle, up.next()).await else {
-                let err = watch.give_up(
-                    "stream_idle",
-                    format!("its stream sent nothing for {idle:?}"),
-                    true,
-                );
-                let bytes = Bytes::from(format!("data: {}\n\n", err.to_json()));
-                return Some((Ok(bytes), (up, watch, true)));
-            };
-            match next {
-                Some(Ok(chunk)) => {
-                    watch.observe(&chunk);
-                    Some((Ok(chunk), (up, watch, false)))
-                }
-                Some(Err(e)) => {
-                    let err =
-                        watch.give_up("stream_broken", format!("its stream broke off: {e}"), false);
-                    let bytes = Bytes::from(format!("data: {}\n\n", err.to_json()));
-                    Some((Ok(bytes), (up, watch, true)))
-                }
-                None => {
-                    let mut tail = Vec::new();
-                    let _ = watch.parser.finish(&mut tail);
-                    watch.end(StatusCode::OK);
-                    None
-                }
-            }
-        },
-    )
 }

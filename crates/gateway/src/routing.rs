@@ -121,7 +121,7 @@ pub async fn admit(
     gw: &Arc<Gateway>,
     prep: &Prepared,
     exclude: Option<WorkerId>,
-    call: &crate::proxy::Call<'_>,
+    call: &crate::proxy::Call,
 ) -> Result<(Selection, LedgerGuard, Option<Explanation>), GatewayError> {
     let started = call.started;
     let mut explanation = None;

@@ -7,6 +7,7 @@ mod engines;
 mod events;
 mod explain;
 mod health;
+mod migration;
 mod ranks;
 mod resync;
 mod streams;

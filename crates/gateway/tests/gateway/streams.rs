@@ -224,7 +224,14 @@ async fn a_stream_that_breaks_mid_way_ends_with_an_upstream_failed_event() {
         "{}",
         crate::scrape(&url).await
     );
-    assert_eq!(count(&crate::scrape(&url).await, "502"), 0.0);
+    let m = crate::scrape(&url).await;
+    assert_eq!(count(&m, "502"), 0.0);
+    // The only worker failed: no other could carry the stream on.
+    assert_eq!(
+        kvroute_testkit::sample(&m, "kvroute_migrations_total{result=\"failed\"}"),
+        Some(1.0),
+        "{m}"
+    );
     gw.shutdown().await;
 }
 
@@ -235,9 +242,12 @@ async fn a_stream_that_goes_silent_ends_with_an_upstream_timeout_event() {
     })
     .await;
     let url = gw.url();
-    // One token, then the worker holds the stream open without a word for 60 s.
+    // One token, then the worker holds the stream open without a word for 60 s. (With
+    // migration, `max_tokens` 1 would make that token the whole answer: the stream would end
+    // complete. Here the request opts out of migration.)
     let r = client()
         .post(format!("{url}/v1/chat/completions"))
+        .header("x-kvroute-migrate", "off")
         .json(&chat(&[("user", "hi")], true, 1))
         .send()
         .await
@@ -258,6 +268,11 @@ async fn a_stream_that_goes_silent_ends_with_an_upstream_timeout_event() {
         "{m}"
     );
     assert_eq!(count(&m, "200"), 1.0, "{m}");
+    assert_eq!(
+        kvroute_testkit::sample(&m, "kvroute_migrations_total{result=\"off\"}"),
+        Some(1.0),
+        "{m}"
+    );
     let bad = {
         let mut c = config(&[], "kv");
         c.workers = vec![kvroute_gateway::WorkerSpec {
