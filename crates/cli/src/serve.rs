@@ -60,6 +60,12 @@ pub struct ServeArgs {
     /// Seed of the router's random choices.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Serve over TLS with this PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 impl ServeArgs {
@@ -112,6 +118,10 @@ impl ServeArgs {
         }
         if let Some(s) = self.seed {
             c.router.seed = s;
+        }
+        if self.tls_cert.is_some() {
+            c.tls.cert_file = self.tls_cert.clone();
+            c.tls.key_file = self.tls_key.clone();
         }
         keys_from_env(&mut c, |name| std::env::var(name).ok());
         c.validate()?;

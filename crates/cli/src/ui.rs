@@ -167,5 +167,5 @@ pub async fn serve_app(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) {
     use kvroute_protocol::openai::http;
-    http::serve(listener, app, http::ServeLimits::default(), shutdown).await;
+    http::serve(listener, app, http::ServeLimits::default(), None, shutdown).await;
 }

@@ -40,6 +40,25 @@ pub struct GatewayConfig {
     pub accuracy: crate::accuracy::AccuracyConfig,
     /// Who may call the gateway.
     pub auth: AuthConfig,
+    /// TLS for the listener.
+    pub tls: TlsConfig,
+}
+
+/// TLS for the listener: off unless both files are given.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file of the certificate chain (the server's certificate first).
+    pub cert_file: Option<std::path::PathBuf>,
+    /// PEM file of its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<std::path::PathBuf>,
+}
+
+impl TlsConfig {
+    /// Whether TLS is on.
+    pub fn enabled(&self) -> bool {
+        self.cert_file.is_some()
+    }
 }
 
 /// Keys and origins (see `kvroute_protocol::openai::http::access`).
@@ -85,6 +104,7 @@ impl Default for GatewayConfig {
             upstream: UpstreamConfig::default(),
             accuracy: crate::accuracy::AccuracyConfig::default(),
             auth: AuthConfig::default(),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -450,6 +470,11 @@ impl GatewayConfig {
             "limits.body_read_timeout_secs",
             self.limits.body_read_timeout_secs,
         )?;
+        if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
+            return Err(ConfigError(
+                "tls.cert_file and tls.key_file go together: give both or neither".into(),
+            ));
+        }
         if self.upstream.migration_limit > MAX_MIGRATIONS {
             return Err(ConfigError(format!(
                 "upstream.migration_limit must be at most {MAX_MIGRATIONS}, got {}",

@@ -66,6 +66,9 @@ pub enum StartError {
     /// Metrics could not be registered.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    /// The TLS certificate or key could not be read or used.
+    #[error("tls: {0}")]
+    Tls(String),
     /// The HTTP client could not be built.
     #[error("http client: {0}")]
     Client(#[from] reqwest::Error),
@@ -262,13 +265,14 @@ pub async fn spawn(
     let app = api::routes(gw.clone(), &policy);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let limits = gw.config.serve_limits();
+    let tls = load_tls(&gw.config.tls)?;
     let server = tokio::spawn(async move {
-        kvroute_protocol::openai::http::serve(listener, app, limits, async move {
+        kvroute_protocol::openai::http::serve(listener, app, limits, tls, async move {
             let _ = rx.await;
         })
         .await
     });
-    tracing::info!(%addr, policy = gw.policy, preprocessor = %gw.preprocessor.describe(), workers = gw.config.workers.len(), "gateway listening");
+    tracing::info!(%addr, tls = gw.config.tls.enabled(), policy = gw.policy, preprocessor = %gw.preprocessor.describe(), workers = gw.config.workers.len(), "gateway listening");
     Ok(GatewayHandle {
         addr,
         state: gw,
@@ -276,4 +280,20 @@ pub async fn spawn(
         shutdown: Some(tx),
         server: Some(server),
     })
+}
+
+/// The listener's TLS setup from the configured PEM files (none when TLS is off).
+fn load_tls(
+    config: &config::TlsConfig,
+) -> Result<Option<kvroute_protocol::openai::http::Tls>, StartError> {
+    let (Some(cert), Some(key)) = (&config.cert_file, &config.key_file) else {
+        return Ok(None);
+    };
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| StartError::Tls(format!("reading {}: {e}", path.display())))
+    };
+    let (cert_pem, key_pem) = (read(cert)?, read(key)?);
+    kvroute_protocol::openai::http::Tls::from_pem(&cert_pem, &key_pem)
+        .map(Some)
+        .map_err(|e| StartError::Tls(format!("{} and {}: {e}", cert.display(), key.display())))
 }

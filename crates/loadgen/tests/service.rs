@@ -25,6 +25,7 @@ async fn serve(service: Service) -> String {
         listener,
         app,
         limits,
+        None,
         std::future::pending(),
     ));
     url

@@ -269,6 +269,7 @@ pub async fn spawn(
                 listener,
                 app,
                 kvroute_protocol::openai::http::ServeLimits::default(),
+                None,
                 async move { wait_shutdown(&mut stop).await },
             )
             .await;

@@ -13,6 +13,7 @@ mod resync;
 mod streams;
 mod support;
 mod tiers;
+mod tls;
 
 pub use health::scrape;
 use support::*;

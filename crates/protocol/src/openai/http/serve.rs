@@ -4,9 +4,11 @@
 //! connections, beyond which a few more are answered `503 too_many_connections` (`/live`
 //! still `200`) and closed, and any further ones closed at once, so a flood of sockets can
 //! neither use up the process's file descriptors nor lock out its liveness probe;
-//! `TCP_NODELAY` on every connection; a bounded graceful shutdown.
+//! `TCP_NODELAY` on every connection; TLS when given a setup (the handshake under the same
+//! deadline as the headers); a bounded graceful shutdown.
 
 use super::error_response;
+use super::tls::Tls;
 use crate::openai::ApiError;
 use axum::body::Body;
 use axum::http::{Request, Response};
@@ -18,7 +20,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 /// Connections served past `max_connections` with a `503` and closed (then: closed at once).
@@ -50,12 +52,13 @@ impl Default for ServeLimits {
 /// How long a client may take to send a request body, unless configured.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Serves `app` on `listener` until `shutdown` completes, then lets open connections finish
-/// (for at most `limits.shutdown_timeout`).
+/// Serves `app` on `listener` (over TLS with `tls`) until `shutdown` completes, then lets
+/// open connections finish (for at most `limits.shutdown_timeout`).
 pub async fn serve(
     listener: TcpListener,
     app: axum::Router,
     limits: ServeLimits,
+    tls: Option<Tls>,
     shutdown: impl Future<Output = ()> + Send,
 ) {
     // Permits are what the shutdown waits for: every connection holds one until it ends.
@@ -87,21 +90,38 @@ pub async fn serve(
         // A connection that cannot take the option still works, only with Nagle's delays (a
         // stream writes one small chunk per token).
         let _ = stream.set_nodelay(true);
-        let io = TokioIo::new(stream);
-        if let Ok(permit) = served.clone().try_acquire_owned() {
-            let service = TowerToHyperService::new(app.clone());
-            let conn = builder.serve_connection(io, service).with_upgrades();
-            tokio::spawn(drive(conn, permit, stopping.clone()));
+        let (permit, over) = if let Ok(permit) = served.clone().try_acquire_owned() {
+            (permit, false)
         } else if let Ok(permit) = overflow.clone().try_acquire_owned() {
             tracing::warn!(
                 max_connections = max,
                 "connection limit reached: answering 503"
             );
-            let service = hyper::service::service_fn(over_the_limit);
-            let conn = closing.serve_connection(io, service).with_upgrades();
-            tokio::spawn(drive(conn, permit, stopping.clone()));
-        }
-        // Otherwise dropped unread: the client sees the connection closed.
+            (permit, true)
+        } else {
+            // Dropped unread: the client sees the connection closed.
+            continue;
+        };
+        let (builder, stopping) = (
+            if over { &closing } else { &builder }.clone(),
+            stopping.clone(),
+        );
+        let app = app.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let Some(tls) = tls else {
+                return connection(TokioIo::new(stream), builder, app, over, permit, stopping)
+                    .await;
+            };
+            let handshake = tls.acceptor().accept(stream);
+            match tokio::time::timeout(limits.header_read_timeout, handshake).await {
+                Ok(Ok(stream)) => {
+                    connection(TokioIo::new(stream), builder, app, over, permit, stopping).await;
+                }
+                Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!("TLS handshake not done within the header deadline"),
+            }
+        });
     }
     drop(listener);
     let _ = stop.send(true);
@@ -128,14 +148,45 @@ fn permits(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
+/// Serves one connection with `app` (or, `over` the limit, the answer that refuses it).
+async fn connection<I>(
+    io: I,
+    builder: http1::Builder,
+    app: axum::Router,
+    over: bool,
+    permit: OwnedSemaphorePermit,
+    stopping: watch::Receiver<bool>,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    if over {
+        let service = hyper::service::service_fn(over_the_limit);
+        drive(
+            builder.serve_connection(io, service).with_upgrades(),
+            permit,
+            stopping,
+        )
+        .await;
+    } else {
+        let service = TowerToHyperService::new(app);
+        drive(
+            builder.serve_connection(io, service).with_upgrades(),
+            permit,
+            stopping,
+        )
+        .await;
+    }
+}
+
 /// Serves one connection (and what it is upgraded to, a WebSocket) to its end, asking it to
 /// finish its request in progress and close once the server stops; the permit is held until
 /// then.
-async fn drive<S, B>(
-    conn: http1::UpgradeableConnection<TokioIo<TcpStream>, S>,
+async fn drive<I, S, B>(
+    conn: http1::UpgradeableConnection<I, S>,
     permit: OwnedSemaphorePermit,
     mut stopping: watch::Receiver<bool>,
 ) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     S: hyper::service::HttpService<Incoming, ResBody = B>,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     B: hyper::body::Body + 'static,
@@ -181,7 +232,7 @@ mod tests {
             .route("/live", axum::routing::get(|| async { "live" }))
             .route("/x", axum::routing::get(|| async { "x" }));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(serve(listener, app, limits, async move {
+        tokio::spawn(serve(listener, app, limits, None, async move {
             let _ = rx.await;
         }));
         (addr, tx)
