@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""The RSS-flat run of the chaos suite: `kvroute demo` (gateway, simulated workers, dashboard
+and load generator in one process) at a steady load for SECS seconds, its resident memory
+sampled every 5 s; fails when memory keeps growing.
+
+    python3 scripts/chaos/rss.py --kvroute target/debug/kvroute --secs 300      # CI
+    python3 scripts/chaos/rss.py --kvroute target/release/kvroute --secs 3600   # the hour
+
+The load generator's multi-turn conversations run at CONCURRENCY through the gateway. After a
+warm-up (the first fifth of the run, at least 30 s: caches, pools and windows fill), the mean
+RSS of the last fifth is compared with the mean of the fifth right after the warm-up: the run
+fails when it grew by more than 10% and more than 16 MiB. Prints the series, the turns served
+and the growth per turn. Only 127.0.0.1 is used; the demo is stopped (SIGINT, then SIGKILL)
+at the end, on failure and on a signal.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def http(method, url, body=None, timeout=5.0):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def requests_served(gw):
+    text = http("GET", f"{gw}/metrics")
+    return sum(float(m.group(1)) for m in
+               re.finditer(r'^kvroute_requests_total\{[^}]*status="200"[^}]*\} (\S+)$', text, re.M))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvroute", default="target/debug/kvroute")
+    ap.add_argument("--secs", type=float, default=300.0)
+    ap.add_argument("--concurrency", type=int, default=48)
+    args = ap.parse_args()
+    port, ui = free_port(), free_port()
+    gw, dash = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ui}"
+    demo = subprocess.Popen(
+        [args.kvroute, "demo", "--port", str(port), "--ui-port", str(ui), "--worker-port", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})
+
+    def stop(*_):
+        if demo.poll() is None:
+            demo.send_signal(signal.SIGINT)
+            try:
+                demo.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                demo.kill()
+                demo.wait()
+
+    signal.signal(signal.SIGTERM, lambda *_: (stop(), sys.exit(1)))
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                http("GET", f"{gw}/health")
+                http("GET", f"{dash}/api/status")
+                break
+            except Exception:
+                if time.time() > deadline or demo.poll() is not None:
+                    print("rss: the demo did not come up within 60 s")
+                    return 1
+                time.sleep(0.2)
+        http("POST", f"{dash}/api/concurrency", {"concurrency": args.concurrency})
+        http("POST", f"{dash}/api/start", {})
+        t0 = time.time()
+        series = []  # (seconds, RSS KiB, requests served)
+        while time.time() - t0 < args.secs:
+            time.sleep(5.0)
+            if demo.poll() is not None:
+                print(f"rss: the demo exited ({demo.returncode}) {time.time() - t0:.0f} s into the run")
+                return 1
+            series.append((round(time.time() - t0), rss_kib(demo.pid), requests_served(gw)))
+        http("POST", f"{dash}/api/stop", {})
+    finally:
+        stop()
+    n = len(series)
+    fifth = max(1, n // 5)
+    warm = max(fifth, min(n - 2 * fifth, int(30 / 5)))
+    early = series[warm:warm + fifth]
+    late = series[-fifth:]
+    mean = lambda rows: sum(r[1] for r in rows) / len(rows)  # noqa: E731
+    e, l = mean(early), mean(late)
+    turns = late[-1][2] - early[0][2]
+    growth = (l - e) * 1024
+    per_turn = growth / turns if turns > 0 else float("nan")
+    print("rss: seconds, RSS MiB, requests served: " +
+          ", ".join(f"({s}, {k / 1024:.1f}, {int(q)})" for s, k, q in series))
+    print(f"rss: {args.secs:.0f} s at concurrency {args.concurrency}: {int(series[-1][2])} requests; "
+          f"RSS after warm-up {e / 1024:.1f} MiB (mean of {series[warm][0]}-{early[-1][0]} s), "
+          f"at the end {l / 1024:.1f} MiB (mean of {late[0][0]}-{late[-1][0]} s): "
+          f"{(l / e - 1) * 100:+.1f}%, {growth / 1024 / 1024:+.1f} MiB over {int(turns)} requests "
+          f"({per_turn:+.0f} bytes per request)")
+    flat = l <= e * 1.10 or (l - e) <= 16 * 1024
+    print(f"rss: {'PASS' if flat else 'FAIL'}: memory {'flat' if flat else 'grows'} under steady load")
+    return 0 if flat else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
