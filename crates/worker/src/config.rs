@@ -51,8 +51,11 @@ pub struct WorkerConfig {
     /// Events kept for TensorRT-LLM's pull API (`POST /kv_cache_events`, served with the
     /// `trtllm` format), its `event_buffer_max_size`: the oldest go beyond.
     pub pull_buffer: usize,
-    /// Event batches kept for replay.
+    /// Event batches kept for replay (vLLM's `buffer_steps`).
     pub replay_buffer: usize,
+    /// The most bytes those batches may hold (their token ids and hashes, estimated): the
+    /// oldest leave first, so long prompts cannot make the count bound a memory hog.
+    pub replay_buffer_bytes: usize,
     /// The data-parallel rank this worker plays (stamped on its event batches, as an
     /// engine's rank R does; publish on the engine's port plus R).
     pub data_parallel_rank: u32,
@@ -89,6 +92,7 @@ impl Default for WorkerConfig {
             lora_adapters: Vec::new(),
             pull_buffer: 10_000,
             replay_buffer: 10_000,
+            replay_buffer_bytes: 32 << 20,
             data_parallel_rank: 0,
             worker_name: "worker".into(),
             api_key: None,

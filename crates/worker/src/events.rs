@@ -37,8 +37,23 @@ const MAX_NAMES: usize = 4096;
 
 struct State {
     next_seq: u64,
-    buffer: VecDeque<Arc<EventBatch>>,
+    buffer: VecDeque<(Arc<EventBatch>, usize)>,
     capacity: usize,
+    /// Estimated bytes of the buffered batches, and their bound.
+    bytes: usize,
+    max_bytes: usize,
+}
+
+/// About how many bytes a batch holds (its vectors' contents and the fixed parts).
+fn batch_bytes(batch: &EventBatch) -> usize {
+    let event = |e: &Event| match e {
+        Event::Stored(s) => {
+            s.block_hashes.len() * 8 + s.token_ids.len() * 4 + s.extra_keys.len() * 32 + 160
+        }
+        Event::Removed(r) => r.block_hashes.len() * 8 + 64,
+        _ => 32,
+    };
+    64 + batch.events.iter().map(event).sum::<usize>()
 }
 
 impl EventHub {
@@ -55,9 +70,17 @@ impl EventHub {
                 next_seq: 0,
                 buffer: VecDeque::with_capacity(replay.min(1024)),
                 capacity: replay,
+                bytes: 0,
+                max_bytes: usize::MAX,
             }),
             tx,
         }
+    }
+
+    /// Bounds the replay buffer by its estimated bytes too (the oldest batches leave first).
+    pub(crate) fn with_replay_bytes(self, max_bytes: usize) -> Self {
+        self.state().max_bytes = max_bytes;
+        self
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -164,10 +187,15 @@ impl EventHub {
         });
         st.next_seq += 1;
         if st.capacity > 0 {
-            if st.buffer.len() == st.capacity {
-                st.buffer.pop_front();
+            let size = batch_bytes(&batch);
+            st.bytes += size;
+            st.buffer.push_back((batch.clone(), size));
+            while st.buffer.len() > st.capacity || (st.bytes > st.max_bytes && st.buffer.len() > 1)
+            {
+                if let Some((_, gone)) = st.buffer.pop_front() {
+                    st.bytes -= gone;
+                }
             }
-            st.buffer.push_back(batch.clone());
         }
         // Sent under the lock, so subscribers see batches in sequence order. No subscriber
         // is not an error.
@@ -191,6 +219,7 @@ impl EventHub {
         let mut st = self.state();
         st.next_seq = 0;
         st.buffer.clear();
+        st.bytes = 0;
         if let Some(q) = &self.pull {
             q.lock().unwrap_or_else(|e| e.into_inner()).restart();
         }
@@ -199,8 +228,8 @@ impl EventHub {
     /// The buffered batches with a sequence number of `seq` or more, in order.
     pub(crate) fn replay_from(&self, seq: u64) -> Vec<Arc<EventBatch>> {
         let st = self.state();
-        let first = st.buffer.partition_point(|b| b.seq < seq);
-        st.buffer.range(first..).cloned().collect()
+        let first = st.buffer.partition_point(|(b, _)| b.seq < seq);
+        st.buffer.range(first..).map(|(b, _)| b.clone()).collect()
     }
 
     /// A receiver of the batches published from now on.
@@ -253,6 +282,22 @@ mod tests {
         let b = hub.publish(9.0, &[KvEvent::Cleared], &[]).unwrap();
         assert_eq!((b.seq, &b.events[..]), (0, &[Event::Cleared][..]));
         assert_eq!(seqs(hub.replay_from(0)), vec![0]);
+    }
+
+    #[test]
+    fn the_replay_buffer_is_bounded_by_bytes_too() {
+        // Each batch of one 2-token block is about 64 + 8 + 8 + 160 = 240 bytes: 1,000 bytes
+        // hold 4 of them (the newest always stays, whatever its size).
+        let hub = EventHub::new(100, EventFormat::Vllm).with_replay_bytes(1_000);
+        for h in 0..10 {
+            hub.publish(h as f64, &[stored(h)], &[]).unwrap();
+        }
+        let seqs: Vec<u64> = hub.replay_from(0).iter().map(|b| b.seq).collect();
+        assert_eq!(seqs, vec![6, 7, 8, 9]);
+        let tiny = EventHub::new(100, EventFormat::Vllm).with_replay_bytes(1);
+        tiny.publish(1.0, &[stored(1)], &[]).unwrap();
+        tiny.publish(2.0, &[stored(2)], &[]).unwrap();
+        assert_eq!(tiny.replay_from(0).len(), 1);
     }
 
     #[test]

@@ -218,6 +218,7 @@ pub async fn spawn(
         .map_err(|e| WorkerError::Config(format!("building the output vocabulary: {e}")))?;
 
     let mut hub = events::EventHub::new(config.replay_buffer, config.event_format)
+        .with_replay_bytes(config.replay_buffer_bytes)
         .with_rank(config.data_parallel_rank);
     if config.event_format == kvroute_protocol::kv_events::EventFormat::Trtllm {
         hub = hub.with_pull(config.pull_buffer, engine_cfg.num_gpu_blocks as u64);
