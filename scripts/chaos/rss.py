@@ -58,11 +58,16 @@ def main():
     ap.add_argument("--kvroute", default="target/debug/kvroute")
     ap.add_argument("--secs", type=float, default=300.0)
     ap.add_argument("--concurrency", type=int, default=48)
+    ap.add_argument("--tokenizer-cache-mib", type=int, default=None,
+                    help="the demo's tokenizer piece cache (default 64 MiB: it fills for ~12 min at this load)")
     args = ap.parse_args()
     port, ui = free_port(), free_port()
     gw, dash = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ui}"
+    cmd = [args.kvroute, "demo", "--port", str(port), "--ui-port", str(ui), "--worker-port", "0"]
+    if args.tokenizer_cache_mib is not None:
+        cmd += ["--tokenizer-cache-mib", str(args.tokenizer_cache_mib)]
     demo = subprocess.Popen(
-        [args.kvroute, "demo", "--port", str(port), "--ui-port", str(ui), "--worker-port", "0"],
+        cmd,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})
 
     def stop(*_):

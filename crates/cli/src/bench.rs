@@ -239,6 +239,7 @@ async fn run_live(
                 policy,
                 tokenizer: "builtin".into(),
                 model: a.model.clone(),
+                tokenizer_cache_mib: None,
             })
             .await?,
         ),

@@ -43,6 +43,9 @@ pub struct DemoArgs {
     /// The served model name.
     #[arg(long, default_value = "kvroute-sim")]
     pub model: String,
+    /// MiB of tokenized prompt pieces the tokenizer keeps (default 64).
+    #[arg(long)]
+    pub tokenizer_cache_mib: Option<usize>,
 }
 
 /// Options of `kvroute demo`: the fleet, and the dashboard in front of a load generator.
@@ -111,7 +114,10 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
         (1..=64).contains(&args.workers),
         "--workers must be within 1..=64"
     );
-    let pre = preprocessor(&args.tokenizer)?;
+    let mut pre = preprocessor(&args.tokenizer)?;
+    if let Some(mib) = args.tokenizer_cache_mib {
+        pre = pre.with_cache_bytes(mib.saturating_mul(1 << 20));
+    }
     let mut workers = Vec::new();
     let mut specs = Vec::new();
     let mut feeds = BTreeMap::new();

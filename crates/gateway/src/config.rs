@@ -290,6 +290,9 @@ pub struct Limits {
     /// below the process's file descriptor limit (`ulimit -n`) minus what the connections
     /// to workers need.
     pub max_connections: usize,
+    /// Bytes of tokenized prompt pieces the tokenizer keeps (0: none): repeated system
+    /// prompts and earlier turns are not tokenized again.
+    pub tokenizer_cache_bytes: usize,
 }
 
 impl Default for Limits {
@@ -303,6 +306,7 @@ impl Default for Limits {
             header_read_timeout_secs: serve.header_read_timeout.as_secs_f64(),
             body_read_timeout_secs: http::BODY_READ_TIMEOUT.as_secs_f64(),
             max_connections: serve.max_connections,
+            tokenizer_cache_bytes: kvroute_preprocess::PIECE_CACHE_BYTES,
         }
     }
 }

@@ -84,7 +84,9 @@ pub fn load_preprocessor(config: &GatewayConfig) -> Result<Preprocessor, StartEr
         Some("builtin") => Preprocessor::builtin(),
         Some(dir) => Preprocessor::from_dir(std::path::Path::new(dir))?,
     };
-    Ok(pre.with_max_input_bytes(config.limits.max_body_bytes))
+    Ok(pre
+        .with_max_input_bytes(config.limits.max_body_bytes)
+        .with_cache_bytes(config.limits.tokenizer_cache_bytes))
 }
 
 /// A running gateway.

@@ -21,6 +21,7 @@ mod config;
 mod error;
 mod jinja;
 mod pieces;
+pub use pieces::CACHE_BYTES as PIECE_CACHE_BYTES;
 mod template;
 
 use std::fmt;
@@ -203,6 +204,16 @@ impl Preprocessor {
     /// (default [`DEFAULT_MAX_INPUT_BYTES`]).
     pub fn with_max_input_bytes(mut self, max_bytes: usize) -> Self {
         self.max_input_bytes = max_bytes;
+        self
+    }
+
+    /// Bounds the cache of tokenized prompt pieces to `bytes` (default
+    /// [`PIECE_CACHE_BYTES`]; 0: no caching). Clones share the cache, so this sets it for
+    /// them too.
+    pub fn with_cache_bytes(self, bytes: usize) -> Self {
+        if let Inner::Tokenizer(state) = &*self.inner {
+            state.pieces.set_cache_bytes(bytes);
+        }
         self
     }
 

@@ -25,7 +25,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokenizers::Tokenizer;
 
-/// Bytes of cached pieces and ids kept at most.
+/// Bytes of cached pieces and ids kept at most, unless set otherwise
+/// ([`PieceCoder::set_cache_bytes`]).
 pub const CACHE_BYTES: usize = 64 << 20;
 
 /// Pieces longer than this are tokenized every time (not worth the memory).
@@ -39,14 +40,30 @@ pub struct PieceCoder {
     fast: Option<fastokens::Tokenizer>,
 }
 
-#[derive(Default)]
 struct Generations {
     current: HashMap<Box<str>, Arc<[u32]>>,
     previous: HashMap<Box<str>, Arc<[u32]>>,
     current_bytes: usize,
+    /// Bytes both generations may hold.
+    limit: usize,
+}
+
+impl Default for Generations {
+    fn default() -> Self {
+        Self::with_limit(CACHE_BYTES)
+    }
 }
 
 impl Generations {
+    fn with_limit(limit: usize) -> Self {
+        Self {
+            current: HashMap::new(),
+            previous: HashMap::new(),
+            current_bytes: 0,
+            limit,
+        }
+    }
+
     fn get(&mut self, piece: &str) -> Option<Arc<[u32]>> {
         if let Some(ids) = self.current.get(piece) {
             return Some(ids.clone());
@@ -58,7 +75,10 @@ impl Generations {
 
     fn insert(&mut self, piece: &str, ids: Arc<[u32]>) {
         let cost = piece.len() + ids.len() * 4 + 64;
-        if self.current_bytes + cost > CACHE_BYTES / 2 {
+        if cost > self.limit / 2 {
+            return;
+        }
+        if self.current_bytes + cost > self.limit / 2 {
             self.previous = std::mem::take(&mut self.current);
             self.current_bytes = 0;
         }
@@ -188,6 +208,14 @@ impl PieceCoder {
         coder
     }
 
+    /// Bounds the piece cache to `bytes` (0: no caching), emptying it.
+    pub fn set_cache_bytes(&self, bytes: usize) {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.limit != bytes {
+            *cache = Generations::with_limit(bytes);
+        }
+    }
+
     /// Whether prompts are tokenized piece by piece.
     pub fn is_piecewise(&self) -> bool {
         self.splitter.is_some()
@@ -257,4 +285,29 @@ fn whole(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>, String> {
         .encode_fast(text, false)
         .map(|e| e.get_ids().to_vec())
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(n: u32) -> Arc<[u32]> {
+        (0..n).collect::<Vec<_>>().into()
+    }
+
+    #[test]
+    fn the_piece_cache_stays_within_its_bytes() {
+        // Each piece costs 10 + 4 * 10 + 64 = 114 bytes; 1,000 bytes keep two generations of
+        // at most 500.
+        let mut g = Generations::with_limit(1_000);
+        for i in 0..100 {
+            g.insert(&format!("piece {i:04}"), ids(10));
+        }
+        let held = g.current.len() + g.previous.len();
+        assert!((4..=8).contains(&held), "{held} pieces held");
+        assert!(g.get("piece 0099").is_some() && g.get("piece 0000").is_none());
+        let mut none = Generations::with_limit(0);
+        none.insert("x", ids(1));
+        assert!(none.get("x").is_none());
+    }
 }
