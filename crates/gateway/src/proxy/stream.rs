@@ -47,6 +47,7 @@ pub(super) fn relay(
             left: gw.config.upstream.migration_limit,
             streamed: Streamed::new(),
             carried: 0,
+            continued: false,
             call,
             prep,
         })
@@ -93,8 +94,10 @@ struct Migration {
     streamed: Streamed,
     /// Migrations left.
     left: u32,
-    /// Tokens the current worker's stream carries on from (0: the first worker's).
+    /// Tokens the current worker's stream carries on from.
     carried: u32,
+    /// The current worker's stream is a continuation (its chunks are rewritten).
+    continued: bool,
 }
 
 /// How a worker's stream failed.
@@ -223,7 +226,8 @@ fn reframe(m: &mut Migration, ev: &SseEvent, out: &mut Vec<u8>) {
         SseEvent::Data(d) => d,
     };
     m.streamed.observe(payload);
-    let rewritten = (m.carried > 0)
+    let rewritten = m
+        .continued
         .then(|| rewrite_continued(payload, m.streamed.id(), m.carried))
         .flatten();
     for line in rewritten.as_deref().unwrap_or(payload).split('\n') {
@@ -320,6 +324,7 @@ async fn migrate(
                 let from = failed.map(|w| worker_name(gw, w));
                 tracing::info!(request_id = %call.request_id, from = ?from, to = %name, carried_tokens = tokens, "stream migrated");
                 m.carried = tokens;
+                m.continued = true;
                 return Ok(Moved::To(up, guard));
             }
             Err(e) => {

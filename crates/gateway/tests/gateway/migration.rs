@@ -13,7 +13,12 @@ const DEAD_ID: &str = "chatcmpl-dead";
 
 /// A worker whose chat stream sends its role, "Once", " upon", " a", then dies.
 async fn dying_worker() -> String {
-    let stream = || async {
+    dying_worker_after(usize::MAX).await
+}
+
+/// The same, dying after its first `chunks` chunks (the role chunk is the first).
+async fn dying_worker_after(chunks: usize) -> String {
+    let stream = move || async move {
         let chunk = |delta: Value| {
             let c = json!({"id": DEAD_ID, "object": "chat.completion.chunk", "model": MODEL,
                            "choices": [{"index": 0, "delta": delta, "finish_reason": null}]});
@@ -29,6 +34,7 @@ async fn dying_worker() -> String {
                 "data: {{\"id\":\"{DEAD_ID}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" a\"}}}}]}}\n\ndata: {{\"id\""
             ))),
         ];
+        let parts: Vec<_> = parts.into_iter().take(chunks).collect();
         let body = futures_util::stream::iter(parts).chain(futures_util::stream::once(async {
             tokio::time::sleep(Duration::from_millis(50)).await;
             Err(std::io::Error::other("engine died"))
@@ -192,6 +198,34 @@ async fn a_stream_whose_worker_dies_is_carried_on_by_another_as_one_stream() {
         "{}",
         crate::scrape(&url).await
     );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_after_its_role_alone_is_still_one_stream() {
+    // The worker dies after its role chunk: nothing to carry on, yet the continuation's
+    // chunks must read as the first stream's (a second role confuses clients).
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut cfg = config(&[], "round_robin");
+    cfg.workers = vec![
+        stub(dying_worker_after(1).await, "dying"),
+        stub(recording_worker(seen.clone()).await, "rec"),
+    ];
+    let gw = gateway_with_feeds(cfg, Default::default()).await;
+    let text = stream_from_dying(&gw.url(), 10, None).await;
+    let evs = events(&text);
+    assert_eq!(content(&evs), " time", "{text}");
+    assert_eq!(text.matches("\"role\"").count(), 1, "{text}");
+    for e in evs.iter().filter(|e| e.is_object()) {
+        assert_eq!(e["id"], DEAD_ID, "{text}");
+    }
+    let body = seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(
+        body["messages"][1],
+        json!({"role": "assistant", "content": ""}),
+        "{body}"
+    );
+    assert_eq!(body["max_tokens"], 10, "{body}");
     gw.shutdown().await;
 }
 
