@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--kvroute", default="target/debug/kvroute")
     ap.add_argument("--secs", type=float, default=300.0)
     ap.add_argument("--concurrency", type=int, default=48)
+    ap.add_argument("--progress", action="store_true", help="print each sample as it is taken")
     ap.add_argument("--tokenizer-cache-mib", type=int, default=None,
                     help="the demo's tokenizer piece cache (default 64 MiB: it fills for ~12 min at this load)")
     args = ap.parse_args()
@@ -102,6 +103,9 @@ def main():
                 print(f"rss: the demo exited ({demo.returncode}) {time.time() - t0:.0f} s into the run")
                 return 1
             series.append((round(time.time() - t0), rss_kib(demo.pid), requests_served(gw)))
+            if args.progress:
+                s, k, q = series[-1]
+                print(f"rss: {s} s {k / 1024:.1f} MiB {int(q)} requests", flush=True)
         http("POST", f"{dash}/api/stop", {})
     finally:
         stop()
