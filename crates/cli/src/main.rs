@@ -19,7 +19,9 @@ use kvroute_core::{BlockSize, BlockedPrompt, Namespace};
 /// mimalloc instead of the system allocator: the tokenizer allocates a few small buffers per
 /// word, and with glibc's malloc half of the time of tokenizing new text went to allocating
 /// (`cargo bench -p kvroute-preprocess --bench preprocess`, `encode_new`: 139 µs -> 69 µs for
-/// a new 30-word chat, 7.4 ms -> 3.2 ms for 2,000 words).
+/// a new 30-word chat, 7.4 ms -> 3.2 ms for 2,000 words). Built without the default feature
+/// `mimalloc`, the system allocator stays, for heap profilers (docs/operations.md).
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

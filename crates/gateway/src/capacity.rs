@@ -1,47 +1,75 @@
 //! Each engine's capacity, learned from what it publishes when not configured: vLLM's
 //! `vllm:cache_config_info` info gauge carries `num_gpu_blocks` and `block_size` as labels
-//! (one line per engine core, `engine="R"` for data-parallel rank R). Admission (`queue`,
-//! `shed`) judges a worker busy by the fraction of its KV blocks in use, so a worker whose
-//! capacity stays unknown is never busy: the gateway says so loudly, once per worker.
+//! (one line per engine core, `engine="R"` for data-parallel rank R); SGLang's
+//! `sglang:max_total_num_tokens` gauge is its KV pool in tokens (one line per scheduler,
+//! `dp_rank="R"` with data parallelism). Admission (`queue`, `shed`) judges a worker busy by
+//! the fraction of its KV blocks in use, so a worker whose capacity stays unknown is never
+//! busy: the gateway says so loudly, once per worker.
 
 use crate::registry::WorkerEntry;
 use crate::state::Gateway;
 use kvroute_core::WorkerCapacity;
 use std::sync::atomic::Ordering;
 
-/// One `vllm:cache_config_info` line: the engine core's rank (its `engine` label), its KV
-/// blocks and their size in tokens.
+/// One engine core's KV cache as its metrics give it: its data-parallel rank, its blocks and
+/// their size in tokens (SGLang's pool is counted in tokens: blocks of 1 token).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheConfig {
-    /// The `engine` label, when it is a number.
+    /// The rank label (vLLM `engine`, SGLang `dp_rank`), when it is a number.
     pub engine: Option<u32>,
-    /// `num_gpu_blocks`.
+    /// vLLM `num_gpu_blocks`; SGLang `max_total_num_tokens`.
     pub blocks: u64,
-    /// `block_size`, tokens per block.
+    /// vLLM `block_size`, tokens per block; 1 for SGLang.
     pub block_size: u64,
 }
 
-/// Every `vllm:cache_config_info` line of a metrics text that names its blocks and block
-/// size (vLLM writes `None` before the cache is allocated: skipped).
+/// The value of label `name` in a sample's label set (`a="x",b="y"`).
+fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
+    let key = format!("{name}=\"");
+    let start = labels
+        .match_indices(&key)
+        .find(|(i, _)| *i == 0 || labels.as_bytes()[i - 1] == b',')?
+        .0
+        + key.len();
+    let end = labels[start..].find('"')?;
+    Some(&labels[start..start + end])
+}
+
+/// A sample line of metric `name`: its labels (empty when it has none) and its value.
+fn sample<'a>(line: &'a str, name: &str) -> Option<(&'a str, &'a str)> {
+    let rest = line.strip_prefix(name)?;
+    let (labels, value) = match rest.strip_prefix('{') {
+        Some(rest) => rest.split_once('}')?,
+        None if rest.starts_with(' ') => ("", rest),
+        None => return None,
+    };
+    Some((labels, value.split_whitespace().next()?))
+}
+
+/// Every engine core's KV cache a metrics text names: vLLM's `vllm:cache_config_info` lines
+/// with their blocks and block size (vLLM writes `None` before the cache is allocated:
+/// skipped) and SGLang's `sglang:max_total_num_tokens` lines.
 pub fn cache_configs(text: &str) -> Vec<CacheConfig> {
     text.lines()
-        .filter_map(|l| l.strip_prefix("vllm:cache_config_info{"))
-        .filter_map(|rest| {
-            let labels = rest.split_once('}')?.0;
-            let label = |name: &str| -> Option<&str> {
-                let key = format!("{name}=\"");
-                let start = labels
-                    .match_indices(&key)
-                    .find(|(i, _)| *i == 0 || labels.as_bytes()[i - 1] == b',')?
-                    .0
-                    + key.len();
-                let end = labels[start..].find('"')?;
-                Some(&labels[start..start + end])
-            };
+        .filter_map(|l| {
+            if let Some((labels, _)) = sample(l, "vllm:cache_config_info") {
+                return Some(CacheConfig {
+                    engine: label(labels, "engine").and_then(|v| v.parse().ok()),
+                    blocks: label(labels, "num_gpu_blocks")?.parse().ok()?,
+                    block_size: label(labels, "block_size")?.parse().ok()?,
+                });
+            }
+            let (labels, value) = sample(l, "sglang:max_total_num_tokens")?;
+            let tokens: f64 = value.parse().ok()?;
             Some(CacheConfig {
-                engine: label("engine").and_then(|v| v.parse().ok()),
-                blocks: label("num_gpu_blocks")?.parse().ok()?,
-                block_size: label("block_size")?.parse().ok()?,
+                engine: label(labels, "dp_rank").and_then(|v| v.parse().ok()),
+                // A gauge of a whole number of tokens; NaN and negatives are refused below.
+                blocks: if (1.0..1e15).contains(&tokens) {
+                    tokens as u64
+                } else {
+                    0
+                },
+                block_size: 1,
             })
         })
         .filter(|c| c.blocks > 0 && c.block_size > 0)
@@ -87,7 +115,7 @@ pub fn learn(gw: &Gateway, url: &str, text: &str) -> bool {
         if let Some(tracking) = router.tracking(w.id) {
             if router.add_worker_with(w.id, capacity, tracking).is_ok() {
                 learned = true;
-                tracing::info!(worker = %w.name, kv_blocks = blocks, "capacity learned from the engine's vllm:cache_config_info");
+                tracing::info!(worker = %w.name, kv_blocks = blocks, "capacity learned from the engine's metrics");
             }
         }
     }
@@ -106,7 +134,7 @@ pub fn warn_unknown(gw: &Gateway) {
     }
     for w in gw.registry.iter().filter(|w| unknown(w)) {
         if !w.capacity_warned.swap(true, Ordering::Relaxed) {
-            tracing::warn!(worker = %w.name, "admission is off for this worker: its KV capacity is unknown (set kv_blocks, or run an engine that publishes vllm:cache_config_info); it is never judged busy, so nothing is queued or shed for it");
+            tracing::warn!(worker = %w.name, "admission is off for this worker: its KV capacity is unknown (set kv_blocks, or run an engine that publishes vllm:cache_config_info or sglang:max_total_num_tokens); it is never judged busy, so nothing is queued or shed for it");
         }
     }
 }
@@ -145,5 +173,41 @@ mod tests {
             vllm:cache_config_info_other{num_gpu_blocks=\"5\",block_size=\"16\"} 1\n";
         assert!(cache_configs(none).is_empty(), "{:?}", cache_configs(none));
         assert_eq!(blocks_for(&[], None, 16), None);
+    }
+
+    #[test]
+    fn sglang_pool_sizes_give_each_ranks_blocks_in_the_routers_block_size() {
+        let text = "# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV cache pool.\n\
+            # TYPE sglang:max_total_num_tokens gauge\n\
+            sglang:max_total_num_tokens{dp_rank=\"0\",engine_type=\"unified\",model_name=\"m\",pp_rank=\"0\",tp_rank=\"0\"} 161721.0\n\
+            sglang:max_total_num_tokens{dp_rank=\"1\",model_name=\"m\"} 1.6e+05\n\
+            sglang:max_total_num_tokens_other{model_name=\"m\"} 5.0\n\
+            sglang:num_used_tokens{model_name=\"m\"} 12.0\n";
+        let c = cache_configs(text);
+        assert_eq!(c.len(), 2, "{c:?}");
+        assert_eq!(
+            c[0],
+            CacheConfig {
+                engine: Some(0),
+                blocks: 161_721,
+                block_size: 1
+            }
+        );
+        // In the router's blocks of 16 tokens: the whole blocks the pool holds.
+        assert_eq!(blocks_for(&c, None, 16), Some(10_107));
+        assert_eq!(blocks_for(&c, Some(1), 16), Some(10_000));
+        // Without labels, and values no pool has.
+        assert_eq!(
+            cache_configs("sglang:max_total_num_tokens 4096\n"),
+            vec![CacheConfig {
+                engine: None,
+                blocks: 4096,
+                block_size: 1
+            }]
+        );
+        for bad in ["NaN", "+Inf", "-5", "0", "0.5", "1e300", "x"] {
+            let line = format!("sglang:max_total_num_tokens{{model_name=\"m\"}} {bad}\n");
+            assert!(cache_configs(&line).is_empty(), "{bad}");
+        }
     }
 }
