@@ -61,12 +61,16 @@ def main():
     ap.add_argument("--progress", action="store_true", help="print each sample as it is taken")
     ap.add_argument("--tokenizer-cache-mib", type=int, default=None,
                     help="the demo's tokenizer piece cache (default 64 MiB: it fills for ~12 min at this load)")
+    ap.add_argument("--replay-buffer-mib", type=int, default=None,
+                    help="each worker's KV event replay buffer (default 32 MiB: it fills for ~40 min at this load)")
     args = ap.parse_args()
     port, ui = free_port(), free_port()
     gw, dash = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ui}"
     cmd = [args.kvroute, "demo", "--port", str(port), "--ui-port", str(ui), "--worker-port", "0"]
     if args.tokenizer_cache_mib is not None:
         cmd += ["--tokenizer-cache-mib", str(args.tokenizer_cache_mib)]
+    if args.replay_buffer_mib is not None:
+        cmd += ["--replay-buffer-mib", str(args.replay_buffer_mib)]
     demo = subprocess.Popen(
         cmd,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})

@@ -46,6 +46,9 @@ pub struct DemoArgs {
     /// MiB of tokenized prompt pieces the tokenizer keeps (default 64).
     #[arg(long)]
     pub tokenizer_cache_mib: Option<usize>,
+    /// MiB of KV event batches each worker keeps for replay (default 32).
+    #[arg(long)]
+    pub replay_buffer_mib: Option<usize>,
 }
 
 /// Options of `kvroute demo`: the fleet, and the dashboard in front of a load generator.
@@ -129,6 +132,13 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
             speedup: args.speedup,
             worker_name: format!("worker-{}", i + 1),
             ..WorkerConfig::default()
+        };
+        let cfg = match args.replay_buffer_mib {
+            Some(mib) => WorkerConfig {
+                replay_buffer_bytes: mib.saturating_mul(1 << 20),
+                ..cfg
+            },
+            None => cfg,
         };
         let engine = cfg.engine_config()?;
         block_size = engine.block_size;

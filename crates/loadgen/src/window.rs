@@ -44,13 +44,26 @@ impl Window {
         }
     }
 
-    /// Adds a finished turn (records come in about finishing order).
+    /// Adds a finished turn (records come in about finishing order); the turns whose time is
+    /// up by its end leave, so the window holds its span whether or not anyone reads it.
     pub fn push(&mut self, record: RequestRecord) {
+        self.expire(record.finished.map_or(record.arrival, |t| t));
         if self.records.len() >= self.max_records {
             self.records.pop_front();
             self.overflowed += 1;
         }
         self.records.push_back(record);
+    }
+
+    /// Drops the turns that finished before `now - span`.
+    fn expire(&mut self, now: Time) {
+        let cutoff = now.0.saturating_sub(self.span);
+        while let Some(front) = self.records.front() {
+            if front.finished.map_or(front.arrival, |t| t).0 >= cutoff {
+                break;
+            }
+            self.records.pop_front();
+        }
     }
 
     /// Turns in the window now.
@@ -71,13 +84,7 @@ impl Window {
     /// Drops the turns that finished before `now - span` and summarizes the rest; `running`
     /// is how long the load has run (the window covers no more than that).
     pub fn stats(&mut self, now: Time, running: Duration) -> WindowStats {
-        let cutoff = now.0.saturating_sub(self.span);
-        while let Some(front) = self.records.front() {
-            if front.finished.map_or(front.arrival, |t| t).0 >= cutoff {
-                break;
-            }
-            self.records.pop_front();
-        }
+        self.expire(now);
         let mut covered = self.span.min(running);
         if self.records.len() >= self.max_records {
             if let Some(oldest) = self.records.front() {
@@ -127,6 +134,19 @@ mod tests {
         assert_eq!(s.summary.hit_rate, Some(0.5));
         // 2 turns over 60 s.
         assert!((s.summary.requests_per_s.unwrap() - 2.0 / 60.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_window_nobody_reads_still_forgets_turns_whose_time_is_up() {
+        // One turn a second for an hour, never summarized (no dashboard open): the window
+        // holds its last minute, not every turn up to `max_records`.
+        let mut w = Window::new(Duration::from_secs(60), 20_000);
+        for i in 0..3600 {
+            let s = i as f64;
+            w.push(rec(i, s, 0.1, s + 1.0));
+        }
+        assert!((60..=62).contains(&w.len()), "{}", w.len());
+        assert_eq!(w.overflowed, 0);
     }
 
     #[test]
