@@ -63,12 +63,16 @@ def main():
                     help="the demo's tokenizer piece cache (default 64 MiB: it fills for ~12 min at this load)")
     ap.add_argument("--replay-buffer-mib", type=int, default=None,
                     help="each worker's KV event replay buffer (default 32 MiB: it fills for ~40 min at this load)")
+    ap.add_argument("--max-conversations", type=int, default=None,
+                    help="conversations the dashboard keeps (default 500: the store fills for ~15 min at this load)")
     args = ap.parse_args()
     port, ui = free_port(), free_port()
     gw, dash = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ui}"
     cmd = [args.kvroute, "demo", "--port", str(port), "--ui-port", str(ui), "--worker-port", "0"]
     if args.tokenizer_cache_mib is not None:
         cmd += ["--tokenizer-cache-mib", str(args.tokenizer_cache_mib)]
+    if args.max_conversations is not None:
+        cmd += ["--max-conversations", str(args.max_conversations)]
     if args.replay_buffer_mib is not None:
         cmd += ["--replay-buffer-mib", str(args.replay_buffer_mib)]
     demo = subprocess.Popen(

@@ -62,6 +62,9 @@ pub struct DemoCommand {
     /// Start no dashboard and no load generator.
     #[arg(long)]
     pub no_ui: bool,
+    /// Conversations the dashboard keeps with their transcripts (default 500).
+    #[arg(long)]
+    pub max_conversations: Option<usize>,
     #[command(flatten)]
     pub dashboard: crate::ui::DashboardArgs,
 }
@@ -207,7 +210,7 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
         }
         println!("  metrics: {url}/metrics   workers: {url}/debug/workers");
         if !cmd.no_ui {
-            let load = kvroute_loadgen::LoadgenConfig {
+            let mut load = kvroute_loadgen::LoadgenConfig {
                 target: url.clone(),
                 model: args.model.clone(),
                 concurrency: dashboard.slider_min,
@@ -216,6 +219,9 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
                 ramp_secs: 10.0,
                 ..kvroute_loadgen::LoadgenConfig::default()
             };
+            if let Some(n) = cmd.max_conversations {
+                load.observer.max_conversations = n;
+            }
             let service = kvroute_loadgen::Service::new(kvroute_loadgen::ServiceConfig {
                 load,
                 dashboard,
