@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: the web UI's type check, build and unit tests (the binary embeds
 # ui/dist), unit, property and integration tests of every crate, a one-iteration smoke run of
-# every benchmark so they cannot rot, the dashboard end to end in headless Chromium, and two
+# every benchmark so they cannot rot, the dashboard end to end in headless Chromium, the
+# demo's memory under 5 minutes of steady load (scripts/chaos/rss.py), and two
 # real vLLM 0.32 CPU engines behind the gateway (scripts/vllm/run.sh; the first run installs
 # vLLM into target/vllm-venv).
 set -euo pipefail
@@ -14,4 +15,6 @@ if [ ! -x "${CHROMIUM:-/usr/bin/chromium}" ]; then
   exit 1
 fi
 (cd ui && KVROUTE_BIN="${KVROUTE_BIN:-../target/debug/kvroute}" npm run e2e)
+# The chaos suite's RSS run, 5 minutes: the demo under steady load stays within its budget.
+python3 scripts/chaos/rss.py --kvroute target/debug/kvroute --secs 300 --small-bounds --max-rss-mib 320
 bash scripts/vllm/run.sh
