@@ -79,10 +79,10 @@ def main():
     ap.add_argument("--max-rss-mib", type=float, default=None,
                     help="fail when a sample exceeds this resident size (the budget a short run checks)")
     args = ap.parse_args()
-    if args.small_bounds:
-        args.tokenizer_cache_mib = args.tokenizer_cache_mib or 4
-        args.replay_buffer_mib = args.replay_buffer_mib or 2
-        args.max_conversations = args.max_conversations or 50
+    if args.small_bounds:  # each only where not given
+        for name, small in (("tokenizer_cache_mib", 4), ("replay_buffer_mib", 2), ("max_conversations", 50)):
+            if getattr(args, name) is None:
+                setattr(args, name, small)
     port, ui = free_port(), free_port()
     gw, dash = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ui}"
     cmd = [args.kvroute, "demo", "--port", str(port), "--ui-port", str(ui), "--worker-port", "0"]

@@ -129,20 +129,16 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
     let mut feeds = BTreeMap::new();
     let mut block_size = 0;
     for i in 0..args.workers {
-        let cfg = WorkerConfig {
+        let mut cfg = WorkerConfig {
             model: args.model.clone(),
             profile: args.profile.clone(),
             speedup: args.speedup,
             worker_name: format!("worker-{}", i + 1),
             ..WorkerConfig::default()
         };
-        let cfg = match args.replay_buffer_mib {
-            Some(mib) => WorkerConfig {
-                replay_buffer_bytes: mib.saturating_mul(1 << 20),
-                ..cfg
-            },
-            None => cfg,
-        };
+        if let Some(mib) = args.replay_buffer_mib {
+            cfg.replay_buffer_bytes = mib.saturating_mul(1 << 20);
+        }
         let engine = cfg.engine_config()?;
         block_size = engine.block_size;
         let port = match args.worker_port {

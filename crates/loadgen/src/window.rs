@@ -33,6 +33,11 @@ pub struct WindowStats {
     pub summary: Summary,
 }
 
+/// When a turn left the load: its end, or its arrival when it never finished.
+fn ended(r: &RequestRecord) -> Time {
+    r.finished.unwrap_or(r.arrival)
+}
+
 impl Window {
     /// A window of `span` holding at most `max_records` turns (at least one).
     pub fn new(span: Duration, max_records: usize) -> Self {
@@ -47,7 +52,7 @@ impl Window {
     /// Adds a finished turn (records come in about finishing order); the turns whose time is
     /// up by its end leave, so the window holds its span whether or not anyone reads it.
     pub fn push(&mut self, record: RequestRecord) {
-        self.expire(record.finished.map_or(record.arrival, |t| t));
+        self.expire(ended(&record));
         if self.records.len() >= self.max_records {
             self.records.pop_front();
             self.overflowed += 1;
@@ -59,7 +64,7 @@ impl Window {
     fn expire(&mut self, now: Time) {
         let cutoff = now.0.saturating_sub(self.span);
         while let Some(front) = self.records.front() {
-            if front.finished.map_or(front.arrival, |t| t).0 >= cutoff {
+            if ended(front).0 >= cutoff {
                 break;
             }
             self.records.pop_front();
@@ -88,7 +93,7 @@ impl Window {
         let mut covered = self.span.min(running);
         if self.records.len() >= self.max_records {
             if let Some(oldest) = self.records.front() {
-                let t = oldest.finished.map_or(oldest.arrival, |t| t).0;
+                let t = ended(oldest).0;
                 covered = covered.min(now.0.saturating_sub(t));
             }
         }
