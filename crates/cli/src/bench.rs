@@ -240,6 +240,7 @@ async fn run_live(
                 tokenizer: "builtin".into(),
                 model: a.model.clone(),
                 tokenizer_cache_mib: None,
+                tokenizer_threads: None,
                 replay_buffer_mib: None,
             })
             .await?,

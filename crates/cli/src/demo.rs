@@ -46,6 +46,10 @@ pub struct DemoArgs {
     /// MiB of tokenized prompt pieces the tokenizer keeps (default 64).
     #[arg(long)]
     pub tokenizer_cache_mib: Option<usize>,
+    /// Threads that tokenize prompts, for the gateway and the workers together (default 2;
+    /// each may hold ~100 MiB of the tokenizer library's caches).
+    #[arg(long)]
+    pub tokenizer_threads: Option<usize>,
     /// MiB of KV event batches each worker keeps for replay (default 32).
     #[arg(long)]
     pub replay_buffer_mib: Option<usize>,
@@ -123,6 +127,17 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
     let mut pre = preprocessor(&args.tokenizer)?;
     if let Some(mib) = args.tokenizer_cache_mib {
         pre = pre.with_cache_bytes(mib.saturating_mul(1 << 20));
+    }
+    if let Some(threads) = args.tokenizer_threads {
+        anyhow::ensure!(
+            (1..=kvroute_gateway::config::MAX_TOKENIZER_THREADS).contains(&threads),
+            "--tokenizer-threads must be within 1..={}",
+            kvroute_gateway::config::MAX_TOKENIZER_THREADS
+        );
+        pre = pre.with_pool(kvroute_preprocess::TokenizePool::new(
+            threads,
+            kvroute_preprocess::DEFAULT_TOKENIZE_QUEUE,
+        )?);
     }
     let mut workers = Vec::new();
     let mut specs = Vec::new();

@@ -293,6 +293,12 @@ pub struct Limits {
     /// Bytes of tokenized prompt pieces the tokenizer keeps (0: none): repeated system
     /// prompts and earlier turns are not tokenized again.
     pub tokenizer_cache_bytes: usize,
+    /// Threads that tokenize prompts (at least 1): the tokenizer library keeps caches of up
+    /// to ~100 MiB per thread that tokenizes, so this bounds them, whatever the core count.
+    pub tokenizer_threads: usize,
+    /// Prompts that may wait for a tokenizing thread (at least 1); past it requests get
+    /// `503 tokenizer_busy` with `Retry-After`.
+    pub tokenizer_queue: usize,
 }
 
 impl Default for Limits {
@@ -307,6 +313,8 @@ impl Default for Limits {
             body_read_timeout_secs: http::BODY_READ_TIMEOUT.as_secs_f64(),
             max_connections: serve.max_connections,
             tokenizer_cache_bytes: kvroute_preprocess::PIECE_CACHE_BYTES,
+            tokenizer_threads: kvroute_preprocess::DEFAULT_TOKENIZE_THREADS,
+            tokenizer_queue: kvroute_preprocess::DEFAULT_TOKENIZE_QUEUE,
         }
     }
 }
@@ -403,6 +411,10 @@ pub const MAX_TIMEOUT_SECS: f64 = 7.0 * 86_400.0;
 /// The most migrations a stream may go through (`upstream.migration_limit`).
 pub const MAX_MIGRATIONS: u32 = 16;
 
+/// The most tokenizing threads (`limits.tokenizer_threads`): each may hold ~100 MiB of the
+/// tokenizer library's caches.
+pub const MAX_TOKENIZER_THREADS: usize = 64;
+
 /// Invalid settings.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("invalid gateway config: {0}")]
@@ -490,6 +502,18 @@ impl GatewayConfig {
             return Err(ConfigError(format!(
                 "limits.max_connections must be within 1..={max_connections}, got {}",
                 self.limits.max_connections
+            )));
+        }
+        if !(1..=MAX_TOKENIZER_THREADS).contains(&self.limits.tokenizer_threads) {
+            return Err(ConfigError(format!(
+                "limits.tokenizer_threads must be within 1..={MAX_TOKENIZER_THREADS}, got {}",
+                self.limits.tokenizer_threads
+            )));
+        }
+        if !(1..=max_connections).contains(&self.limits.tokenizer_queue) {
+            return Err(ConfigError(format!(
+                "limits.tokenizer_queue must be within 1..={max_connections}, got {}",
+                self.limits.tokenizer_queue
             )));
         }
         secs("health.interval_secs", self.health.interval_secs)?;
@@ -627,12 +651,16 @@ mod tests {
         let mut c = GatewayConfig::default();
         c.workers.push(WorkerSpec::parse("http://h:1").unwrap());
         c.validate().unwrap();
-        let cases: [fn(&mut Limits); 5] = [
+        let cases: [fn(&mut Limits); 9] = [
             |l| l.header_read_timeout_secs = f64::NAN,
             |l| l.header_read_timeout_secs = 0.0,
             |l| l.body_read_timeout_secs = 1e30,
             |l| l.max_connections = 0,
             |l| l.max_connections = usize::MAX,
+            |l| l.tokenizer_threads = 0,
+            |l| l.tokenizer_threads = MAX_TOKENIZER_THREADS + 1,
+            |l| l.tokenizer_queue = 0,
+            |l| l.tokenizer_queue = usize::MAX,
         ];
         for bad in cases {
             let mut b = c.clone();

@@ -84,9 +84,14 @@ pub fn load_preprocessor(config: &GatewayConfig) -> Result<Preprocessor, StartEr
         Some("builtin") => Preprocessor::builtin(),
         Some(dir) => Preprocessor::from_dir(std::path::Path::new(dir))?,
     };
+    let pool = kvroute_preprocess::TokenizePool::new(
+        config.limits.tokenizer_threads,
+        config.limits.tokenizer_queue,
+    )?;
     Ok(pre
         .with_max_input_bytes(config.limits.max_body_bytes)
-        .with_cache_bytes(config.limits.tokenizer_cache_bytes))
+        .with_cache_bytes(config.limits.tokenizer_cache_bytes)
+        .with_pool(pool))
 }
 
 /// A running gateway.

@@ -8,7 +8,6 @@ use kvroute_core::{
     BlockedPrompt, Explanation, Namespace, RejectReason, RequestId, RouteOutcome, RouteRequest,
     Selection, WorkerId,
 };
-use kvroute_preprocess::INLINE_TOKENIZE_BYTES;
 use kvroute_protocol::openai::{ApiError, RequestView};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -28,14 +27,10 @@ pub async fn prepare(
     view: &RequestView,
     session_header: Option<&str>,
 ) -> Result<Prepared, GatewayError> {
-    let tokens = if view.input.text_bytes() > INLINE_TOKENIZE_BYTES {
-        let (pre, input) = (gw.preprocessor.clone(), view.input.clone());
-        tokio::task::spawn_blocking(move || pre.prompt_tokens(&input))
-            .await
-            .map_err(|e| GatewayError::Internal(format!("tokenizer task failed: {e}")))??
-    } else {
-        gw.preprocessor.prompt_tokens(&view.input)?
-    };
+    let tokens = gw
+        .preprocessor
+        .prompt_tokens_pooled(view.input.clone())
+        .await?;
     let limit = gw.config.limits.max_prompt_tokens;
     if tokens.len() > limit {
         return Err(ApiError::prompt_too_long(tokens.len(), limit).into());

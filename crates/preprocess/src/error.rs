@@ -49,6 +49,13 @@ pub enum PreprocessError {
         /// The size of the input, in bytes.
         got: usize,
     },
+    /// Every tokenizing thread is busy and `queue` jobs are already waiting: try again
+    /// shortly (503 with `Retry-After`).
+    #[error("the tokenizer is busy: {queue} prompts are already waiting")]
+    Busy {
+        /// The bound on waiting prompts.
+        queue: usize,
+    },
     /// The operation is not available in this mode (e.g. decoding in
     /// approximate mode).
     #[error("not supported: {0}")]
@@ -76,6 +83,7 @@ impl PreprocessError {
             Self::Invalid(_) | Self::Template(_) | Self::Config(_) => {
                 ApiError::invalid(self.to_string())
             }
+            Self::Busy { .. } => ApiError::unavailable("tokenizer_busy", self.to_string(), 1),
             _ => ApiError::new(ErrorKind::Internal, self.to_string()),
         }
     }

@@ -22,6 +22,11 @@ mod error;
 mod jinja;
 mod pieces;
 pub use pieces::CACHE_BYTES as PIECE_CACHE_BYTES;
+mod pool;
+pub use pool::{
+    TokenizePool, DEFAULT_QUEUE as DEFAULT_TOKENIZE_QUEUE,
+    DEFAULT_THREADS as DEFAULT_TOKENIZE_THREADS,
+};
 mod template;
 
 use std::fmt;
@@ -42,10 +47,11 @@ use template::ChatTemplate;
 /// 8 MiB.
 pub const DEFAULT_MAX_INPUT_BYTES: usize = 8 * 1024 * 1024;
 
-/// Prompts with more text than this (bytes) are worth tokenizing off an async runtime's
-/// threads; shorter ones cost less than the hand-off to another thread (about 0.3 ms per
-/// request in the gateway's overhead benchmark).
-pub const INLINE_TOKENIZE_BYTES: usize = 32 << 10;
+/// The pool of preprocessors given none ([`Preprocessor::with_pool`]): started at first
+/// use, [`DEFAULT_TOKENIZE_THREADS`] threads.
+static DEFAULT_POOL: LazyLock<Result<TokenizePool, String>> = LazyLock::new(|| {
+    TokenizePool::new(DEFAULT_TOKENIZE_THREADS, DEFAULT_TOKENIZE_QUEUE).map_err(|e| e.to_string())
+});
 
 /// The shipped tokenizer's `tokenizer.json`.
 const BUILTIN_TOKENIZER: &[u8] = include_bytes!("../assets/tokenizer/tokenizer.json");
@@ -77,6 +83,9 @@ static BUILTIN: LazyLock<Arc<Inner>> = LazyLock::new(|| {
 pub struct Preprocessor {
     inner: Arc<Inner>,
     max_input_bytes: usize,
+    /// Where [`prompt_tokens_pooled`](Self::prompt_tokens_pooled) tokenizes (`None`: the
+    /// process's default pool).
+    pool: Option<TokenizePool>,
 }
 
 /// The shared part of a [`Preprocessor`].
@@ -138,6 +147,7 @@ impl Preprocessor {
         Self {
             inner,
             max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
+            pool: None,
         }
     }
 
@@ -215,6 +225,52 @@ impl Preprocessor {
             state.pieces.set_cache_bytes(bytes);
         }
         self
+    }
+
+    /// Tokenizes on `pool`'s threads (clones made after share it) instead of the process's
+    /// default pool.
+    pub fn with_pool(mut self, pool: TokenizePool) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// The pool [`prompt_tokens_pooled`](Self::prompt_tokens_pooled) uses.
+    pub fn pool(&self) -> Result<&TokenizePool, PreprocessError> {
+        match &self.pool {
+            Some(pool) => Ok(pool),
+            None => DEFAULT_POOL
+                .as_ref()
+                .map_err(|e| PreprocessError::Config(e.clone())),
+        }
+    }
+
+    /// Like [`prompt_tokens`](Self::prompt_tokens), run on the tokenizing pool's threads
+    /// (see the `pool` module: the tokenizer's per-thread caches then exist once per pool
+    /// thread) without blocking the caller's. Token ids as given and approximate mode need
+    /// no tokenizer and are done in place. [`PreprocessError::Busy`] when the pool's queue
+    /// is full.
+    pub async fn prompt_tokens_pooled(
+        &self,
+        input: PromptInput,
+    ) -> Result<Vec<u32>, PreprocessError> {
+        if let PromptInput::Tokens(ids) = input {
+            return Ok(ids);
+        }
+        if self.is_approximate() {
+            return self.prompt_tokens(&input);
+        }
+        let me = self.clone();
+        self.pool()?.run(move || me.prompt_tokens(&input)).await
+    }
+
+    /// Like [`encode`](Self::encode), on the tokenizing pool's threads (see
+    /// [`prompt_tokens_pooled`](Self::prompt_tokens_pooled)).
+    pub async fn encode_pooled(&self, text: String) -> Result<Vec<u32>, PreprocessError> {
+        if self.is_approximate() {
+            return self.encode(&text);
+        }
+        let me = self.clone();
+        self.pool()?.run(move || me.encode(&text)).await
     }
 
     /// The cap on the text given to [`encode`](Self::encode), in bytes.

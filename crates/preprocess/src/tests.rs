@@ -650,3 +650,63 @@ mod piecewise {
         assert_eq!(pre.encode(&turn2).unwrap(), plain(&turn2));
     }
 }
+
+#[test]
+fn pooled_tokenizing_gives_the_same_ids_and_refuses_when_the_pool_is_full() {
+    use std::sync::mpsc;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let pool = TokenizePool::new(1, 1).unwrap();
+    let pre = Preprocessor::builtin().with_pool(pool.clone());
+    let chat = PromptInput::Messages(conversation());
+    let want = pre.prompt_tokens(&chat).unwrap();
+    assert_eq!(
+        rt.block_on(pre.prompt_tokens_pooled(chat.clone())).unwrap(),
+        want
+    );
+    let text = "Hello there, a plain completion prompt.";
+    assert_eq!(
+        rt.block_on(pre.encode_pooled(text.into())).unwrap(),
+        pre.encode(text).unwrap()
+    );
+
+    // The only slot is taken: a chat prompt is refused at once, with a 503 to retry.
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let (started_tx, started_rx) = mpsc::channel::<()>();
+    let holder = pool.clone();
+    let blocker = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(holder.run(move || {
+                let _ = started_tx.send(());
+                let _ = release_rx.recv();
+                Ok(())
+            }))
+    });
+    started_rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .unwrap();
+    let busy = rt.block_on(pre.prompt_tokens_pooled(chat.clone()));
+    let Err(e @ PreprocessError::Busy { queue: 1 }) = busy else {
+        panic!("expected Busy, got {busy:?}");
+    };
+    let api = e.to_api_error();
+    assert_eq!(api.status(), 503);
+    assert_eq!(api.retry_after_secs, Some(1));
+    // Token ids and approximate mode need no tokenizer, so no pool.
+    assert_eq!(
+        rt.block_on(pre.prompt_tokens_pooled(PromptInput::Tokens(vec![5, 6])))
+            .unwrap(),
+        vec![5, 6]
+    );
+    let approx = Preprocessor::approximate().with_pool(pool.clone());
+    assert!(rt
+        .block_on(approx.prompt_tokens_pooled(chat.clone()))
+        .is_ok());
+
+    release_tx.send(()).unwrap();
+    blocker.join().unwrap().unwrap();
+    assert_eq!(rt.block_on(pre.prompt_tokens_pooled(chat)).unwrap(), want);
+}

@@ -12,7 +12,6 @@ use axum::response::Response;
 use axum::Extension;
 use kvroute_core::{Namespace, RequestId};
 use kvroute_engine::{EngineError, EngineRequest, Finished};
-use kvroute_preprocess::INLINE_TOKENIZE_BYTES;
 use kvroute_protocol::openai::{
     parse_request, ApiError, ChatChoice, ChatCompletion, ChatMessageOut, Completion,
     CompletionChoice, Endpoint, ErrorKind, PromptInput, Usage,
@@ -154,20 +153,13 @@ async fn generate(
     collect(ctx, rx, guard).await
 }
 
-/// The prompt's token ids (`kvroute_preprocess::Preprocessor::prompt_tokens`); long prompts are tokenized
-/// off the async runtime.
+/// The prompt's token ids, tokenized on the preprocessor's pool
+/// (`kvroute_preprocess::Preprocessor::prompt_tokens_pooled`).
 async fn prompt_tokens(s: &AppState, input: PromptInput) -> Result<Vec<u32>, ApiError> {
-    let tokens = if input.text_bytes() > INLINE_TOKENIZE_BYTES {
-        let pre = s.pre.clone();
-        tokio::task::spawn_blocking(move || pre.prompt_tokens(&input))
-            .await
-            .map_err(|e| {
-                ApiError::new(ErrorKind::Internal, format!("tokenizer task failed: {e}"))
-            })?
-    } else {
-        s.pre.prompt_tokens(&input)
-    };
-    tokens.map_err(|e| e.to_api_error())
+    s.pre
+        .prompt_tokens_pooled(input)
+        .await
+        .map_err(|e| e.to_api_error())
 }
 
 /// The answer to an engine refusal: 503 (with `Retry-After`) when the queue is full, 400

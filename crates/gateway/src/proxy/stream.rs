@@ -266,7 +266,7 @@ async fn migrate(
     let encoded = if gw.preprocessor.is_approximate() {
         None
     } else {
-        gw.preprocessor.encode(text).ok()
+        gw.preprocessor.encode_pooled(text.to_owned()).await.ok()
     };
     let tokens = m
         .streamed
