@@ -213,6 +213,18 @@ impl RejectReason {
             RejectReason::QueueTimeout => "queue_timeout",
         }
     }
+
+    /// Seconds a refused client is asked to wait before it comes back (the gateway's
+    /// `Retry-After`; the simulator's clients wait as long): longer when no worker is there
+    /// at all than when they are only busy.
+    pub fn retry_after_secs(self) -> u64 {
+        match self {
+            RejectReason::NoWorkers => 5,
+            RejectReason::AllWorkersBusy | RejectReason::QueueFull | RejectReason::QueueTimeout => {
+                1
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 //! `sglang:max_total_num_tokens` gauge is its KV pool in tokens (one line per scheduler,
 //! `dp_rank="R"` with data parallelism). Admission (`queue`, `shed`) judges a worker busy by
 //! the fraction of its KV blocks in use, so a worker whose capacity stays unknown is never
-//! busy: the gateway says so loudly, once per worker.
+//! busy: the gateway says so loudly, once per worker. No engine publishes its batch limit
+//! (`max_num_seqs`): without `max_batch` a worker is judged by its KV cache only, and the
+//! gateway says that too.
 
 use crate::registry::WorkerEntry;
 use crate::state::Gateway;
@@ -135,6 +137,18 @@ pub fn warn_unknown(gw: &Gateway) {
     for w in gw.registry.iter().filter(|w| unknown(w)) {
         if !w.capacity_warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(worker = %w.name, "admission is off for this worker: its KV capacity is unknown (set kv_blocks, or run an engine that publishes vllm:cache_config_info or sglang:max_total_num_tokens); it is never judged busy, so nothing is queued or shed for it");
+        }
+    }
+    if gw.config.router.admission.busy_batch_fraction.is_none() {
+        return;
+    }
+    for w in gw
+        .registry
+        .iter()
+        .filter(|w| !unknown(w) && w.spec.max_batch.is_none())
+    {
+        if !w.batch_warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(worker = %w.name, "admission judges this worker by its KV cache only: its batch limit (the engine's max_num_seqs) is unknown, as no engine publishes it; set max_batch, or requests past it wait in the engine's own queue instead of the gateway's (or being shed)");
         }
     }
 }

@@ -58,12 +58,7 @@ impl GatewayError {
                         "every worker stayed busy for the longest queue wait",
                     ),
                 };
-                let retry = if *reason == RejectReason::NoWorkers {
-                    5
-                } else {
-                    1
-                };
-                ApiError::unavailable(code, message, retry)
+                ApiError::unavailable(code, message, reason.retry_after_secs())
             }
             GatewayError::Upstream {
                 worker,

@@ -96,6 +96,8 @@ pub struct WorkerEntry {
     pub learned_kv_blocks: AtomicU64,
     /// Whether the gateway said admission cannot judge this worker.
     pub capacity_warned: AtomicBool,
+    /// Whether the gateway said admission judges this worker by its KV cache only.
+    pub batch_warned: AtomicBool,
 }
 
 /// Counters of one worker's KV event stream.
@@ -251,6 +253,7 @@ impl Registry {
                 repair: tokio::sync::Notify::new(),
                 learned_kv_blocks: AtomicU64::new(0),
                 capacity_warned: AtomicBool::new(false),
+                batch_warned: AtomicBool::new(false),
             })
             .collect();
         Self { workers }

@@ -138,6 +138,13 @@ async fn slot(ctx: &Ctx, index: usize) {
         let Some(job) = ctx.next_job() else {
             return;
         };
-        ctx.run_job(job, Instant::now()).await;
+        // A refused client waits what the server asked (`Retry-After`) before it comes back,
+        // as well-behaved clients do; without it the slot would hammer a shedding server.
+        if let Some(wait) = ctx.run_job(job, Instant::now()).await {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = ctl.wait_for(|c| c.stop) => return,
+            }
+        }
     }
 }

@@ -146,8 +146,8 @@ impl Ctx {
     }
 
     /// Runs `job` to its end; `due` is when it was due to start (its first request's TTFT
-    /// counts from there).
-    pub async fn run_job(&self, job: Job, due: Instant) {
+    /// counts from there). When the server refused it: the wait it asked for (`Retry-After`).
+    pub async fn run_job(&self, job: Job, due: Instant) -> Option<Duration> {
         match job {
             Job::Chat(first) => self.converse(first, due).await,
             Job::Single {
@@ -170,22 +170,30 @@ impl Ctx {
                     self.timeout(),
                 );
                 match self.send_or_cancel(send).await {
-                    Some(result) => self.observer.finished(Finished {
-                        conversation: id,
-                        turn: 1,
-                        chat: false,
-                        sent: due,
-                        result,
-                        ends: None,
-                    }),
-                    None => self.observer.cancelled(None),
+                    Some(result) => {
+                        let wait = result.retry_after;
+                        self.observer.finished(Finished {
+                            conversation: id,
+                            turn: 1,
+                            chat: false,
+                            sent: due,
+                            result,
+                            ends: None,
+                        });
+                        wait
+                    }
+                    None => {
+                        self.observer.cancelled(None);
+                        None
+                    }
                 }
             }
         }
     }
 
-    /// A conversation, turn after turn, until its last turn, a failure, or the run ends.
-    async fn converse(&self, first: ChatTurn, due: Instant) {
+    /// A conversation, turn after turn, until its last turn, a failure, or the run ends;
+    /// the wait a refusal asked for.
+    async fn converse(&self, first: ChatTurn, due: Instant) -> Option<Duration> {
         let mut turn = first;
         let mut sent = due;
         loop {
@@ -201,7 +209,7 @@ impl Ctx {
             let Some(result) = self.send_or_cancel(send).await else {
                 self.observer.cancelled(Some(turn.conversation));
                 self.end(turn.conversation);
-                return;
+                return None;
             };
             let ok = result.status == Status::Completed;
             let stopping = self.ctl.borrow().stop || self.time_up();
@@ -213,6 +221,7 @@ impl Ctx {
                 None
             };
             let answer = result.answer.clone();
+            let wait = result.retry_after;
             self.observer.finished(Finished {
                 conversation: turn.conversation,
                 turn: turn.turn,
@@ -223,7 +232,7 @@ impl Ctx {
             });
             if ends.is_some() {
                 self.end(turn.conversation);
-                return;
+                return wait;
             }
             let question = match &self.user_model {
                 Some(u) => u.follow_up(&turn, &answer).await,
@@ -238,7 +247,7 @@ impl Ctx {
                 None => {
                     self.observer
                         .conversation_ended(turn.conversation, ConversationStatus::Completed);
-                    return;
+                    return None;
                 }
             }
             sent = Instant::now();

@@ -30,6 +30,26 @@ pub struct TurnResult {
     pub route: Option<RouteExplanation>,
     /// How it ended.
     pub status: Status,
+    /// When refused: how long the server asked the client to wait (`Retry-After` in
+    /// seconds, at most [`MAX_RETRY_AFTER`]).
+    pub retry_after: Option<Duration>,
+}
+
+/// The longest `Retry-After` the load generator honours.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// A `Retry-After` header in seconds (an HTTP date is not honoured), at most
+/// [`MAX_RETRY_AFTER`].
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let secs: f64 = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    (secs.is_finite() && secs >= 0.0)
+        .then(|| Duration::from_secs_f64(secs.min(MAX_RETRY_AFTER.as_secs_f64())))
 }
 
 /// A kvroute gateway's explanation of one routing decision, as its `x-kvroute-route` header
@@ -180,6 +200,7 @@ pub async fn send_streamed(
         predicted_cached_tokens: None,
         route: None,
         status: Status::Completed,
+        retry_after: None,
     };
     let deadline = tokio::time::Instant::from_std(start + timeout);
     let resp = match tokio::time::timeout_at(deadline, {
@@ -212,9 +233,11 @@ pub async fn send_streamed(
     r.route = resp.headers().get("x-kvroute-route").and_then(route_of);
     let status = resp.status();
     if !status.is_success() {
+        let wait = retry_after(resp.headers());
         let code = error_code(resp, deadline).await;
         r.finished = Instant::now();
         r.status = if status.as_u16() == 503 || status.as_u16() == 429 {
+            r.retry_after = wait;
             Status::Rejected(code.unwrap_or_else(|| format!("http_{}", status.as_u16())))
         } else {
             Status::Failed(format!("http_{}", status.as_u16()))

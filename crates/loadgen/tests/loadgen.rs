@@ -486,3 +486,45 @@ async fn a_ramp_spreads_the_first_conversations() {
         assert!(*t >= due - 0.02 && *t < due + 0.25, "{at:?}");
     }
 }
+
+/// A closed-loop slot whose conversation is refused waits the server's `Retry-After` before
+/// the next one: against a server that refuses everything with `Retry-After: 1`, a slot
+/// sends about one request a second, not as many as it can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_slot_waits_what_retry_after_asks() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let seen = std::sync::Arc::new(AtomicU64::new(0));
+    let counter = seen.clone();
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async {
+                axum::response::Response::builder()
+                    .status(503)
+                    .header("content-type", "application/json")
+                    .header("retry-after", "1")
+                    .body(axum::body::Body::from(
+                        r#"{"error":{"message":"busy","type":"x","code":"overloaded"}}"#,
+                    ))
+                    .unwrap()
+            }
+        }),
+    );
+    let url = kvroute_testkit::serve(app).await;
+    let result = run(LoadgenConfig {
+        target: url,
+        concurrency: 1,
+        conversations: 1_000_000,
+        duration_secs: 2.5,
+        chat: small_chat(),
+        ..LoadgenConfig::default()
+    })
+    .await
+    .unwrap();
+    let summary = Summary::from_records(&result.records, result.duration);
+    let seen = seen.load(Ordering::SeqCst);
+    assert_eq!(summary.rejected, seen);
+    // Sent at about 0, 1 and 2 s; without the wait, hundreds.
+    assert!((2..=4).contains(&seen), "{seen} requests in 2.5 s");
+}

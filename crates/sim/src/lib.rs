@@ -59,9 +59,10 @@ pub struct SimConfig {
     pub max_sim_time: Duration,
     /// The service objective goodput is measured against, if any.
     pub slo: Option<Slo>,
-    /// A closed-loop client whose request failed or was refused waits this long before its
-    /// next one (as a client honouring `Retry-After` would). Never zero: a fleet refusing
-    /// every request at once would otherwise loop forever at one instant of virtual time.
+    /// A closed-loop client whose request failed waits this long before its next one. Never
+    /// zero: a fleet failing every request at once would otherwise loop forever at one
+    /// instant of virtual time. A refused one waits the `Retry-After` the gateway sends for
+    /// the reason (`RejectReason::retry_after_secs`), as the live load generator does.
     pub client_backoff: Duration,
 }
 

@@ -415,7 +415,7 @@ impl<'a> Sim<'a> {
                 })
             }
             RouteOutcome::Reject(reason) => {
-                self.end(t, id, Status::Rejected(reason.as_str().into()), None);
+                self.refuse(t, id, reason);
                 return None;
             }
             RouteOutcome::Dispatch(sel) => sel,
@@ -466,8 +466,7 @@ impl<'a> Sim<'a> {
         if let Some(i) = self.queue.iter().position(|q| q.id == id) {
             let q = self.queue.remove(i).expect("position is in range");
             self.queued_tokens -= q.tokens as u64;
-            let reason = RejectReason::QueueTimeout.as_str().to_string();
-            self.end(self.now, id, Status::Rejected(reason), None);
+            self.refuse(self.now, id, RejectReason::QueueTimeout);
         }
     }
 
@@ -567,13 +566,34 @@ impl<'a> Sim<'a> {
 
     /// A request ended: close its record and let a closed-loop client go on.
     fn end(&mut self, t: Time, id: RequestId, status: Status, answer: Option<&[u32]>) {
+        let backoff = self.cfg.client_backoff;
+        self.close(t, id, status, answer, backoff);
+    }
+
+    /// The router refused a request: its client comes back after the `Retry-After` the
+    /// gateway would have sent for `reason`.
+    fn refuse(&mut self, t: Time, id: RequestId, reason: RejectReason) {
+        let wait = Duration::from_secs(reason.retry_after_secs());
+        self.close(t, id, Status::Rejected(reason.as_str().into()), None, wait);
+    }
+
+    /// Closes a request's record; a closed-loop client goes on at once after an answer, or
+    /// after `backoff` when there was none.
+    fn close(
+        &mut self,
+        t: Time,
+        id: RequestId,
+        status: Status,
+        answer: Option<&[u32]>,
+        backoff: Duration,
+    ) {
         let i = id.0 as usize;
         let rec = &mut self.records[i];
         rec.finished = Some(t);
         rec.status = status;
         let (outcome, at) = match answer {
             Some(a) => (Outcome::Answered(a), t),
-            None => (Outcome::Failed, t.plus(self.cfg.client_backoff)),
+            None => (Outcome::Failed, t.plus(backoff)),
         };
         if let Some(next) = self.driver.next(at, self.conversation[i], outcome) {
             self.push(at, Event::Arrival(Box::new(next)));

@@ -179,6 +179,29 @@ fn shedding_and_queue_timeouts_are_counted_not_hidden() {
 }
 
 #[test]
+fn a_refused_client_comes_back_after_the_gateways_retry_after() {
+    // Every worker is always busy (0 prefill tokens already reach the limit): every request
+    // of the one closed-loop client is shed, and it waits 1 s (`Retry-After` of
+    // `all_workers_busy`) before the next, as the live load generator does.
+    let mut cfg = tiny(2, PolicyKind::Kv);
+    cfg.router.admission.mode = AdmissionMode::Shed;
+    cfg.router.admission.busy_prefill_tokens = Some(0);
+    let w = Workload::MultiTurn {
+        gen: small_chat(4),
+        concurrency: 1,
+        requests: 5,
+    };
+    let r = simulate(&cfg, w).unwrap();
+    assert_eq!(r.summary.rejected, 5);
+    let mut arrivals: Vec<Time> = r.records.iter().map(|x| x.arrival).collect();
+    arrivals.sort();
+    let wait = Duration::from_secs(RejectReason::AllWorkersBusy.retry_after_secs());
+    for pair in arrivals.windows(2) {
+        assert_eq!(pair[1], pair[0].plus(wait), "{arrivals:?}");
+    }
+}
+
+#[test]
 fn delayed_kv_events_still_agree_and_bad_configs_are_refused() {
     let mut cfg = tiny(3, PolicyKind::Kv);
     cfg.kv_event_delay = Duration::from_millis(50);
