@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Gateway overhead against a zero-delay worker: TTFT through the gateway versus direct at
-# concurrency 1 and 64, short and long prompts, and the closed-loop request rate.
+# concurrency 1 and 64, short and long prompts, the closed-loop request rate, and the CPU
+# per streamed token.
 # Each pass first prints the cost of waking a sleeping thread on the same core and across
 # cores. Three runs: the gateway on its own two-thread runtime; the same with the whole process on
 # one core (`taskset -c 0`: no cross-core wake-ups, so the added time is the gateway's own

@@ -6,7 +6,8 @@
 //! cores, so at high concurrency the figures are upper bounds. Direct and gateway requests
 //! alternate in ten rounds per cell, so both see the same spells of a shared machine.
 //! It first prints what waking a sleeping thread costs here, on the same core and across
-//! cores: the price of each hand-over the gateway adds to a request's path.
+//! cores: the price of each hand-over the gateway adds to a request's path. It ends with the
+//! CPU the gateway costs per streamed token (streams of 1,000 chunks, one per write).
 //!
 //! `cargo run --release -p kvroute-gateway --example overhead -- [REQUESTS] [SECONDS] [WORDS,...] [own-runtime|same-thread] [GATEWAY_THREADS]`
 //! (`bench/gateway-overhead.sh` runs it). Prints a Markdown table.
@@ -26,16 +27,45 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const MODEL: &str = "stub";
 
-/// The stub worker: four content chunks, usage, `[DONE]`, all in one write.
-async fn stub_chat() -> impl IntoResponse {
-    let mut body = String::new();
-    for i in 0..4 {
-        body.push_str(&format!(
-            "data: {{\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"{MODEL}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}},\"finish_reason\":null}}]}}\n\n"
-        ));
+/// One content chunk of the stub's stream.
+fn content_chunk(i: u64) -> String {
+    format!(
+        "data: {{\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"{MODEL}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}},\"finish_reason\":null}}]}}\n\n"
+    )
+}
+
+/// The stub's usage chunk and `[DONE]`.
+fn stream_end(tokens: u64) -> String {
+    format!("data: {{\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"stub\",\"choices\":[],\"usage\":{{\"prompt_tokens\":30,\"completion_tokens\":{tokens},\"total_tokens\":{}}}}}\n\ndata: [DONE]\n\n", tokens + 30)
+}
+
+/// The stub worker: four content chunks, usage, `[DONE]`, all in one write; or, when the
+/// request asks for more than four tokens, that many content chunks written one at a time
+/// (the task yields between them), as an engine streams a token per step.
+async fn stub_chat(body: bytes::Bytes) -> axum::response::Response {
+    let tokens = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["max_tokens"].as_u64())
+        .unwrap_or(4);
+    let headers = [("content-type", "text/event-stream")];
+    if tokens <= 4 {
+        let mut body: String = (0..4).map(content_chunk).collect();
+        body.push_str(&stream_end(4));
+        return (headers, body).into_response();
     }
-    body.push_str("data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"stub\",\"choices\":[],\"usage\":{\"prompt_tokens\":30,\"completion_tokens\":4,\"total_tokens\":34}}\n\ndata: [DONE]\n\n");
-    ([("content-type", "text/event-stream")], body)
+    let chunks = futures_util::stream::unfold(0u64, move |i| async move {
+        if i > tokens {
+            return None;
+        }
+        tokio::task::yield_now().await;
+        let text = if i == tokens {
+            stream_end(tokens)
+        } else {
+            content_chunk(i)
+        };
+        Some((Ok::<_, std::io::Error>(bytes::Bytes::from(text)), i + 1))
+    });
+    (headers, axum::body::Body::from_stream(chunks)).into_response()
 }
 
 /// Starts the stub: on this thread's runtime (`same_thread`), else on a thread of its own, as
@@ -126,6 +156,70 @@ async fn one(client: &reqwest::Client, url: &str, body: bytes::Bytes) -> f64 {
         first.get_or_insert_with(|| start.elapsed().as_secs_f64());
     }
     first.unwrap_or_else(|| start.elapsed().as_secs_f64())
+}
+
+/// Seconds from sending a streamed chat asking for `tokens` tokens to the end of its stream.
+async fn whole_stream(client: &reqwest::Client, url: &str, tokens: u64) -> f64 {
+    let body = serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "stream me a long answer"}],
+        "stream": true,
+        "max_tokens": tokens,
+    });
+    let start = Instant::now();
+    let resp = client.post(url).json(&body).send().await.expect("request");
+    assert!(resp.status().is_success(), "status {}", resp.status());
+    let mut stream = resp.bytes_stream();
+    let mut bytes = 0;
+    while let Some(chunk) = stream.next().await {
+        bytes += chunk.expect("body").len();
+    }
+    assert!(
+        bytes > tokens as usize * 50,
+        "a short stream: {bytes} bytes"
+    );
+    start.elapsed().as_secs_f64()
+}
+
+/// CPU seconds this process has used (user + system; `/proc/self/stat` counts in ticks of
+/// 1/100 s).
+fn cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // After the command name (which ends with ')'), from the state on: utime and stime are
+    // the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    (tick(11) + tick(12)) as f64 / 100.0
+}
+
+/// The gateway's cost per streamed token: whole streams of `tokens` chunks at `concurrency`,
+/// direct and through the gateway alternating in ten rounds. Returns the seconds per stream
+/// of each (sorted) and the CPU seconds the whole process used in the rounds of each.
+async fn per_token(
+    stub: &str,
+    via: &str,
+    tokens: u64,
+    streams: usize,
+    concurrency: usize,
+) -> ((Vec<f64>, f64), (Vec<f64>, f64)) {
+    let client = client();
+    let (mut direct, mut gateway) = ((Vec::new(), 0.0), (Vec::new(), 0.0));
+    for _ in 0..10 {
+        for (url, out) in [(stub, &mut direct), (via, &mut gateway)] {
+            let cpu = cpu_secs();
+            let times: Vec<f64> = futures_util::stream::iter(0..streams.div_ceil(10))
+                .map(|_| whole_stream(&client, url, tokens))
+                .buffer_unordered(concurrency)
+                .collect()
+                .await;
+            out.1 += cpu_secs() - cpu;
+            out.0.extend(times);
+        }
+    }
+    direct.0.sort_by(f64::total_cmp);
+    gateway.0.sort_by(f64::total_cmp);
+    (direct, gateway)
 }
 
 /// A client that keeps enough idle connections for the highest concurrency.
@@ -385,6 +479,32 @@ async fn main() {
     let via_rate = rate(&format!("{via}{CHAT}"), b, 64, secs).await;
     println!();
     println!("closed loop, concurrency 64, {secs} s: direct {direct:.0} req/s, via gateway {via_rate:.0} req/s");
+    println!();
+    // Per streamed token: the gateway reads each chunk, watches it (first token, usage, the
+    // text kept for a migration) and writes it on.
+    const TOKENS: u64 = 1000;
+    println!("| streams of {TOKENS} tokens, a chunk per write | concurrency | direct p50 (ms) | via gateway p50 (ms) | CPU per token, direct (µs) | via gateway (µs) | added (µs) |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    const STREAMS: usize = 200;
+    for c in [1, 8] {
+        let ((d, d_cpu), (g, g_cpu)) = per_token(
+            &format!("{stub}{CHAT}"),
+            &format!("{via}{CHAT}"),
+            TOKENS,
+            STREAMS,
+            c,
+        )
+        .await;
+        let per = |cpu: f64| cpu / (STREAMS as f64 * TOKENS as f64) * 1e6;
+        println!(
+            "| chat | {c} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            pct(&d, 0.5) * 1e3,
+            pct(&g, 0.5) * 1e3,
+            per(d_cpu),
+            per(g_cpu),
+            per(g_cpu) - per(d_cpu),
+        );
+    }
     let _ = stop_tx.send(());
     if let Some(t) = gateway_thread {
         let _ = t.join();
