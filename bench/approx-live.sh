@@ -13,11 +13,7 @@ cargo build --release --locked -q -p kvroute
 bin=target/release/kvroute
 n="${1:-300}"
 blocks="${2:-512}"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_http() { for _ in $(seq 100); do curl -sf "$1" >/dev/null && return 0; sleep 0.1; done; echo "no answer from $1" >&2; return 1; }
+source bench/lib.sh
 
 start_workers() {
   workers=()
