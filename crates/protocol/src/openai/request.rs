@@ -49,25 +49,6 @@ pub enum PromptInput {
     Tokens(Vec<u32>),
 }
 
-impl PromptInput {
-    /// About how many bytes of text the prompt has (what tokenizing it costs; 0 for ids).
-    pub fn text_bytes(&self) -> usize {
-        fn text(v: &Value) -> usize {
-            match v {
-                Value::String(s) => s.len(),
-                Value::Array(a) => a.iter().map(text).sum(),
-                Value::Object(o) => o.values().map(text).sum(),
-                _ => 0,
-            }
-        }
-        match self {
-            PromptInput::Text(t) => t.len(),
-            PromptInput::Tokens(_) => 0,
-            PromptInput::Messages(m) | PromptInput::Continue(m) => m.iter().map(text).sum(),
-        }
-    }
-}
-
 /// The checked fields of a request that routing and accounting use.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RequestView {
