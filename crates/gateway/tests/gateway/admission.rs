@@ -130,3 +130,64 @@ async fn a_workers_capacity_is_learned_from_its_cache_config_metric() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// Prompts are tokenized on the gateway's tokenizing pool only: with its one thread busy and
+/// its one place taken, a chat prompt is refused at once with `503 tokenizer_busy` and
+/// `Retry-After`, while token-id prompts (no tokenizer) are still served; once the pool is
+/// free, chats are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_tokenizing_pool_refuses_chats_with_a_retry_after() {
+    let a = worker("a").await;
+    let cfg = config(&[&a], "kv");
+    let pool = kvroute_preprocess::TokenizePool::new(1, 1).unwrap();
+    let pre = kvroute_gateway::load_preprocessor(&cfg)
+        .unwrap()
+        .with_pool(pool.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let feeds = [(
+        0,
+        kvroute_gateway::EventFeed::from_broadcast(a.subscribe(), None),
+    )]
+    .into();
+    let gw = kvroute_gateway::spawn(cfg, pre, listener, feeds)
+        .await
+        .unwrap();
+    let url = gw.url();
+    let body = chat(&[("user", "hello there")], false, 4);
+    let (status, _, _) = post(&url, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200);
+
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (started, running) = tokio::sync::oneshot::channel::<()>();
+    let holder = pool.clone();
+    let held = tokio::spawn(async move {
+        holder
+            .run(move || {
+                let _ = started.send(());
+                let _ = released.recv();
+                Ok(())
+            })
+            .await
+    });
+    running.await.unwrap();
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let json: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(json["error"]["code"], "tokenizer_busy", "{json}");
+    let ids = serde_json::json!({"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 2});
+    let (status, _, _) = post(&url, "/v1/completions", &ids).await;
+    assert_eq!(status, 200, "token ids need no tokenizer");
+
+    release.send(()).unwrap();
+    held.await.unwrap().unwrap();
+    let (status, _, _) = post(&url, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200);
+    gw.shutdown().await;
+    a.shutdown().await;
+}
