@@ -4,12 +4,13 @@
 //! threshold (absolute, or as a fraction of its KV capacity when that is known). When some
 //! workers are busy the policy only chooses among the others; when all are, the mode decides:
 //! `queue` holds the request in the gateway (up to a wait and a queued-token budget), `shed`
-//! rejects at once, `none` dispatches anyway. Every rejection carries a reason code.
+//! rejects at once, `none` dispatches anyway. Every rejection carries a reason code. The
+//! queue itself, one for the simulator and the gateway, is [`queue::AdmissionQueue`].
+
+pub mod queue;
 
 use crate::ledger::{WorkerCapacity, WorkerLoad};
-use crate::types::Time;
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
 
 /// What to do with a request when every worker is busy.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,18 +146,17 @@ impl AdmissionConfig {
         }
         match self.mode {
             AdmissionMode::Shed => AdmissionDecision::Reject(RejectReason::AllWorkersBusy),
-            _ if queue.requests >= self.max_queued_requests
-                || queue.tokens.saturating_add(prompt_tokens as u64) > self.max_queued_tokens =>
-            {
+            _ if !self.queue_has_room(queue, prompt_tokens as u64) => {
                 AdmissionDecision::Reject(RejectReason::QueueFull)
             }
             _ => AdmissionDecision::Queue,
         }
     }
 
-    /// Whether a request queued at `enqueued_at` has waited too long at `now`.
-    pub fn queue_expired(&self, enqueued_at: Time, now: Time) -> bool {
-        now.since(enqueued_at) > Duration::from_secs_f64(self.max_queue_wait_secs)
+    /// Whether a queue of `queue` has room for one more request of `tokens` prompt tokens.
+    pub fn queue_has_room(&self, queue: QueueState, tokens: u64) -> bool {
+        queue.requests < self.max_queued_requests
+            && queue.tokens.saturating_add(tokens) <= self.max_queued_tokens
     }
 }
 
@@ -349,13 +349,11 @@ mod tests {
     }
 
     #[test]
-    fn queue_wait_limit_and_validation() {
+    fn validation_and_modes() {
         let cfg = AdmissionConfig {
             max_queue_wait_secs: 2.0,
             ..AdmissionConfig::default()
         };
-        assert!(!cfg.queue_expired(Time::from_millis(1_000), Time::from_millis(3_000)));
-        assert!(cfg.queue_expired(Time::from_millis(1_000), Time::from_millis(3_001)));
         assert!(cfg.validate().is_ok());
         let bad = AdmissionConfig {
             busy_active_fraction: Some(-1.0),

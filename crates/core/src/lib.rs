@@ -53,6 +53,7 @@ pub mod router;
 pub mod tiers;
 mod types;
 
+pub use admission::queue::{AdmissionQueue, Queued, Ticket};
 pub use admission::{AdmissionConfig, AdmissionDecision, AdmissionMode, QueueState, RejectReason};
 pub use hashing::{BlockedPrompt, EngineHash, LocalBlockHash, Namespace, SequenceHash};
 pub use index::{

@@ -16,7 +16,6 @@ use kvroute_core::RouteRequest;
 use kvroute_protocol::openai::http::{read_body, require, Access, AccessPolicy};
 use kvroute_protocol::openai::{parse_request, ApiError, Endpoint, ModelList};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// The gateway's routes, each behind what it needs under `policy`: health, readiness,
 /// liveness and metrics for anyone; the OpenAI API and the read-only debug views behind the
@@ -62,7 +61,7 @@ async fn completions(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
 }
 
 async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response {
-    let started = Instant::now();
+    let started = gw.now();
     let headers = req.headers().clone();
     let id = request_id(&gw, &headers);
     let result = async {

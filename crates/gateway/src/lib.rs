@@ -11,6 +11,7 @@
 pub mod accuracy;
 mod api;
 pub mod capacity;
+pub mod clock;
 pub mod config;
 mod error;
 pub mod events;
@@ -202,6 +203,7 @@ pub async fn spawn(
         router,
         client,
         metrics::Metrics::new()?,
+        clock::Clock::starting_now(),
     ));
     let mut tasks = Vec::new();
     for (i, w) in gw.config.workers.iter().enumerate() {
@@ -260,6 +262,7 @@ pub async fn spawn(
     }
     tasks.push(tokio::spawn(health::run(gw.clone())));
     tasks.push(tokio::spawn(prune(gw.clone())));
+    tasks.push(tokio::spawn(routing::queue::drive(gw.clone())));
     let addr = listener.local_addr()?;
     let loopback = addr.ip().is_loopback();
     if !loopback && gw.config.auth.api_keys.is_empty() {

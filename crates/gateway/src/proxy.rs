@@ -18,7 +18,7 @@ use kvroute_protocol::openai::{RequestView, Usage};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What the gateway reads of an answer or stream chunk.
 #[derive(Deserialize)]
@@ -46,8 +46,8 @@ pub struct Call {
     pub body: Bytes,
     /// The request id (sent upstream and back).
     pub request_id: String,
-    /// When it arrived.
-    pub started: Instant,
+    /// When it arrived (the gateway's clock).
+    pub started: kvroute_core::Time,
     /// Whether the client asked for the routing explanation (`x-kvroute-explain`).
     pub explain: bool,
     /// The client's `Authorization` header (sent on with `upstream.forward_authorization`).
@@ -67,12 +67,13 @@ pub async fn forward(
     let attempts = if gw.config.upstream.retry { 2 } else { 1 };
     let mut last_error = None;
     for attempt in 0..attempts {
-        let (sel, guard, explanation) = match admit(gw, &prep, exclude, &call).await {
-            Ok(x) => x,
-            // A retry that finds no other worker reports the first failure.
-            Err(e) if attempt > 0 => return Err(last_error.unwrap_or(e)),
-            Err(e) => return Err(e),
-        };
+        let (sel, guard, explanation) =
+            match admit(gw, &prep, exclude, call.explain, call.started).await {
+                Ok(x) => x,
+                // A retry that finds no other worker reports the first failure.
+                Err(e) if attempt > 0 => return Err(last_error.unwrap_or(e)),
+                Err(e) => return Err(e),
+            };
         let worker = guard.worker;
         match send(gw, &call, worker, call.body.clone()).await {
             Ok(resp) if resp.status().is_server_error() && attempt + 1 < attempts => {
@@ -362,7 +363,7 @@ fn finish(
     gw: &Gateway,
     model: &str,
     status: StatusCode,
-    started: Instant,
+    started: kvroute_core::Time,
     usage: Option<&Usage>,
     prediction: Option<Prediction>,
 ) {
@@ -370,7 +371,7 @@ fn finish(
     m.requests
         .with_label_values(&[model, status.as_str()])
         .inc();
-    m.duration.observe(started.elapsed().as_secs_f64());
+    m.duration.observe(gw.clock.secs_since(started));
     if let Some(u) = usage {
         m.input_tokens.observe(u.prompt_tokens as f64);
         m.cached_tokens.observe(u.cached_tokens() as f64);

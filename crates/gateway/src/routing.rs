@@ -1,17 +1,18 @@
 //! From a checked request to a booked worker: preprocessing (template + tokenizer, or token
 //! ids as given) into blocks, routing with explicit admission (queue, shed, none), and the
 //! RAII guard that releases the ledger on first token, completion, failure or disconnect.
+//! The admission queue's driver is `routing/queue.rs`.
+
+pub mod queue;
 
 use crate::error::GatewayError;
 use crate::state::Gateway;
 use kvroute_core::{
-    BlockedPrompt, Explanation, Namespace, RejectReason, RequestId, RouteOutcome, RouteRequest,
-    Selection, WorkerId,
+    BlockedPrompt, Explanation, Namespace, RequestId, RouteRequest, Selection, Time, WorkerId,
 };
 use kvroute_protocol::openai::{ApiError, RequestView};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// A request's prompt, cut into blocks.
 pub struct Prepared {
@@ -64,6 +65,17 @@ pub struct LedgerGuard {
 }
 
 impl LedgerGuard {
+    /// The booking of `request` on `worker`, just dispatched (counted in flight).
+    fn booked(gw: &Arc<Gateway>, request: RequestId, worker: WorkerId) -> Self {
+        gw.metrics.inflight.inc();
+        Self {
+            gw: gw.clone(),
+            request,
+            worker,
+            first_token: false,
+        }
+    }
+
     /// The first token arrived: the prefill part of the booking is released.
     pub fn first_token(&mut self) {
         if !self.first_token {
@@ -71,7 +83,7 @@ impl LedgerGuard {
             let now = self.gw.now();
             // The worker may have been taken out meanwhile: nothing left to release then.
             let _ = self.gw.router().first_token(self.request, now);
-            self.gw.wake.notify_waiters();
+            self.gw.released();
         }
     }
 }
@@ -81,134 +93,74 @@ impl Drop for LedgerGuard {
         let now = self.gw.now();
         let _ = self.gw.router().finish(self.request, now);
         self.gw.metrics.inflight.dec();
-        self.gw.wake.notify_waiters();
+        self.gw.released();
     }
 }
 
-/// A request's place in the admission queue's counts (requests and tokens waiting), given
-/// back when dropped: on dispatch, rejection, timeout, or the client going away while it
-/// waits (its request future is dropped).
-struct QueueSlot {
-    gw: Arc<Gateway>,
-    tokens: u64,
-}
-
-impl QueueSlot {
-    fn take(gw: &Arc<Gateway>, tokens: u64) -> Self {
-        gw.queue_change(true, tokens);
-        Self {
-            gw: gw.clone(),
-            tokens,
-        }
-    }
-}
-
-impl Drop for QueueSlot {
-    fn drop(&mut self) {
-        self.gw.queue_change(false, self.tokens);
-    }
-}
-
-/// Routes `prep`, waiting in the admission queue when every worker is busy, and books the
-/// chosen worker; with the decision's explanation when `call` asks for it. `exclude` is a
-/// worker the request just failed on.
+/// Routes `prep` and books the chosen worker, waiting in the admission queue (in arrival
+/// order, until its deadline) when every eligible worker is busy or earlier requests of its
+/// kind wait there; with the decision's explanation when `explain`. `exclude` is a worker
+/// the request just failed on; `started` is when the request came (for the routing time).
 pub async fn admit(
     gw: &Arc<Gateway>,
     prep: &Prepared,
     exclude: Option<WorkerId>,
-    call: &crate::proxy::Call,
+    explain: bool,
+    started: Time,
 ) -> Result<(Selection, LedgerGuard, Option<Explanation>), GatewayError> {
-    let started = call.started;
-    let mut explanation = None;
-    let tokens = prep.prompt.tokens as u64;
-    let mut queued_at = None;
-    let result = loop {
-        // Registered before looking, so a release between the look and the wait is not lost.
-        let wake = gw.wake.notified();
-        tokio::pin!(wake);
-        wake.as_mut().enable();
-        let mut queue = gw.queue_state();
-        if queued_at.is_some() {
-            // The queue counts this request: admission must see the others only.
-            queue.requests = queue.requests.saturating_sub(1);
-            queue.tokens = queue.tokens.saturating_sub(tokens);
-        }
+    let first = {
+        let mut q = gw.queue();
+        let mut r = gw.router();
         let request = RouteRequest {
             prompt: &prep.prompt,
             session: prep.session,
-            queue,
+            queue: q.state(),
             exclude,
         };
-        let outcome = {
-            let mut r = gw.router();
-            let outcome = if call.explain {
-                let (outcome, ex) = r.route_explained(&request);
-                explanation = Some(ex);
-                outcome
-            } else {
-                r.route(&request)
-            };
-            match outcome {
-                RouteOutcome::Dispatch(sel) => {
-                    let id = gw.next_request();
-                    match r.dispatch(id, &request, &sel, gw.now()) {
-                        Ok(()) => Ok(Some((sel, id))),
-                        Err(e) => Err(GatewayError::Internal(e.to_string())),
-                    }
-                }
-                RouteOutcome::Queue => Ok(None),
-                RouteOutcome::Reject(reason) => Err(GatewayError::Rejected(reason)),
-            }
+        // Behind the requests of its kind already waiting, without overtaking them.
+        let routed = if q.holds(exclude) {
+            Ok(None)
+        } else {
+            queue::route_and_book(gw, &mut r, &request, explain)
         };
-        match outcome {
-            Ok(Some((sel, id))) => {
-                tracing::debug!(worker = %sel.worker, matched_blocks = sel.matched_blocks, prompt_tokens = prep.prompt.tokens, cost = ?sel.cost, "routed");
-                gw.metrics.inflight.inc();
-                break Ok((sel, id));
-            }
-            Err(e) => break Err(e),
-            Ok(None) => {}
-        }
-        let wait = gw.config.router.admission.max_queue_wait_secs;
-        let (deadline, _) = queued_at.get_or_insert_with(|| {
-            (
-                Instant::now() + std::time::Duration::from_secs_f64(wait),
-                QueueSlot::take(gw, tokens),
-            )
-        });
-        if tokio::time::timeout_at((*deadline).into(), wake)
-            .await
-            .is_err()
-        {
-            break Err(GatewayError::Rejected(RejectReason::QueueTimeout));
+        match routed {
+            Ok(None) => match queue::enqueue(gw, &mut q, &request, explain) {
+                Ok(waiting) => Err(waiting),
+                Err(reason) => Ok(Err(GatewayError::Rejected(reason))),
+            },
+            Ok(Some(a)) => Ok(Ok(a)),
+            Err(e) => Ok(Err(e)),
         }
     };
-    // Out of the queue (a client that gives up while queued drops its slot with the future).
-    let queued = queued_at.take().is_some();
+    let (result, queued) = match first {
+        Ok(result) => (result, false),
+        Err((place, answer)) => {
+            let result = answer.await.unwrap_or_else(|_| {
+                Err(GatewayError::Internal(
+                    "the admission queue went away".into(),
+                ))
+            });
+            drop(place);
+            (result, true)
+        }
+    };
+    let m = &gw.metrics;
     match result {
-        Ok((sel, request)) => {
-            let m = &gw.metrics;
+        Ok(a) => {
+            let sel = &a.sel;
+            tracing::debug!(worker = %sel.worker, matched_blocks = sel.matched_blocks, prompt_tokens = prep.prompt.tokens, cost = ?sel.cost, queued, "routed");
             if !queued {
-                m.routing_duration.observe(started.elapsed().as_secs_f64());
+                m.routing_duration.observe(gw.clock.secs_since(started));
             }
             m.predicted_cached_tokens.observe(sel.cached_tokens as f64);
             if let Some(w) = gw.registry.get(sel.worker) {
                 m.decisions.with_label_values(&[gw.policy, &w.name]).inc();
             }
-            let guard = LedgerGuard {
-                gw: gw.clone(),
-                request,
-                worker: sel.worker,
-                first_token: false,
-            };
-            Ok((sel, guard, explanation))
+            Ok((a.sel, a.guard, a.explanation))
         }
         Err(e) => {
             if let GatewayError::Rejected(reason) = &e {
-                gw.metrics
-                    .rejected
-                    .with_label_values(&[reason.as_str()])
-                    .inc();
+                m.rejected.with_label_values(&[reason.as_str()]).inc();
             }
             Err(e)
         }

@@ -1,15 +1,16 @@
 //! The gateway's shared state: the router behind one lock, the worker registry, the
 //! preprocessor, the HTTP client, metrics, and the admission queue's bookkeeping.
 
+use crate::clock::Clock;
 use crate::config::GatewayConfig;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
-use kvroute_core::{QueueState, RequestId, Router, Time, WorkerId};
+use crate::routing::queue::Waiter;
+use kvroute_core::{AdmissionQueue, QueueState, RequestId, Router, Time, WorkerId};
 use kvroute_preprocess::Preprocessor;
 use kvroute_protocol::openai::ModelCard;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock};
-use std::time::Instant;
 use tokio::sync::Notify;
 
 /// Shared by every handler and background task.
@@ -27,10 +28,15 @@ pub struct Gateway {
     pub metrics: Metrics,
     /// The policy's name (metric label).
     pub policy: &'static str,
-    start: Instant,
+    /// Where the gateway's times come from.
+    pub clock: Clock,
     next_request: AtomicU64,
-    queue: Mutex<QueueState>,
-    /// Woken whenever load is released or workers change, so queued requests retry.
+    /// Requests waiting for a free worker (locked before the router when both are).
+    queue: Mutex<AdmissionQueue<Waiter>>,
+    /// The queue's length, read without its lock by [`Gateway::released`].
+    queued: AtomicUsize,
+    /// Rings the queue's task (`routing::queue::drive`) when load is released or workers
+    /// change while requests wait.
     pub wake: Notify,
     models: RwLock<Vec<String>>,
     adapters: RwLock<Vec<String>>,
@@ -40,13 +46,14 @@ pub struct Gateway {
 const MAX_LEARNED_NAMES: usize = 1024;
 
 impl Gateway {
-    /// The state for `config` (checked) with `preprocessor`.
+    /// The state for `config` (checked) with `preprocessor`, on `clock`.
     pub fn new(
         config: GatewayConfig,
         preprocessor: Preprocessor,
         router: Router,
         client: reqwest::Client,
         metrics: Metrics,
+        clock: Clock,
     ) -> Self {
         let registry = Registry::new(&config.workers);
         let models = config.models.clone();
@@ -59,9 +66,10 @@ impl Gateway {
             preprocessor,
             client,
             metrics,
-            start: Instant::now(),
+            clock,
             next_request: AtomicU64::new(1),
-            queue: Mutex::new(QueueState::default()),
+            queue: Mutex::new(AdmissionQueue::new()),
+            queued: AtomicUsize::new(0),
             wake: Notify::new(),
             models: RwLock::new(models),
             adapters: RwLock::new(adapters),
@@ -70,7 +78,7 @@ impl Gateway {
 
     /// Time since the gateway started: the router's clock.
     pub fn now(&self) -> Time {
-        Time(self.start.elapsed())
+        self.clock.now()
     }
 
     /// A fresh request id for the ledger.
@@ -85,7 +93,27 @@ impl Gateway {
 
     /// The admission queue's size.
     pub fn queue_state(&self) -> QueueState {
-        *self.queue.lock().unwrap_or_else(|p| p.into_inner())
+        self.queue().state()
+    }
+
+    /// The admission queue, locked. Lock it before the router when both are needed; drop no
+    /// booking while it is held.
+    pub fn queue(&self) -> MutexGuard<'_, AdmissionQueue<Waiter>> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Publishes the size of `queue` (locked by the caller) after a change.
+    pub fn queue_changed(&self, queue: &AdmissionQueue<Waiter>) {
+        self.queued.store(queue.len(), Ordering::Release);
+        self.metrics.queued.set(queue.len() as i64);
+    }
+
+    /// Load was released or the fleet changed: the queue's task makes a pass when requests
+    /// wait (only the requests that go are woken).
+    pub fn released(&self) {
+        if self.queued.load(Ordering::Acquire) > 0 {
+            self.wake.notify_one();
+        }
     }
 
     /// The key to send a worker: its own, else `upstream.api_key`.
@@ -104,19 +132,6 @@ impl Gateway {
     /// How long a worker's answer may go silent after its first byte.
     pub fn upstream_idle_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(self.config.upstream.idle_timeout_secs)
-    }
-
-    /// Adds (`+1`) or removes (`-1`) a request of `tokens` prompt tokens from the queue.
-    pub fn queue_change(&self, add: bool, tokens: u64) {
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        if add {
-            q.requests += 1;
-            q.tokens = q.tokens.saturating_add(tokens);
-        } else {
-            q.requests = q.requests.saturating_sub(1);
-            q.tokens = q.tokens.saturating_sub(tokens);
-        }
-        self.metrics.queued.set(q.requests as i64);
     }
 
     /// The model names served: configured, else learned from workers.
@@ -260,7 +275,7 @@ impl Gateway {
             self.router().set_available(id, false);
             self.metrics.worker_up.with_label_values(&[&w.name]).set(0);
             tracing::warn!(worker = %w.name, reason = why, "worker taken out of routing (its index is kept)");
-            self.wake.notify_waiters();
+            self.released();
         }
     }
 
@@ -303,7 +318,7 @@ impl Gateway {
             self.router().set_available(id, true);
             self.metrics.worker_up.with_label_values(&[&w.name]).set(1);
             tracing::info!(worker = %w.name, "worker back in service");
-            self.wake.notify_waiters();
+            self.released();
         }
     }
 

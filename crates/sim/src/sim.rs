@@ -4,11 +4,10 @@ use crate::driver::{Driver, NewRequest, Outcome, RequestPrompt};
 use crate::router_thread::{link, RouteCall, RoutePrompt, RouterLink};
 use crate::trace_prompts::TracePrompts;
 use crate::{SimConfig, SimError, SimResult, Workload};
-use kvroute_core::admission::QueueState;
 use kvroute_core::router::RouteOutcome;
 use kvroute_core::{
-    BlockSize, KvEvent, Namespace, RejectReason, RequestId, Router, Tier, Time, Tracking,
-    WorkerCapacity, WorkerId,
+    AdmissionQueue, BlockSize, KvEvent, Namespace, QueueState, Queued, RejectReason, RequestId,
+    Router, Tier, Time, Tracking, WorkerCapacity, WorkerId,
 };
 use kvroute_engine::{Engine, EnginePrompt, EngineRequest, StepOutput};
 use kvroute_workload::{BlockHashCache, ConversationId, RequestRecord, Status, Summary};
@@ -20,7 +19,8 @@ enum Event {
     Arrival(Box<NewRequest>),
     Wake(usize),
     KvDelivery(usize, Tier, Vec<KvEvent>),
-    QueueTimeout(RequestId),
+    /// A queued request's deadline.
+    QueueTimeout,
 }
 
 struct Entry {
@@ -47,8 +47,8 @@ impl Ord for Entry {
     }
 }
 
-/// A request to route, or routed but not dispatched yet (admission queue).
-struct Queued {
+/// A request to route, or waiting in the admission queue.
+struct Waiting {
     id: RequestId,
     prompt: RoutePrompt,
     /// Its prompt's length in tokens.
@@ -73,11 +73,11 @@ struct Sim<'a> {
     records: Vec<RequestRecord>,
     last_token: Vec<Time>,
     conversation: Vec<Option<ConversationId>>,
-    queue: VecDeque<Queued>,
+    /// The admission queue (the gateway's: the core's one implementation).
+    queue: AdmissionQueue<Waiting>,
     /// Trace arrivals not yet due, in time order (kept out of the heap: they are many, and
     /// already sorted). At equal times they go before heap events.
     trace: VecDeque<(usize, Time)>,
-    queued_tokens: u64,
     queued_total: u64,
     now: Time,
     /// Block hashes of the hash ids of closed-loop prompts (trace prompts are cut on the
@@ -201,9 +201,8 @@ fn run_loop<'a>(
         records: Vec::new(),
         last_token: Vec::new(),
         conversation: Vec::new(),
-        queue: VecDeque::new(),
+        queue: AdmissionQueue::new(),
         trace: VecDeque::new(),
-        queued_tokens: 0,
         queued_total: 0,
         now: Time::ZERO,
         block_hashes: BlockHashCache::new(
@@ -294,7 +293,7 @@ impl<'a> Sim<'a> {
                 Event::KvDelivery(w, tier, events) => {
                     self.router.events(WorkerId(w as u64), tier, events)
                 }
-                Event::QueueTimeout(id) => self.expire(id),
+                Event::QueueTimeout => self.expire(t),
             }
         }
     }
@@ -367,25 +366,36 @@ impl<'a> Sim<'a> {
         self.records.push(rec);
         self.last_token.push(t);
         self.conversation.push(r.conversation);
-        let q = Queued {
+        let q = Waiting {
             id,
             prompt,
             tokens,
             max_tokens: r.max_tokens,
             session: r.session,
         };
-        if let Some(q) = self.try_dispatch(t, q) {
-            self.queued_total += 1;
-            self.queued_tokens += q.tokens as u64;
-            let wait = Duration::from_secs_f64(self.cfg.router.admission.max_queue_wait_secs);
-            self.push(t.plus(wait), Event::QueueTimeout(q.id));
-            self.queue.push_back(q);
+        // Behind the requests already waiting, without overtaking them (as in the gateway).
+        let waits = if self.queue.holds(None) {
+            Some(q)
+        } else {
+            self.try_dispatch(t, q, self.queue.state())
+        };
+        if let Some(q) = waits {
+            let admission = &self.cfg.router.admission;
+            match self.queue.push(admission, t, None, q.tokens as u64, q) {
+                Ok(_) => {
+                    self.queued_total += 1;
+                    let wait = Duration::from_secs_f64(admission.max_queue_wait_secs);
+                    self.push(t.plus(wait), Event::QueueTimeout);
+                }
+                Err((reason, q)) => self.refuse(t, q.id, reason),
+            }
         }
     }
 
-    /// Routes and dispatches `q`; gives it back when it must wait in the queue.
-    fn try_dispatch(&mut self, t: Time, q: Queued) -> Option<Queued> {
-        let Queued {
+    /// Routes and dispatches `q`, with `queue` waiting ahead of it; gives it back when it
+    /// must wait in the queue.
+    fn try_dispatch(&mut self, t: Time, q: Waiting, queue: QueueState) -> Option<Waiting> {
+        let Waiting {
             id,
             prompt,
             tokens,
@@ -396,17 +406,14 @@ impl<'a> Sim<'a> {
             id,
             prompt,
             session,
-            queue: QueueState {
-                requests: self.queue.len(),
-                tokens: self.queued_tokens,
-            },
+            queue,
             now: t,
         };
         let (prompts, scratch) = (self.prompts, &mut self.scratch);
         let routed = self.router.route(call, || prompts.hash_ahead(scratch));
         let sel = match routed.outcome {
             RouteOutcome::Queue => {
-                return Some(Queued {
+                return Some(Waiting {
                     id,
                     prompt: RoutePrompt::Blocked(routed.prompt, routed.tail),
                     tokens,
@@ -450,23 +457,26 @@ impl<'a> Sim<'a> {
         None
     }
 
-    /// Dispatches queued requests, oldest first, while the router lets them go.
+    /// Dispatches queued requests in arrival order while the router lets them go (the
+    /// core queue's pass: the first that must still wait holds back the rest).
     fn drain_queue(&mut self, t: Time) {
-        while let Some(q) = self.queue.pop_front() {
-            self.queued_tokens -= q.tokens as u64;
-            if let Some(q) = self.try_dispatch(t, q) {
-                self.queued_tokens += q.tokens as u64;
-                self.queue.push_front(q);
-                break;
+        let mut queue = std::mem::take(&mut self.queue);
+        let mut pass = queue.drain();
+        while let Some(e) = pass.next() {
+            let ahead = pass.state();
+            let Queued { item, .. } = e;
+            if let Some(item) = self.try_dispatch(t, item, ahead) {
+                pass.wait(Queued { item, ..e });
             }
         }
+        drop(pass);
+        self.queue = queue;
     }
 
-    fn expire(&mut self, id: RequestId) {
-        if let Some(i) = self.queue.iter().position(|q| q.id == id) {
-            let q = self.queue.remove(i).expect("position is in range");
-            self.queued_tokens -= q.tokens as u64;
-            self.refuse(self.now, id, RejectReason::QueueTimeout);
+    /// Refuses the queued requests whose deadline is `t` or earlier.
+    fn expire(&mut self, t: Time) {
+        for e in self.queue.expire(t) {
+            self.refuse(t, e.item.id, RejectReason::QueueTimeout);
         }
     }
 

@@ -17,11 +17,12 @@ use axum::http::StatusCode;
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
+use kvroute_core::Time;
 use kvroute_core::WorkerId;
 use kvroute_protocol::openai::continuation::{continuation, rewrite_continued, Carried, Streamed};
 use kvroute_protocol::openai::{ApiError, PromptInput, SseEvent, SseParser, Usage};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 type Upstream = BoxStream<'static, reqwest::Result<Bytes>>;
 
@@ -291,14 +292,14 @@ async fn migrate(
     let body = Bytes::from(serde_json::to_vec(&body).map_err(|_| "unsupported")?);
     let next = Call {
         body: body.clone(),
-        started: Instant::now(),
+        started: gw.now(),
         explain: false,
         ..(**call).clone()
     };
     let mut exclude = failed;
     while m.left > 0 {
         m.left -= 1;
-        let Ok((_, guard, _)) = admit(gw, &m.prep, exclude, &next).await else {
+        let Ok((_, guard, _)) = admit(gw, &m.prep, exclude, false, next.started).await else {
             return Err("failed");
         };
         let worker = guard.worker;
@@ -347,10 +348,10 @@ struct Watch {
     /// The current worker's first token went by (its prefill booking released).
     guard_first_token: bool,
     model: String,
-    started: Instant,
+    started: Time,
     parser: SseParser,
     events: Vec<SseEvent>,
-    last_token: Option<Instant>,
+    last_token: Option<Time>,
     usage: Option<Usage>,
     /// Tokens a continuation carried on from (its usage is adjusted by them).
     carried: u32,
@@ -368,7 +369,7 @@ impl Watch {
         gw: Arc<Gateway>,
         guard: LedgerGuard,
         model: String,
-        started: Instant,
+        started: Time,
         prediction: Prediction,
     ) -> Self {
         Self {
@@ -430,13 +431,11 @@ impl Watch {
 
     /// A token chunk went by.
     fn token(&mut self) {
-        let now = Instant::now();
+        let now = self.gw.now();
         let m = &self.gw.metrics;
         match self.last_token {
-            None => m
-                .ttft
-                .observe(now.duration_since(self.started).as_secs_f64()),
-            Some(prev) => m.itl.observe(now.duration_since(prev).as_secs_f64()),
+            None => m.ttft.observe(now.since(self.started).as_secs_f64()),
+            Some(prev) => m.itl.observe(now.since(prev).as_secs_f64()),
         }
         self.last_token = Some(now);
         if !self.guard_first_token {

@@ -1,0 +1,279 @@
+//! The admission queue: requests that found every eligible worker busy, waiting in arrival
+//! order until one is free, each until its deadline, within a count and a token budget. One
+//! implementation, driven by the fleet simulator and by the live gateway alike.
+//!
+//! Order: entries wait in arrival order and are tried in that order ([`Drain`]); a request
+//! never goes ahead of an earlier one with the same eligible workers (the same excluded
+//! worker, `exclude`): an arrival finds them waiting ([`AdmissionQueue::holds`]) and queues
+//! behind, and a pass that finds one waiting skips the later ones of its kind. Requests that
+//! exclude a worker (a retry after it failed) form their own kind and may go ahead of the
+//! others, and the others ahead of them, when only the worker they differ on is free.
+
+use super::{AdmissionConfig, QueueState, RejectReason};
+use crate::types::{Time, WorkerId};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// A request's place in the queue (increasing in arrival order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket(u64);
+
+/// A request in the queue, with what its driver keeps of it (`item`).
+#[derive(Debug)]
+pub struct Queued<T> {
+    /// Its place.
+    pub ticket: Ticket,
+    /// The worker it must not go to (its kind, for ordering).
+    pub exclude: Option<WorkerId>,
+    /// Its prompt's tokens (counted against the token budget).
+    pub tokens: u64,
+    /// When it stops waiting: rejected with [`RejectReason::QueueTimeout`].
+    pub deadline: Time,
+    /// The driver's part.
+    pub item: T,
+}
+
+/// Requests waiting for a free worker, oldest first.
+#[derive(Debug)]
+pub struct AdmissionQueue<T> {
+    entries: VecDeque<Queued<T>>,
+    tokens: u64,
+    next: u64,
+}
+
+impl<T> Default for AdmissionQueue<T> {
+    fn default() -> Self {
+        Self {
+            entries: VecDeque::new(),
+            tokens: 0,
+            next: 0,
+        }
+    }
+}
+
+impl<T> AdmissionQueue<T> {
+    /// An empty queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Its size: requests and prompt tokens.
+    pub fn state(&self) -> QueueState {
+        QueueState {
+            requests: self.entries.len(),
+            tokens: self.tokens,
+        }
+    }
+
+    /// Requests waiting.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Whether a request excluding `exclude` must wait behind one already here (of the same
+    /// kind), instead of being routed at once.
+    pub fn holds(&self, exclude: Option<WorkerId>) -> bool {
+        self.entries.iter().any(|e| e.exclude == exclude)
+    }
+
+    /// Queues a request at `now`, until `now` plus the configured wait; refused (and given
+    /// back) when the queue is at its request or token limit.
+    pub fn push(
+        &mut self,
+        config: &AdmissionConfig,
+        now: Time,
+        exclude: Option<WorkerId>,
+        tokens: u64,
+        item: T,
+    ) -> Result<Ticket, (RejectReason, T)> {
+        if !config.queue_has_room(self.state(), tokens) {
+            return Err((RejectReason::QueueFull, item));
+        }
+        let ticket = Ticket(self.next);
+        self.next += 1;
+        self.tokens = self.tokens.saturating_add(tokens);
+        self.entries.push_back(Queued {
+            ticket,
+            exclude,
+            tokens,
+            deadline: now.plus(Duration::from_secs_f64(config.max_queue_wait_secs)),
+            item,
+        });
+        Ok(ticket)
+    }
+
+    /// Takes a request out (its client left, or its own timer fired); `None` when it is no
+    /// longer here (dispatched, rejected or expired meanwhile).
+    pub fn remove(&mut self, ticket: Ticket) -> Option<Queued<T>> {
+        let i = self
+            .entries
+            .binary_search_by_key(&ticket, |e| e.ticket)
+            .ok()?;
+        let e = self.entries.remove(i)?;
+        self.tokens = self.tokens.saturating_sub(e.tokens);
+        Some(e)
+    }
+
+    /// The earliest deadline of the requests waiting.
+    pub fn next_deadline(&self) -> Option<Time> {
+        self.entries.iter().map(|e| e.deadline).min()
+    }
+
+    /// Takes out every request whose deadline is at or before `now`, oldest first.
+    pub fn expire(&mut self, now: Time) -> Vec<Queued<T>> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < self.entries.len() {
+            if self.entries[i].deadline <= now {
+                let e = self.entries.remove(i).expect("index in range");
+                self.tokens = self.tokens.saturating_sub(e.tokens);
+                out.push(e);
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
+    /// A pass over the queue in arrival order: [`Drain::next`] takes out the next request
+    /// worth trying, [`Drain::wait`] puts back one that must still wait (and skips the later
+    /// ones of its kind for the rest of the pass).
+    pub fn drain(&mut self) -> Drain<'_, T> {
+        Drain {
+            queue: self,
+            cursor: 0,
+            blocked: Vec::new(),
+        }
+    }
+}
+
+/// One pass over an [`AdmissionQueue`] (see [`AdmissionQueue::drain`]).
+#[derive(Debug)]
+pub struct Drain<'q, T> {
+    queue: &'q mut AdmissionQueue<T>,
+    cursor: usize,
+    blocked: Vec<Option<WorkerId>>,
+}
+
+impl<T> Drain<'_, T> {
+    /// The next request to try, taken out of the queue (it is gone unless given back with
+    /// [`Drain::wait`]).
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> Option<Queued<T>> {
+        let q = &mut *self.queue;
+        while self.cursor < q.entries.len() {
+            if self.blocked.contains(&q.entries[self.cursor].exclude) {
+                self.cursor += 1;
+                continue;
+            }
+            let e = q.entries.remove(self.cursor)?;
+            q.tokens = q.tokens.saturating_sub(e.tokens);
+            return Some(e);
+        }
+        None
+    }
+
+    /// Gives back the request [`Drain::next`] just took: it still waits, in its place.
+    pub fn wait(&mut self, e: Queued<T>) {
+        let q = &mut *self.queue;
+        q.tokens = q.tokens.saturating_add(e.tokens);
+        if !self.blocked.contains(&e.exclude) {
+            self.blocked.push(e.exclude);
+        }
+        let at = q.entries.partition_point(|x| x.ticket < e.ticket);
+        q.entries.insert(at, e);
+        self.cursor = at + 1;
+    }
+
+    /// The queue's size without the request being tried (what admission must see for it).
+    pub fn state(&self) -> QueueState {
+        self.queue.state()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(requests: usize, tokens: u64, wait: f64) -> AdmissionConfig {
+        AdmissionConfig {
+            max_queued_requests: requests,
+            max_queued_tokens: tokens,
+            max_queue_wait_secs: wait,
+            ..AdmissionConfig::default()
+        }
+    }
+
+    fn t(ms: u64) -> Time {
+        Time::from_millis(ms)
+    }
+
+    #[test]
+    fn budgets_refuse_and_give_the_request_back() {
+        let c = cfg(2, 100, 1.0);
+        let mut q = AdmissionQueue::new();
+        q.push(&c, t(0), None, 60, "a").unwrap();
+        assert_eq!(
+            q.push(&c, t(0), None, 41, "b"),
+            Err((RejectReason::QueueFull, "b"))
+        );
+        q.push(&c, t(0), None, 40, "c").unwrap();
+        assert_eq!(
+            q.push(&c, t(0), None, 0, "d"),
+            Err((RejectReason::QueueFull, "d"))
+        );
+        assert_eq!(
+            q.state(),
+            QueueState {
+                requests: 2,
+                tokens: 100
+            }
+        );
+    }
+
+    #[test]
+    fn a_pass_goes_in_order_and_stops_a_kind_at_its_first_waiter() {
+        let c = cfg(10, 1_000, 1.0);
+        let mut q = AdmissionQueue::new();
+        let x = Some(WorkerId(7));
+        for (name, ex) in [("a", None), ("b", x), ("c", None), ("d", x), ("e", None)] {
+            q.push(&c, t(0), ex, 10, name).unwrap();
+        }
+        let mut tried = Vec::new();
+        let mut d = q.drain();
+        while let Some(e) = d.next() {
+            tried.push(e.item);
+            // `a` must wait: `c` and `e` (same kind) are not tried; `b` goes, `d` waits.
+            match e.item {
+                "a" | "d" => d.wait(e),
+                _ => {}
+            }
+        }
+        assert_eq!(tried, ["a", "b", "d"]);
+        let left: Vec<_> = q.entries.iter().map(|e| e.item).collect();
+        assert_eq!(left, ["a", "c", "d", "e"]);
+        assert_eq!(q.state().tokens, 40);
+        assert!(q.holds(None) && q.holds(x) && !q.holds(Some(WorkerId(1))));
+    }
+
+    #[test]
+    fn deadlines_expire_at_the_configured_wait_and_removal_is_once() {
+        let c = cfg(10, 1_000, 2.0);
+        let mut q = AdmissionQueue::new();
+        let a = q.push(&c, t(1_000), None, 5, "a").unwrap();
+        let b = q.push(&c, t(1_500), None, 5, "b").unwrap();
+        assert_eq!(q.next_deadline(), Some(t(3_000)));
+        assert!(q.expire(t(2_999)).is_empty());
+        let gone: Vec<_> = q.expire(t(3_000)).into_iter().map(|e| e.item).collect();
+        assert_eq!(gone, ["a"]);
+        assert!(q.remove(a).is_none(), "already expired");
+        assert_eq!(q.remove(b).map(|e| e.item), Some("b"));
+        assert!(q.remove(b).is_none());
+        assert!(q.is_empty() && q.state() == QueueState::default());
+    }
+}

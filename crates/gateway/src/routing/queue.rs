@@ -1,0 +1,190 @@
+//! The admission queue in the gateway: the core's [`AdmissionQueue`] (the one the simulator
+//! drives too) holding the requests that found every eligible worker busy.
+//!
+//! One task ([`drive`]) drains it in arrival order whenever load is released or the fleet
+//! changes ([`Gateway::released`]), and expires it at its next deadline. A request that gets
+//! a worker is handed its booking (a [`LedgerGuard`]) over a oneshot: only the requests that
+//! go are woken, never every waiter. A request whose client leaves takes itself out
+//! ([`Place`]); a booking sent to a request that left meanwhile is dropped with its channel,
+//! and so released. Locks: the queue's, then the router's, never the other way round; no
+//! booking is dropped while either is held.
+
+use super::LedgerGuard;
+use crate::error::GatewayError;
+use crate::state::Gateway;
+use kvroute_core::{
+    BlockedPrompt, Explanation, RejectReason, RouteOutcome, RouteRequest, Selection, Ticket, Time,
+};
+use std::sync::Arc;
+use tokio::sync::oneshot;
+
+/// A waiting request, as the queue keeps it.
+pub struct Waiter {
+    prompt: BlockedPrompt,
+    session: Option<u64>,
+    explain: bool,
+    tx: oneshot::Sender<Answer>,
+}
+
+/// What a waiting request is told.
+type Answer = Result<Admitted, GatewayError>;
+
+/// A booked worker for a request.
+pub struct Admitted {
+    /// The worker chosen.
+    pub sel: Selection,
+    /// Its booking.
+    pub guard: LedgerGuard,
+    /// The decision's explanation, when asked for.
+    pub explanation: Option<Explanation>,
+}
+
+/// A request's place in the queue: taken out when dropped (its client left, or it was
+/// answered; the second is a no-op).
+pub struct Place {
+    gw: Arc<Gateway>,
+    ticket: Ticket,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        // The waiter (with its channel) is dropped after the lock is given back.
+        let _gone = {
+            let mut q = self.gw.queue();
+            let gone = q.remove(self.ticket);
+            self.gw.queue_changed(&q);
+            gone
+        };
+    }
+}
+
+/// Puts a request that must wait into `queue` (locked by the caller, with the router):
+/// its place and the channel its answer comes on, or the reason it cannot wait.
+pub fn enqueue(
+    gw: &Arc<Gateway>,
+    queue: &mut kvroute_core::AdmissionQueue<Waiter>,
+    request: &RouteRequest<'_>,
+    explain: bool,
+) -> Result<(Place, oneshot::Receiver<Answer>), RejectReason> {
+    let (tx, rx) = oneshot::channel();
+    let waiter = Waiter {
+        prompt: request.prompt.clone(),
+        session: request.session,
+        explain,
+        tx,
+    };
+    let admission = &gw.config.router.admission;
+    let tokens = request.prompt.tokens as u64;
+    let first = queue.is_empty();
+    let ticket = queue
+        .push(admission, gw.now(), request.exclude, tokens, waiter)
+        .map_err(|(reason, _)| reason)?;
+    gw.queue_changed(queue);
+    if first {
+        // The queue's task sleeps without a deadline: it must learn this one. (Later
+        // arrivals' deadlines are never earlier: every request waits as long.)
+        gw.wake.notify_one();
+    }
+    let place = Place {
+        gw: gw.clone(),
+        ticket,
+    };
+    Ok((place, rx))
+}
+
+/// Routes `request` and books the worker chosen, with the router locked by the caller.
+pub fn route_and_book(
+    gw: &Arc<Gateway>,
+    router: &mut kvroute_core::Router,
+    request: &RouteRequest<'_>,
+    explain: bool,
+) -> Result<Option<Admitted>, GatewayError> {
+    let (outcome, explanation) = if explain {
+        let (o, ex) = router.route_explained(request);
+        (o, Some(ex))
+    } else {
+        (router.route(request), None)
+    };
+    match outcome {
+        RouteOutcome::Dispatch(sel) => {
+            let id = gw.next_request();
+            router
+                .dispatch(id, request, &sel, gw.now())
+                .map_err(|e| GatewayError::Internal(e.to_string()))?;
+            let guard = LedgerGuard::booked(gw, id, sel.worker);
+            Ok(Some(Admitted {
+                sel,
+                guard,
+                explanation,
+            }))
+        }
+        RouteOutcome::Queue => Ok(None),
+        RouteOutcome::Reject(reason) => Err(GatewayError::Rejected(reason)),
+    }
+}
+
+/// One pass over the queue at the clock's now: expired requests refused, then the others
+/// routed in arrival order while workers take them (the core's [`kvroute_core::admission::queue::Drain`]:
+/// the first that must still wait holds back the later ones of its kind). Returns the next
+/// deadline.
+pub fn drain(gw: &Arc<Gateway>) -> Option<Time> {
+    let now = gw.now();
+    let mut answers: Vec<(oneshot::Sender<Answer>, Answer)> = Vec::new();
+    let next = {
+        let mut q = gw.queue();
+        for e in q.expire(now) {
+            answers.push((
+                e.item.tx,
+                Err(GatewayError::Rejected(RejectReason::QueueTimeout)),
+            ));
+        }
+        if !q.is_empty() {
+            let mut r = gw.router();
+            let mut pass = q.drain();
+            while let Some(e) = pass.next() {
+                if e.item.tx.is_closed() {
+                    // Its client left; its `Place` finds it gone.
+                    continue;
+                }
+                let request = RouteRequest {
+                    prompt: &e.item.prompt,
+                    session: e.item.session,
+                    queue: pass.state(),
+                    exclude: e.exclude,
+                };
+                match route_and_book(gw, &mut r, &request, e.item.explain) {
+                    Ok(None) => pass.wait(e),
+                    Ok(Some(a)) => answers.push((e.item.tx, Ok(a))),
+                    Err(err) => answers.push((e.item.tx, Err(err))),
+                }
+            }
+        }
+        gw.queue_changed(&q);
+        q.next_deadline()
+    };
+    for (tx, answer) in answers {
+        // A booking whose request left is dropped here, outside the locks: released.
+        let _ = tx.send(answer);
+    }
+    next
+}
+
+/// The queue's task: a pass whenever [`Gateway::released`] rings, and at the next deadline.
+pub async fn drive(gw: Arc<Gateway>) {
+    loop {
+        let next = drain(&gw);
+        let rung = gw.wake.notified();
+        match next {
+            Some(t) => {
+                tokio::select! {
+                    _ = rung => {}
+                    _ = tokio::time::sleep_until(gw.clock.instant(t)) => {}
+                }
+            }
+            None => rung.await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,196 @@
+//! The gateway's admission queue on paused time: arrival order, no overtaking, deadlines to
+//! the millisecond, clients that leave, one wake per request that goes.
+
+use super::*;
+use crate::clock::Clock;
+use crate::config::{GatewayConfig, WorkerSpec};
+use crate::routing::{admit, Prepared};
+use kvroute_core::{
+    AdmissionMode, BlockSize, Namespace, Router, Tracking, WorkerCapacity, WorkerId,
+};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+/// A gateway with one worker that takes one request at a time (`max_batch` 1), requests
+/// waiting at most `wait_secs`, and the queue's task running.
+fn gateway(wait_secs: f64) -> Arc<Gateway> {
+    let mut config = GatewayConfig {
+        workers: vec![WorkerSpec {
+            url: "http://127.0.0.1:9".into(),
+            name: Some("w".into()),
+            max_batch: Some(1),
+            ..WorkerSpec::default()
+        }],
+        ..GatewayConfig::default()
+    };
+    config.router.admission.mode = AdmissionMode::Queue;
+    config.router.admission.max_queue_wait_secs = wait_secs;
+    let mut router = Router::new(config.router.clone()).unwrap();
+    router
+        .add_worker_with(
+            WorkerId(1),
+            WorkerCapacity {
+                kv_blocks: None,
+                max_batch: Some(1),
+            },
+            Tracking::Approximate,
+        )
+        .unwrap();
+    let gw = Arc::new(Gateway::new(
+        config,
+        kvroute_preprocess::Preprocessor::approximate(),
+        router,
+        reqwest::Client::new(),
+        crate::metrics::Metrics::new().unwrap(),
+        Clock::starting_now(),
+    ));
+    tokio::spawn(drive(gw.clone()));
+    gw
+}
+
+fn prompt(n: u32) -> Prepared {
+    let tokens: Vec<u32> = (0..64).map(|i| i * 7 + n).collect();
+    Prepared {
+        prompt: BlockedPrompt::new(&tokens, BlockSize::new(16).unwrap(), Namespace::default()),
+        session: None,
+    }
+}
+
+type Admission = Result<(Selection, LedgerGuard, Option<Explanation>), GatewayError>;
+
+/// Admits prompt `n` on a task of its own.
+fn spawn_admit(gw: &Arc<Gateway>, n: u32) -> tokio::task::JoinHandle<Admission> {
+    let gw = gw.clone();
+    tokio::spawn(async move { admit(&gw, &prompt(n), None, false, gw.now()).await })
+}
+
+/// Lets every other task run until the queue holds `n` requests.
+async fn until_queued(gw: &Gateway, n: usize) {
+    for _ in 0..1_000 {
+        if gw.queue_state().requests == n {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("{} queued, not {n}", gw.queue_state().requests);
+}
+
+/// Lets the other tasks run a while without moving the clock.
+async fn settle() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_go_in_arrival_order_and_a_new_one_waits_behind_them() {
+    let gw = gateway(60.0);
+    let (_, first, _) = admit(&gw, &prompt(0), None, false, gw.now()).await.unwrap();
+    let waiting: Vec<_> = (1..=3)
+        .map(|n| {
+            let h = spawn_admit(&gw, n);
+            (n, h)
+        })
+        .collect();
+    until_queued(&gw, 3).await;
+    // The worker frees up; before the queue's task runs, a new request comes: it must not
+    // take the free worker ahead of the three waiting.
+    drop(first);
+    let late_prompt = prompt(9);
+    let mut late = Box::pin(admit(&gw, &late_prompt, None, false, gw.now()));
+    let polled = std::future::poll_fn(|cx| Poll::Ready(late.as_mut().poll(cx).is_ready())).await;
+    assert!(!polled, "the new request overtook the queue");
+    assert_eq!(gw.queue_state().requests, 4);
+    // Each release lets exactly the head go, in arrival order.
+    let mut guards = Vec::new();
+    for (n, h) in waiting {
+        let (sel, guard, _) = h.await.unwrap().unwrap();
+        assert_eq!(sel.worker, WorkerId(1), "request {n}");
+        settle().await;
+        assert_eq!(
+            gw.queue_state().requests,
+            4 - n as usize,
+            "after request {n} went, the others still wait"
+        );
+        guards.push(guard);
+        drop(guards.remove(0));
+    }
+    let (_, guard, _) = Pin::new(&mut late).await.unwrap();
+    assert_eq!(gw.queue_state().requests, 0);
+    drop(guard);
+    assert_eq!(gw.router().ledger().inflight(), 0, "every booking released");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_request_is_refused_at_its_deadline_to_the_millisecond() {
+    let gw = gateway(2.0);
+    let (_, _busy, _) = admit(&gw, &prompt(0), None, false, gw.now()).await.unwrap();
+    let t0 = gw.now();
+    let waiting = spawn_admit(&gw, 1);
+    until_queued(&gw, 1).await;
+    tokio::time::sleep(Duration::from_millis(1_999)).await;
+    settle().await;
+    assert!(!waiting.is_finished(), "refused before its deadline");
+    let r = waiting.await.unwrap();
+    assert!(
+        matches!(r, Err(GatewayError::Rejected(RejectReason::QueueTimeout))),
+        "{:?}",
+        r.err()
+    );
+    assert_eq!(gw.clock.since(t0), Duration::from_secs(2));
+    assert_eq!(gw.queue_state().requests, 0);
+    let refused = gw
+        .metrics
+        .rejected
+        .with_label_values(&["queue_timeout"])
+        .get();
+    assert_eq!(refused, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_leaves_gives_its_place_back_and_the_next_one_goes() {
+    let gw = gateway(60.0);
+    let (_, busy, _) = admit(&gw, &prompt(0), None, false, gw.now()).await.unwrap();
+    let leaving = spawn_admit(&gw, 1);
+    until_queued(&gw, 1).await;
+    let staying = spawn_admit(&gw, 2);
+    until_queued(&gw, 2).await;
+    leaving.abort();
+    assert!(leaving.await.is_err_and(|e| e.is_cancelled()));
+    assert_eq!(
+        gw.queue_state().requests,
+        1,
+        "its place is given back at once"
+    );
+    assert_eq!(gw.metrics.queued.get(), 1);
+    drop(busy);
+    let (_, guard, _) = staying.await.unwrap().unwrap();
+    assert_eq!(gw.queue_state().requests, 0);
+    assert_eq!(gw.router().ledger().inflight(), 1);
+    drop(guard);
+    assert_eq!(gw.router().ledger().inflight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_left_while_it_was_being_booked_is_released() {
+    // The queue's task books the head and sends it its worker; the head's client has left
+    // in between (the booking lands in a closed channel): the booking must not leak.
+    let gw = gateway(60.0);
+    let (_, busy, _) = admit(&gw, &prompt(0), None, false, gw.now()).await.unwrap();
+    let head_prompt = prompt(1);
+    let mut head = Box::pin(admit(&gw, &head_prompt, None, false, gw.now()));
+    let polled = std::future::poll_fn(|cx| Poll::Ready(head.as_mut().poll(cx).is_ready())).await;
+    assert!(!polled);
+    drop(busy);
+    // A pass now books the head on the free worker ...
+    assert_eq!(drain(&gw), None);
+    assert_eq!(gw.router().ledger().inflight(), 1);
+    // ... whose client leaves before reading the answer.
+    drop(head);
+    assert_eq!(gw.router().ledger().inflight(), 0);
+    assert_eq!(gw.queue_state().requests, 0);
+    let (_, again, _) = admit(&gw, &prompt(2), None, false, gw.now()).await.unwrap();
+    drop(again);
+}
