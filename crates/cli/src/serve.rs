@@ -25,7 +25,7 @@ pub struct ServeArgs {
     /// ranks, routed to apart. Repeat per engine.
     #[arg(long = "worker")]
     pub workers: Vec<String>,
-    /// Routing policy: round_robin, random, least_loaded, power_of_two, kv, predictive.
+    /// Routing policy: round_robin, random, least_loaded, power_of_two, kv, predictive, goodput.
     #[arg(long)]
     pub policy: Option<PolicyKind>,
     /// Tokenizer directory (tokenizer.json + tokenizer_config.json) or `builtin`. Without

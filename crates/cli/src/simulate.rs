@@ -461,6 +461,13 @@ pub(crate) fn sim_config(
     cfg.duration = a.duration_secs.map(Duration::from_secs_f64);
     cfg.warmup = Duration::from_secs_f64(a.warmup_secs);
     cfg.ramp = Duration::from_secs_f64(a.ramp_secs);
+    // The objectives measured are the ones `goodput` routes for.
+    if let Some(ms) = a.slo_ttft_ms {
+        cfg.router.policy.goodput.ttft_secs = ms / 1e3;
+    }
+    if let Some(ms) = a.slo_tpot_ms {
+        cfg.router.policy.goodput.tpot_secs = ms / 1e3;
+    }
     if a.slo_ttft_ms.is_some() || a.slo_tpot_ms.is_some() {
         cfg.slo = Some(Slo {
             ttft_ms: a.slo_ttft_ms,

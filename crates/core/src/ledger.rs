@@ -5,10 +5,14 @@
 //! completion or failure ([`LoadLedger::finish`]). Per worker it keeps outstanding prefill
 //! tokens, active KV blocks of in-flight requests (a prefix block shared by several in-flight
 //! requests counts once) and in-flight requests. From the observed first-token times it
-//! learns each worker's prefill speed ([`PrefillFit`]), which the predictive policy uses.
+//! learns each worker's prefill speed ([`PrefillFit`]), and from the requests that finish
+//! with their output token counts its decode speed against batch and KV ([`DecodeFit`]),
+//! which the predictive and goodput policies use.
 
+mod decode;
 mod fit;
 
+pub use decode::{DecodeEstimate, DecodeFit};
 pub use fit::{PrefillEstimate, PrefillFit};
 
 use crate::flat_table::{FlatTable, Pair};
@@ -51,6 +55,10 @@ pub struct WorkerLoad {
     pub prefill_tokens: u64,
     /// KV blocks of in-flight requests (shared full blocks once, partial tails each).
     pub active_blocks: u64,
+    /// Prompt tokens of in-flight requests, each request's counted (shared or not): the KV
+    /// their decode steps read.
+    #[serde(default)]
+    pub context_tokens: u64,
     /// The engine's own report, when one arrived.
     pub engine: Option<EngineLoad>,
 }
@@ -68,6 +76,10 @@ pub struct WorkerView {
     pub prefill: Option<PrefillEstimate>,
     /// Mean dispatch-to-finish seconds.
     pub service_secs: Option<f64>,
+    /// Learned decode speed.
+    pub decode: Option<DecodeEstimate>,
+    /// Mean output tokens of the requests that finished there with a count.
+    pub output_tokens: Option<f64>,
 }
 
 /// A request being dispatched to a worker.
@@ -113,8 +125,22 @@ struct Inflight {
     prefilled: bool,
     /// Prefill work ahead of and including this request at booking: the fit's x.
     work_tokens: u64,
+    /// Its prompt's tokens (in its worker's context tokens).
+    prompt_tokens: u64,
     blocks: Box<[u64]>,
     partial_block: bool,
+    /// The worker's running sums when its first token came (its decode's start).
+    decode_from: Option<Sums>,
+}
+
+/// A worker's running sums: time-integrals of its booked batch and KV, and the prefill
+/// tokens it has worked through (first tokens come), at `at`.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sums {
+    at: Time,
+    seq_secs: f64,
+    context_secs: f64,
+    prefilled_tokens: f64,
 }
 
 #[derive(Default)]
@@ -132,11 +158,48 @@ struct WorkerState {
     fit: PrefillFit,
     /// Exponentially weighted mean of dispatch-to-finish seconds.
     service_secs: Option<f64>,
+    sums: Sums,
+    decode: DecodeFit,
+    /// Exponentially weighted mean of output tokens.
+    output_tokens: Option<f64>,
 }
 
 impl WorkerState {
     fn refresh_blocks(&mut self) {
         self.load.active_blocks = self.active.len() as u64 + self.partial_blocks;
+    }
+
+    /// Brings the running sums to `now` (before the load changes).
+    fn advance(&mut self, now: Time) {
+        let s = &mut self.sums;
+        let dt = now.since(s.at).as_secs_f64();
+        s.seq_secs += f64::from(self.load.inflight) * dt;
+        s.context_secs += self.load.context_tokens as f64 * dt;
+        s.at = s.at.max(now);
+    }
+
+    /// A request that decoded from `from` to now (`sums`, already advanced) and wrote
+    /// `output` tokens teaches the decode fit.
+    fn learn_decode(&mut self, from: Sums, output: u64) {
+        let now = self.sums;
+        let span = now.at.since(from.at).as_secs_f64();
+        if output < 2 || span <= 0.0 {
+            return;
+        }
+        let batch = (now.seq_secs - from.seq_secs) / span;
+        let kv_tokens = (now.context_secs - from.context_secs) / span;
+        // The share of the span the worker spent prefilling others (at its learned speed)
+        // is not decode time.
+        let prefill_secs = self.fit.estimate().map_or(0.0, |e| {
+            (now.prefilled_tokens - from.prefilled_tokens) * e.secs_per_token
+        });
+        let busy = (prefill_secs / span).clamp(0.0, 0.9);
+        let step = span * (1.0 - busy) / (output - 1) as f64;
+        self.decode.observe(batch, kv_tokens, step);
+        self.output_tokens = Some(match self.output_tokens {
+            None => output as f64,
+            Some(m) => m + SERVICE_ALPHA * (output as f64 - m),
+        });
     }
 }
 
@@ -218,6 +281,8 @@ impl LoadLedger {
             capacity: w.capacity,
             prefill: w.fit.estimate(),
             service_secs: w.service_secs,
+            decode: w.decode.estimate(),
+            output_tokens: w.output_tokens,
         })
     }
 
@@ -288,9 +353,11 @@ impl LoadLedger {
             }
         }
         let partial_block = b.prompt_tokens > full * self.block_size;
+        w.advance(now);
         w.partial_blocks += u64::from(partial_block);
         w.load.inflight += 1;
         w.load.prefill_tokens += uncached;
+        w.load.context_tokens += b.prompt_tokens as u64;
         w.refresh_blocks();
         self.requests.insert(
             b.request,
@@ -301,8 +368,10 @@ impl LoadLedger {
                 prefill_tokens: uncached,
                 prefilled: false,
                 work_tokens: w.load.prefill_tokens,
+                prompt_tokens: b.prompt_tokens as u64,
                 blocks,
                 partial_block,
+                decode_from: None,
             },
         );
         Ok(())
@@ -327,6 +396,9 @@ impl LoadLedger {
             w.load.prefill_tokens = w.load.prefill_tokens.saturating_sub(r.prefill_tokens);
             w.fit
                 .observe(r.work_tokens as f64, now.since(r.booked_at).as_secs_f64());
+            w.advance(now);
+            w.sums.prefilled_tokens += r.prefill_tokens as f64;
+            r.decode_from = Some(w.sums);
         }
         Ok(())
     }
@@ -334,6 +406,17 @@ impl LoadLedger {
     /// The request finished at `now` (completed, failed or cancelled): all its load is
     /// released.
     pub fn finish(&mut self, request: RequestId, now: Time) -> Result<(), LedgerError> {
+        self.finish_with(request, now, None)
+    }
+
+    /// [`LoadLedger::finish`], for a request that wrote `output_tokens` tokens (when
+    /// counted): its time per token teaches the worker's decode fit.
+    pub fn finish_with(
+        &mut self,
+        request: RequestId,
+        now: Time,
+        output_tokens: Option<u64>,
+    ) -> Result<(), LedgerError> {
         let r = self
             .requests
             .remove(&request)
@@ -347,6 +430,10 @@ impl LoadLedger {
         };
         if !r.prefilled {
             w.load.prefill_tokens = w.load.prefill_tokens.saturating_sub(r.prefill_tokens);
+        }
+        w.advance(now);
+        if let (Some(from), Some(out)) = (r.decode_from, output_tokens) {
+            w.learn_decode(from, out);
         }
         w.active.warm(r.blocks.iter().copied());
         for s in r.blocks.iter().rev() {
@@ -363,6 +450,7 @@ impl LoadLedger {
         }
         w.partial_blocks -= u64::from(r.partial_block).min(w.partial_blocks);
         w.load.inflight = w.load.inflight.saturating_sub(1);
+        w.load.context_tokens = w.load.context_tokens.saturating_sub(r.prompt_tokens);
         w.refresh_blocks();
         let secs = now.since(r.booked_at).as_secs_f64();
         w.service_secs = Some(match w.service_secs {

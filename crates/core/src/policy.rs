@@ -8,14 +8,16 @@
 //! `(seed, decision number)`, and the caller books the choice afterwards.
 
 mod baseline;
+mod goodput;
 mod kv;
 mod predictive;
 
 pub use baseline::{LeastLoaded, PowerOfTwo, RandomChoice, RoundRobin};
+pub use goodput::{Goodput, GoodputConfig};
 pub use kv::{KvConfig, KvCost};
 pub use predictive::{Predictive, PredictiveConfig};
 
-use crate::ledger::{PrefillEstimate, WorkerCapacity, WorkerLoad};
+use crate::ledger::{DecodeEstimate, PrefillEstimate, WorkerCapacity, WorkerLoad};
 use crate::tiers::{Loadable, TierConfig};
 use crate::types::WorkerId;
 use rand::{Rng, SeedableRng};
@@ -42,6 +44,12 @@ pub struct Candidate {
     pub prefill: Option<PrefillEstimate>,
     /// Mean dispatch-to-finish seconds, when a request finished there.
     pub service_secs: Option<f64>,
+    /// Learned decode speed, when requests finished there with their token counts.
+    #[serde(default)]
+    pub decode: Option<DecodeEstimate>,
+    /// Mean output tokens of the requests that finished there.
+    #[serde(default)]
+    pub output_tokens: Option<f64>,
 }
 
 /// The request as a policy sees it.
@@ -127,17 +135,21 @@ pub enum PolicyKind {
     /// Predicted time to first token.
     #[default]
     Predictive,
+    /// Most requests within both objectives (first token and per-token time), then the
+    /// least time added.
+    Goodput,
 }
 
 impl PolicyKind {
     /// Every policy, in a fixed order.
-    pub const ALL: [PolicyKind; 6] = [
+    pub const ALL: [PolicyKind; 7] = [
         PolicyKind::RoundRobin,
         PolicyKind::Random,
         PolicyKind::LeastLoaded,
         PolicyKind::PowerOfTwo,
         PolicyKind::Kv,
         PolicyKind::Predictive,
+        PolicyKind::Goodput,
     ];
 
     /// The policy's name.
@@ -149,6 +161,7 @@ impl PolicyKind {
             PolicyKind::PowerOfTwo => "power_of_two",
             PolicyKind::Kv => "kv",
             PolicyKind::Predictive => "predictive",
+            PolicyKind::Goodput => "goodput",
         }
     }
 }
@@ -177,15 +190,18 @@ pub struct PolicyConfig {
     pub kind: PolicyKind,
     /// Settings of `kv`.
     pub kv: KvConfig,
-    /// Settings of `predictive`.
+    /// Settings of `predictive` (and of `goodput`'s first-token predictions).
     pub predictive: PredictiveConfig,
+    /// Settings of `goodput`: its objectives.
+    pub goodput: GoodputConfig,
 }
 
 impl PolicyConfig {
     /// Checks the settings.
     pub fn validate(&self) -> Result<(), String> {
         self.kv.validate()?;
-        self.predictive.validate()
+        self.predictive.validate()?;
+        self.goodput.validate()
     }
 
     /// Builds the configured policy.
@@ -197,6 +213,10 @@ impl PolicyConfig {
             PolicyKind::PowerOfTwo => Box::new(PowerOfTwo),
             PolicyKind::Kv => Box::new(KvCost::new(self.kv.clone())),
             PolicyKind::Predictive => Box::new(Predictive::new(self.predictive.clone())),
+            PolicyKind::Goodput => Box::new(Goodput::new(
+                self.goodput.clone(),
+                Predictive::new(self.predictive.clone()),
+            )),
         }
     }
 }

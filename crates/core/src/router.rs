@@ -584,6 +584,17 @@ impl Router {
         self.ledger.finish(request, now)
     }
 
+    /// The request completed at `now` having written `output_tokens` tokens: its time per
+    /// token teaches the worker's decode speed.
+    pub fn finish_with(
+        &mut self,
+        request: RequestId,
+        now: Time,
+        output_tokens: u64,
+    ) -> Result<(), LedgerError> {
+        self.ledger.finish_with(request, now, Some(output_tokens))
+    }
+
     /// Reads the index entries a route of `prompt` would read now, changing nothing, so
     /// that a route of it soon after finds them in the processor's caches (a caller with
     /// idle time before a route it can foresee: the fleet simulator's router thread).
@@ -639,6 +650,8 @@ impl Router {
                     capacity: v.capacity,
                     prefill: v.prefill,
                     service_secs: v.service_secs,
+                    decode: v.decode,
+                    output_tokens: v.output_tokens,
                 }
             })
             .collect();

@@ -370,10 +370,12 @@ proptest! {
             matched_blocks: *m,
             loadable: Default::default(),
             cached_blocks: *c,
-            load: WorkerLoad { inflight: 1, prefill_tokens: *p, active_blocks: *a, engine: None },
+            load: WorkerLoad { inflight: 1, prefill_tokens: *p, active_blocks: *a, ..WorkerLoad::default() },
             capacity: WorkerCapacity::default(),
             prefill: None,
             service_secs: None,
+            decode: None,
+            output_tokens: None,
         }).collect();
         let input = PolicyInput {
             prompt_tokens: tokens,

@@ -62,6 +62,8 @@ pub struct LedgerGuard {
     /// The worker booked.
     pub worker: WorkerId,
     first_token: bool,
+    /// Tokens the worker wrote, once its answer completed (teaches its decode speed).
+    output_tokens: Option<u64>,
 }
 
 impl LedgerGuard {
@@ -73,7 +75,13 @@ impl LedgerGuard {
             request,
             worker,
             first_token: false,
+            output_tokens: None,
         }
+    }
+
+    /// The worker's answer completed with `tokens` output tokens of its own.
+    pub fn completed(&mut self, tokens: u64) {
+        self.output_tokens = Some(tokens);
     }
 
     /// The first token arrived: the prefill part of the booking is released.
@@ -91,7 +99,10 @@ impl LedgerGuard {
 impl Drop for LedgerGuard {
     fn drop(&mut self) {
         let now = self.gw.now();
-        let _ = self.gw.router().finish(self.request, now);
+        let _ = match self.output_tokens {
+            Some(n) => self.gw.router().finish_with(self.request, now, n),
+            None => self.gw.router().finish(self.request, now),
+        };
         self.gw.metrics.inflight.dec();
         self.gw.released();
     }

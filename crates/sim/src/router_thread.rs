@@ -59,7 +59,7 @@ pub(crate) struct Routed {
 enum Call {
     Events(WorkerId, Tier, Vec<KvEvent>),
     FirstToken(RequestId, Time),
-    Finish(RequestId, Time),
+    Finish(RequestId, Time, Option<u64>),
     Route(Box<RouteCall>),
 }
 
@@ -134,8 +134,8 @@ impl RouterLink {
     }
 
     /// `Router::finish`.
-    pub fn finish(&mut self, id: RequestId, now: Time) {
-        self.push(Call::Finish(id, now));
+    pub fn finish(&mut self, id: RequestId, now: Time, output_tokens: Option<u64>) {
+        self.push(Call::Finish(id, now, output_tokens));
     }
 
     /// `Router::route`, then `Router::dispatch` when it says dispatch; waits for the answer,
@@ -218,8 +218,11 @@ impl RouterServer {
                     Call::FirstToken(id, now) => {
                         let _ = router.first_token(id, now);
                     }
-                    Call::Finish(id, now) => {
-                        let _ = router.finish(id, now);
+                    Call::Finish(id, now, output) => {
+                        let _ = match output {
+                            Some(n) => router.finish_with(id, now, n),
+                            None => router.finish(id, now),
+                        };
                     }
                     Call::Route(call) => {
                         if !route(

@@ -450,7 +450,7 @@ impl<'a> Sim<'a> {
         match submitted {
             Ok(()) => self.reschedule(w),
             Err(e) => {
-                self.router.finish(id, t);
+                self.router.finish(id, t, None);
                 self.end(t, id, Status::Failed(e.kind().into()), None);
             }
         }
@@ -510,7 +510,7 @@ impl<'a> Sim<'a> {
             self.deliver(w, t, Tier::Host, &mut out.host_events);
         }
         for f in out.finished.drain(..) {
-            self.router.finish(f.id, t);
+            self.router.finish(f.id, t, Some(f.output.len() as u64));
             let rec = &mut self.records[f.id.0 as usize];
             rec.cached_tokens = f.cached_tokens as u64;
             rec.output_tokens = f.output.len() as u64;

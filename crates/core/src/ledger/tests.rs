@@ -154,3 +154,59 @@ fn first_tokens_teach_the_prefill_speed() {
     assert!((e.overhead_secs - 0.005).abs() < 1e-3, "{e:?}");
     assert!((l.service_secs(WorkerId(1)).unwrap() - 1.0).abs() < 1e-6);
 }
+
+#[test]
+fn decode_speed_is_learned_from_finished_requests_against_their_batch() {
+    // A worker whose decode step takes 10 ms + 2 ms per running sequence: rounds of k
+    // requests (prompts fully cached, 64 tokens each) decoding 101 tokens side by side.
+    let step = |k: u64| 0.010 + 0.002 * k as f64;
+    let mut l = ledger();
+    let mut t = 0.0;
+    let mut id = 0;
+    for round in 0..60 {
+        let k = [1, 2, 4, 8][round % 4];
+        let ids: Vec<u64> = (0..k)
+            .map(|_| {
+                id += 1;
+                id
+            })
+            .collect();
+        let at = |s: f64| Time(std::time::Duration::from_secs_f64(s));
+        for &i in &ids {
+            let blocks = seqs(&[i * 10, i * 10 + 1, i * 10 + 2, i * 10 + 3]);
+            l.book(
+                &Booking {
+                    request: RequestId(i),
+                    worker: WorkerId(1),
+                    prompt_tokens: 64,
+                    cached_tokens: 64,
+                    blocks: &blocks,
+                },
+                at(t),
+            )
+            .unwrap();
+        }
+        for &i in &ids {
+            l.first_token(RequestId(i), at(t + 0.05)).unwrap();
+        }
+        let end = t + 0.05 + 100.0 * step(k);
+        for &i in &ids {
+            l.finish_with(RequestId(i), at(end), Some(101)).unwrap();
+        }
+        t = end + 1.0;
+    }
+    let view = l.views().next().unwrap();
+    let e = view.decode.expect("learned");
+    for k in [1u64, 4, 8] {
+        // KV grows with the batch here (4 blocks each): the fit may put it in either term.
+        let predicted = e.step_secs(k as f64, (k * 64) as f64);
+        assert!(
+            (predicted - step(k)).abs() < 1e-4,
+            "batch {k}: {predicted} vs {} ({e:?})",
+            step(k)
+        );
+    }
+    assert_eq!(view.output_tokens, Some(101.0));
+    // A finish without a count teaches nothing.
+    assert!(l.views().nth(1).unwrap().decode.is_none());
+}

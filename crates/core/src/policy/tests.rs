@@ -15,6 +15,8 @@ fn cand(id: u64, matched: usize, active_blocks: u64) -> Candidate {
         capacity: WorkerCapacity::default(),
         prefill: None,
         service_secs: None,
+        decode: None,
+        output_tokens: None,
     }
 }
 
@@ -243,4 +245,90 @@ fn policy_names_parse_and_configs_validate() {
     let mut cfg = PolicyConfig::default();
     cfg.predictive.prior_tokens_per_sec = 0.0;
     assert!(cfg.validate().is_err());
+}
+
+fn decode(base: f64, per_ktoken: f64) -> Option<crate::ledger::DecodeEstimate> {
+    Some(crate::ledger::DecodeEstimate {
+        base_secs: base,
+        per_seq_secs: 0.0,
+        per_ktoken_secs: per_ktoken,
+        samples: 100,
+    })
+}
+
+/// Two workers learned alike (prefill 10k tokens/s, 20 ms decode steps + 0.1 ms per 1,000
+/// tokens of context, answers of 800 tokens); the first holds the prompt's prefix.
+fn goodput_pair(hot_running: u32, cold_running: u32) -> [Candidate; 2] {
+    let mut hot = cand(1, 200, 0);
+    let mut cold = cand(2, 0, 0);
+    for (c, n) in [(&mut hot, hot_running), (&mut cold, cold_running)] {
+        c.prefill = est(10_000.0);
+        c.decode = decode(0.020, 0.0001);
+        c.output_tokens = Some(800.0);
+        c.load.inflight = n;
+        c.load.context_tokens = u64::from(n) * 6_000;
+    }
+    [hot, cold]
+}
+
+#[test]
+fn goodput_keeps_a_prefix_where_it_is_while_the_decode_cost_is_small() {
+    let g = Goodput::default();
+    // 3,400 tokens, 3,200 cached on the first: both within 600 ms, decode loads alike.
+    let cs = goodput_pair(10, 8);
+    assert_eq!(g.select(&input(&cs, 3_400, 0)).chosen, 0);
+}
+
+#[test]
+fn goodput_spreads_decode_load_that_predictive_would_pack() {
+    let g = Goodput::default();
+    let p = Predictive::default();
+    // The cached worker runs 40 requests, the other 4: the prefix saves 0.32 s of prefill
+    // but every token there takes 20% longer for the new request and the 40.
+    let cs = goodput_pair(40, 4);
+    assert_eq!(
+        p.select(&input(&cs, 3_400, 0)).chosen,
+        0,
+        "predictive packs"
+    );
+    let choice = g.select(&input(&cs, 3_400, 0));
+    assert_eq!(choice.chosen, 1, "{:?}", choice.costs);
+}
+
+#[test]
+fn goodput_counts_a_missed_first_token_against_the_worker() {
+    let g = Goodput::default();
+    // 12,000 tokens, 11,200 cached on the busier first worker: elsewhere the first token
+    // takes 1.2 s (a miss); the decode gap (20 against 8 running) does not pay for it.
+    let mut cs = goodput_pair(20, 8);
+    cs[0].matched_blocks = 700;
+    let costs = g.predict(&input(&cs, 12_000, 0));
+    assert_eq!(g.select(&input(&cs, 12_000, 0)).chosen, 0, "{costs:?}");
+    // With looser objectives the cold worker's first token is in time, and its lighter
+    // decode wins.
+    let loose = Goodput::new(
+        GoodputConfig {
+            ttft_secs: 2.0,
+            tpot_secs: 0.06,
+        },
+        Predictive::default(),
+    );
+    assert_eq!(loose.select(&input(&cs, 12_000, 0)).chosen, 1);
+}
+
+#[test]
+fn goodput_spreads_from_the_start_before_anything_is_learned() {
+    let g = Goodput::default();
+    let mut a = cand(1, 0, 0);
+    let mut b = cand(2, 0, 0);
+    a.load.inflight = 6;
+    b.load.inflight = 2;
+    let cs = [a, b];
+    assert_eq!(g.select(&input(&cs, 1_000, 0)).chosen, 1);
+    assert!(GoodputConfig {
+        ttft_secs: 0.0,
+        tpot_secs: 0.06
+    }
+    .validate()
+    .is_err());
 }

@@ -501,6 +501,10 @@ impl Watch {
                 self.usage.as_ref(),
                 self.prediction,
             );
+            if let (true, Some(u), Some(g)) = (self.completed, &self.usage, &mut self.guard) {
+                // This worker's own tokens: those carried in were another's.
+                g.completed(u.completion_tokens.saturating_sub(u64::from(self.carried)));
+            }
             self.guard = None;
         }
     }

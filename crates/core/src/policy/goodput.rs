@@ -1,0 +1,167 @@
+//! `goodput`: the worker that keeps the most requests within both objectives (time to first
+//! token and time per output token), then the one that adds the least time to them all.
+//!
+//! For each worker, from its learned figures (no weights to tune):
+//! - the new request's time to first token, as `predictive` predicts it;
+//! - the worker's decode step with and without the request ([`DecodeEstimate`]: batch and
+//!   KV read, learned from the requests that finished there);
+//! - what the request does to the requests running there: its prefill stalls each of them
+//!   for its prefill time, and each of their remaining tokens (half a mean answer) takes the
+//!   longer step.
+//!
+//! Predicted misses: the new request when its first token or its step breaks an objective;
+//! the running requests when the step the request brings pushes theirs past the objective.
+//! Cost, in seconds: the seconds added over every request concerned (the new one's time to
+//! first token and decode, the running ones' delay), plus, per predicted miss, the new
+//! request's own time there (a request that misses an objective is service given for nothing
+//! in goodput). Before any request finished with a count, decode is assumed to take a step of
+//! a quarter of the per-token objective, three quarters at the batch limit, so that load is
+//! spread from the start.
+
+use super::predictive::Predictive;
+use super::{argmin_tiebreak, bias_affinity, Choice, Policy, PolicyInput};
+use crate::ledger::DecodeEstimate;
+use serde::{Deserialize, Serialize};
+
+/// Output tokens assumed per request before any finished with a count.
+const PRIOR_OUTPUT_TOKENS: f64 = 256.0;
+
+/// Settings of the `goodput` policy: the objectives.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GoodputConfig {
+    /// Time-to-first-token objective in seconds.
+    pub ttft_secs: f64,
+    /// Time-per-output-token objective in seconds.
+    pub tpot_secs: f64,
+}
+
+impl Default for GoodputConfig {
+    fn default() -> Self {
+        Self {
+            ttft_secs: 0.6,
+            tpot_secs: 0.06,
+        }
+    }
+}
+
+impl GoodputConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [("ttft_secs", self.ttft_secs), ("tpot_secs", self.tpot_secs)] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(format!("goodput {name} must be > 0, got {v}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The `goodput` policy.
+#[derive(Clone, Debug, Default)]
+pub struct Goodput {
+    config: GoodputConfig,
+    ttft: Predictive,
+}
+
+impl Goodput {
+    /// A `goodput` policy with these objectives, first tokens predicted by `ttft`.
+    pub fn new(config: GoodputConfig, ttft: Predictive) -> Self {
+        Self { config, ttft }
+    }
+
+    /// The decode speed assumed before any request finished with a count: a step of a
+    /// quarter of the objective, growing to three quarters at the batch limit (64 when
+    /// unknown), so that load is spread from the start.
+    fn prior(&self, input: &PolicyInput<'_>) -> DecodeEstimate {
+        let batch = input
+            .candidates
+            .iter()
+            .filter_map(|c| c.capacity.max_batch)
+            .max()
+            .unwrap_or(64)
+            .max(1);
+        DecodeEstimate {
+            base_secs: 0.25 * self.config.tpot_secs,
+            per_seq_secs: 0.5 * self.config.tpot_secs / f64::from(batch),
+            per_ktoken_secs: 0.0,
+            samples: 0,
+        }
+    }
+
+    /// Predicted misses and seconds added per candidate (none while no decode speed is
+    /// known anywhere: then only the time to first token counts).
+    pub fn predict(&self, input: &PolicyInput<'_>) -> Vec<f64> {
+        let ttft = self.ttft.predict(input);
+        let known: Vec<DecodeEstimate> = input.candidates.iter().filter_map(|c| c.decode).collect();
+        let fleet = if known.is_empty() {
+            self.prior(input)
+        } else {
+            let n = known.len() as f64;
+            DecodeEstimate {
+                base_secs: known.iter().map(|e| e.base_secs).sum::<f64>() / n,
+                per_seq_secs: known.iter().map(|e| e.per_seq_secs).sum::<f64>() / n,
+                per_ktoken_secs: known.iter().map(|e| e.per_ktoken_secs).sum::<f64>() / n,
+                samples: 0,
+            }
+        };
+        let outputs: Vec<f64> = input
+            .candidates
+            .iter()
+            .filter_map(|c| c.output_tokens)
+            .collect();
+        let fleet_output = if outputs.is_empty() {
+            PRIOR_OUTPUT_TOKENS
+        } else {
+            outputs.iter().sum::<f64>() / outputs.len() as f64
+        };
+        let prompt_tokens = input.prompt_tokens as f64;
+        input
+            .candidates
+            .iter()
+            .zip(ttft)
+            .map(|(c, ttft)| {
+                let d = c.decode.unwrap_or(fleet);
+                let output = c.output_tokens.unwrap_or(fleet_output).max(1.0);
+                let running = f64::from(c.load.inflight);
+                let kv = c.load.context_tokens as f64;
+                let step_now = d.step_secs(running, kv);
+                let step_with = d.step_secs(running + 1.0, kv + prompt_tokens);
+                let prefill_secs = c
+                    .prefill
+                    .map_or(0.0, |e| input.prefill_work(c) * e.secs_per_token);
+                // The running requests are halfway through their answers, on average.
+                let remaining = (output / 2.0).max(1.0);
+                let stalled_step = step_with + prefill_secs / remaining;
+                let mut misses = 0.0;
+                if ttft > self.config.ttft_secs || step_with > self.config.tpot_secs {
+                    misses += 1.0;
+                }
+                if step_now <= self.config.tpot_secs && stalled_step > self.config.tpot_secs {
+                    misses += running;
+                }
+                let added = ttft
+                    + output * step_with
+                    + running * (prefill_secs + remaining * (step_with - step_now));
+                let own = ttft + output * step_with;
+                misses * own + added
+            })
+            .collect()
+    }
+}
+
+impl Policy for Goodput {
+    fn name(&self) -> &'static str {
+        "goodput"
+    }
+
+    fn select(&self, input: &PolicyInput<'_>) -> Choice {
+        let mut costs = self.predict(input);
+        bias_affinity(input, &mut costs);
+        let chosen = argmin_tiebreak(input, &costs);
+        Choice {
+            chosen,
+            costs: costs.into_iter().map(Some).collect(),
+        }
+    }
+}
