@@ -159,6 +159,8 @@ struct WorkerState {
     /// Exponentially weighted mean of dispatch-to-finish seconds.
     service_secs: Option<f64>,
     sums: Sums,
+    /// The ledger's booking count at this worker's last first token (see [`STALE_PER_WORKER`]).
+    sampled_at: u64,
     decode: DecodeFit,
     /// Exponentially weighted mean of output tokens.
     output_tokens: Option<f64>,
@@ -210,10 +212,19 @@ pub struct LoadLedger {
     workers: BTreeMap<WorkerId, WorkerState>,
     requests: Map<RequestId, Inflight>,
     generations: u64,
+    /// Bookings made so far.
+    bookings: u64,
 }
 
 /// Weight of a new sample in the service-time mean (about the last 32 requests).
 const SERVICE_ALPHA: f64 = 1.0 / 32.0;
+
+/// A worker's learned speeds are stale once this many bookings per worker went elsewhere
+/// since its last first token: routing then sees none (policies use the fleet's figures for
+/// it), and its prefill fit starts afresh at its next first token. A worker that looked slow
+/// from a few bad samples (a cold start) is otherwise never chosen again, so never measured
+/// again.
+pub const STALE_PER_WORKER: u64 = 256;
 
 impl LoadLedger {
     /// An empty ledger for blocks of `block_size` tokens.
@@ -229,6 +240,7 @@ impl LoadLedger {
             workers: BTreeMap::new(),
             requests: Map::default(),
             generations: 0,
+            bookings: 0,
         }
     }
 
@@ -275,15 +287,24 @@ impl LoadLedger {
     /// Every registered worker's booked load, capacity and learned figures, in id order (one
     /// pass, for routing).
     pub fn views(&self) -> impl Iterator<Item = WorkerView> + '_ {
-        self.workers.iter().map(|(&worker, w)| WorkerView {
-            worker,
-            load: w.load,
-            capacity: w.capacity,
-            prefill: w.fit.estimate(),
-            service_secs: w.service_secs,
-            decode: w.decode.estimate(),
-            output_tokens: w.output_tokens,
+        self.workers.iter().map(|(&worker, w)| {
+            let fresh = !self.is_stale(w);
+            WorkerView {
+                worker,
+                load: w.load,
+                capacity: w.capacity,
+                prefill: w.fit.estimate().filter(|_| fresh),
+                service_secs: w.service_secs,
+                decode: w.decode.estimate().filter(|_| fresh),
+                output_tokens: w.output_tokens,
+            }
         })
+    }
+
+    /// Whether a worker's learned speeds are too old to route on ([`STALE_PER_WORKER`]).
+    fn is_stale(&self, w: &WorkerState) -> bool {
+        let limit = STALE_PER_WORKER.saturating_mul(self.workers.len() as u64);
+        self.bookings.saturating_sub(w.sampled_at) > limit
     }
 
     /// Number of registered workers.
@@ -353,6 +374,7 @@ impl LoadLedger {
             }
         }
         let partial_block = b.prompt_tokens > full * self.block_size;
+        self.bookings += 1;
         w.advance(now);
         w.partial_blocks += u64::from(partial_block);
         w.load.inflight += 1;
@@ -388,12 +410,18 @@ impl LoadLedger {
             return Ok(());
         }
         r.prefilled = true;
+        let stale_limit = STALE_PER_WORKER.saturating_mul(self.workers.len() as u64);
         if let Some(w) = self
             .workers
             .get_mut(&r.worker)
             .filter(|w| w.generation == r.generation)
         {
             w.load.prefill_tokens = w.load.prefill_tokens.saturating_sub(r.prefill_tokens);
+            if self.bookings.saturating_sub(w.sampled_at) > stale_limit {
+                // What was learned is too old to correct: start afresh.
+                w.fit = PrefillFit::default();
+            }
+            w.sampled_at = self.bookings;
             w.fit
                 .observe(r.work_tokens as f64, now.since(r.booked_at).as_secs_f64());
             w.advance(now);

@@ -210,3 +210,54 @@ fn decode_speed_is_learned_from_finished_requests_against_their_batch() {
     // A finish without a count teaches nothing.
     assert!(l.views().nth(1).unwrap().decode.is_none());
 }
+
+#[test]
+fn a_worker_that_looked_slow_is_measured_again_after_the_others_took_its_share() {
+    // Worker 1's first requests were slow (a cold start: 0.25 s overhead); then every
+    // request goes to worker 2. Past 256 bookings per worker elsewhere its old figures are
+    // no longer routed on, and its next first token starts its fit afresh.
+    let mut l = ledger();
+    let at = |ms: u64| Time::from_millis(ms);
+    let mut id = 0;
+    let mut serve = |l: &mut LoadLedger, w: u64, tokens: usize, ttft_ms: u64, t: u64| {
+        id += 1;
+        let blocks = seqs(&[id * 100]);
+        l.book(
+            &Booking {
+                request: RequestId(id),
+                worker: WorkerId(w),
+                prompt_tokens: tokens,
+                cached_tokens: 0,
+                blocks: &blocks,
+            },
+            at(t),
+        )
+        .unwrap();
+        l.first_token(RequestId(id), at(t + ttft_ms)).unwrap();
+        l.finish(RequestId(id), at(t + ttft_ms + 10)).unwrap();
+    };
+    for i in 0..10 {
+        serve(
+            &mut l,
+            1,
+            1_000 + 100 * i,
+            250 + 10 * i as u64,
+            1_000 * i as u64,
+        );
+    }
+    let slow = |l: &LoadLedger| l.views().next().unwrap().prefill;
+    assert!(slow(&l).is_some());
+    for i in 0..512 {
+        serve(&mut l, 2, 1_000, 20, 100_000 + 100 * i);
+    }
+    assert!(slow(&l).is_some(), "512 bookings elsewhere: still fresh");
+    serve(&mut l, 2, 1_000, 20, 200_000);
+    assert!(
+        slow(&l).is_none(),
+        "513: stale, the fleet's figures stand in"
+    );
+    // Sent work again, it is measured afresh: its new speed alone counts.
+    serve(&mut l, 1, 1_000, 20, 300_000);
+    let e = slow(&l).expect("measured again");
+    assert!((e.ttft_secs(1_000.0) - 0.020).abs() < 1e-3, "{e:?}");
+}

@@ -186,6 +186,7 @@ impl Relay {
             Err(why) => Err(*why),
             Ok(m) => migrate(&self.gw, m, failed).await,
         };
+        let mut closing = Vec::new();
         let outcome = match result {
             Ok(Moved::To(up, guard)) => {
                 self.watch
@@ -193,7 +194,17 @@ impl Relay {
                 self.up = up;
                 "migrated"
             }
-            Ok(Moved::Complete) => "complete",
+            Ok(Moved::Complete(tokens)) => {
+                if let Ok(m) = &self.migration {
+                    let prompt = m.prep.prompt.tokens as u64;
+                    for chunk in m.streamed.closing(&m.call.view, prompt, u64::from(tokens)) {
+                        closing.extend_from_slice(b"data: ");
+                        closing.extend_from_slice(chunk.as_bytes());
+                        closing.extend_from_slice(b"\n\n");
+                    }
+                }
+                "complete"
+            }
             Err(why) => why,
         };
         self.gw
@@ -204,9 +215,11 @@ impl Relay {
         match outcome {
             "migrated" => None,
             "complete" => {
-                // The client has every token: the stream ends as a whole answer.
+                // The client has every token: the stream ends as a whole answer, with the
+                // finish reason and usage it did not get yet.
                 self.watch.end(StatusCode::OK);
-                Some(Bytes::from_static(b"data: [DONE]\n\n"))
+                closing.extend_from_slice(b"data: [DONE]\n\n");
+                Some(Bytes::from(closing))
             }
             _ => {
                 let err = self.watch.give_up(failure.message, failure.timeout);
@@ -243,8 +256,8 @@ fn reframe(m: &mut Migration, ev: &SseEvent, out: &mut Vec<u8>) {
 enum Moved {
     /// Another worker's stream carries the answer on.
     To(Upstream, LedgerGuard),
-    /// Nothing was left to generate.
-    Complete,
+    /// Nothing was left to generate: the answer has this many tokens.
+    Complete(u32),
 }
 
 /// Re-issues `m`'s request as a continuation to a worker other than `failed`, trying others
@@ -256,7 +269,7 @@ async fn migrate(
 ) -> Result<Moved, &'static str> {
     let call = &m.call;
     if m.streamed.finished() {
-        return Ok(Moved::Complete);
+        return Ok(Moved::Complete(m.streamed.chunks()));
     }
     if m.left == 0 {
         return Err("limit");
@@ -283,7 +296,16 @@ async fn migrate(
     };
     let body = match continuation(&obj, &call.view, carried) {
         Ok(Some(body)) => body,
-        Ok(None) => return Ok(Moved::Complete),
+        Ok(None) => {
+            // At its token limit: the engine wrote exactly that many (the count of the text
+            // may differ from the engine's by re-tokenizing).
+            let limit = ["max_tokens", "max_completion_tokens"]
+                .iter()
+                .filter_map(|k| obj.get(*k).and_then(serde_json::Value::as_u64))
+                .min()
+                .map_or(tokens, |l| u32::try_from(l).unwrap_or(u32::MAX));
+            return Ok(Moved::Complete(tokens.min(limit)));
+        }
         Err(e) => {
             tracing::warn!(request_id = %call.request_id, reason = %e, "a broken stream cannot be carried on");
             return Err("unsupported");

@@ -284,3 +284,38 @@ async fn migration_stops_at_its_limit_and_when_a_request_opts_out() {
     assert_eq!(migrations(&m, "off"), Some(1.0), "{m}");
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_after_its_last_token_still_ends_with_its_finish_reason_and_usage() {
+    // Two tokens asked for, "Once" and " upon" streamed, then the worker dies before its
+    // finish reason, usage and [DONE]: nothing is left to generate, and the client still
+    // gets what the engine would have sent (as real vLLM was seen to die in CI).
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut cfg = config(&[], "round_robin");
+    cfg.workers = vec![
+        stub(dying_worker_after(3).await, "dying"),
+        stub(recording_worker(seen.clone()).await, "rec"),
+    ];
+    let gw = gateway_with_feeds(cfg, Default::default()).await;
+    let text = stream_from_dying(&gw.url(), 2, None).await;
+    let evs = events(&text);
+    assert_eq!(content(&evs), "Once upon", "{text}");
+    assert!(seen.lock().unwrap().is_empty(), "nothing to carry on");
+    let finish: Vec<_> = evs
+        .iter()
+        .filter_map(|e| e["choices"][0]["finish_reason"].as_str())
+        .collect();
+    assert_eq!(finish, ["length"], "{text}");
+    let usage = evs.iter().find(|e| e["usage"].is_object()).expect(&text);
+    assert_eq!(usage["usage"]["completion_tokens"], 2, "{text}");
+    assert!(
+        usage["usage"]["prompt_tokens"].as_u64().unwrap() > 0,
+        "{text}"
+    );
+    assert_eq!(usage["id"], DEAD_ID, "{text}");
+    assert_eq!(usage["model"], MODEL, "{text}");
+    assert_eq!(evs.last(), Some(&Value::from("[DONE]")), "{text}");
+    let m = crate::scrape(&gw.url()).await;
+    assert_eq!(migrations(&m, "complete"), Some(1.0), "{m}");
+    gw.shutdown().await;
+}

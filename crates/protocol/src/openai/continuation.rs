@@ -52,6 +52,12 @@ impl NotContinuable {
 #[derive(Clone, Debug, Default)]
 pub struct Streamed {
     id: Option<String>,
+    /// The first chunk's `object`, `created` and `model` (for chunks the gateway writes).
+    object: Option<String>,
+    created: Option<u64>,
+    model: Option<String>,
+    /// A chunk with `usage` went by.
+    usage_sent: bool,
     text: String,
     chunks: u32,
     finished: bool,
@@ -62,6 +68,14 @@ pub struct Streamed {
 struct ChunkIn<'a> {
     #[serde(borrow, default)]
     id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    object: Option<Cow<'a, str>>,
+    #[serde(default)]
+    created: Option<u64>,
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    usage: Option<IgnoredAny>,
     #[serde(default)]
     choices: Vec<ChoiceIn<'a>>,
 }
@@ -104,7 +118,11 @@ impl Streamed {
         };
         if self.id.is_none() {
             self.id = chunk.id.map(Cow::into_owned);
+            self.object = chunk.object.map(Cow::into_owned);
+            self.created = chunk.created;
+            self.model = chunk.model.map(Cow::into_owned);
         }
+        self.usage_sent |= chunk.usage.is_some();
         for choice in chunk.choices {
             if choice.index != 0 {
                 self.blocked = Some(NotContinuable::Choices);
@@ -157,6 +175,66 @@ impl Streamed {
     /// Why what was streamed cannot be continued, if it cannot.
     pub fn blocked(&self) -> Option<NotContinuable> {
         self.blocked
+    }
+
+    /// The chunks that close an answer whose every token was streamed when its stream broke
+    /// (before `[DONE]`), as the engine would have sent them: a `finish_reason` of `length`
+    /// when none went by (the answer reached its token limit), and, when the request asked
+    /// for `stream_options.include_usage` and no usage went by, the usage (`prompt_tokens`
+    /// as the gateway counted them, `completion_tokens` those streamed).
+    pub fn closing(
+        &self,
+        view: &RequestView,
+        prompt_tokens: u64,
+        completion_tokens: u64,
+    ) -> Vec<String> {
+        let chat = view.endpoint == Endpoint::Chat;
+        let head = |choices: Value| {
+            let mut c = Map::new();
+            if let Some(id) = &self.id {
+                c.insert("id".into(), Value::from(id.as_str()));
+            }
+            let object = if chat {
+                "chat.completion.chunk"
+            } else {
+                "text_completion"
+            };
+            c.insert(
+                "object".into(),
+                Value::from(self.object.as_deref().unwrap_or(object)),
+            );
+            if let Some(t) = self.created {
+                c.insert("created".into(), Value::from(t));
+            }
+            c.insert(
+                "model".into(),
+                Value::from(self.model.as_deref().unwrap_or(&view.model)),
+            );
+            c.insert("choices".into(), choices);
+            c
+        };
+        let mut out = Vec::new();
+        if !self.finished {
+            let choice = if chat {
+                serde_json::json!({"index": 0, "delta": {}, "finish_reason": "length"})
+            } else {
+                serde_json::json!({"index": 0, "text": "", "finish_reason": "length"})
+            };
+            out.push(Value::Object(head(Value::Array(vec![choice]))).to_string());
+        }
+        if view.include_usage && !self.usage_sent {
+            let mut c = head(Value::Array(Vec::new()));
+            c.insert(
+                "usage".into(),
+                serde_json::json!({
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                }),
+            );
+            out.push(Value::Object(c).to_string());
+        }
+        out
     }
 }
 

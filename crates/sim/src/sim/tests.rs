@@ -83,7 +83,7 @@ fn the_engines_fast_paths_change_no_result() {
             requests: 400,
         }
     };
-    cfg.max_sim_time = Duration::from_secs(20);
+    cfg.max_sim_time = Duration::from_secs(10);
     let a = simulate_with(&cfg, trace(), true).unwrap();
     let b = simulate_with(&cfg, trace(), false).unwrap();
     assert!(a

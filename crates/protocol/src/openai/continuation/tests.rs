@@ -214,3 +214,46 @@ fn continue_final_message_is_checked_like_vllm_checks_it() {
         assert_eq!(e.param.as_deref(), Some("continue_final_message"), "{e:?}");
     }
 }
+
+#[test]
+fn a_complete_answer_is_closed_with_what_it_did_not_get() {
+    // A completions stream with its finish reason but no usage yet, usage asked for.
+    let (_, view) = parsed(
+        Endpoint::Completions,
+        json!({"model": "m", "prompt": "hi", "stream": true, "max_tokens": 2,
+               "stream_options": {"include_usage": true}}),
+    );
+    let s = streamed(&[
+        json!({"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m",
+               "choices": [{"index": 0, "text": " a", "finish_reason": null}]}),
+        json!({"id": "cmpl-1", "choices": [{"index": 0, "text": " b", "finish_reason": "length"}]}),
+    ]);
+    let out: Vec<Value> = s
+        .closing(&view, 5, 2)
+        .iter()
+        .map(|c| serde_json::from_str(c).unwrap())
+        .collect();
+    assert_eq!(
+        out,
+        [
+            json!({"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m",
+                "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}})
+        ]
+    );
+    // Not finished: a finish reason first (completions' form).
+    let cut = streamed(&[json!({"id": "cmpl-1", "choices": [{"index": 0, "text": " a"}]})]);
+    let out = cut.closing(&view, 5, 2);
+    assert_eq!(out.len(), 2);
+    assert!(out[0].contains("\"finish_reason\":\"length\"") && out[0].contains("\"text\":\"\""));
+    // Usage already sent, or not asked for: nothing more.
+    let mut done = s.clone();
+    done.observe(
+        &json!({"id": "cmpl-1", "choices": [], "usage": {"prompt_tokens": 5}}).to_string(),
+    );
+    assert!(done.closing(&view, 5, 2).is_empty());
+    let (_, quiet) = parsed(
+        Endpoint::Completions,
+        json!({"model": "m", "prompt": "hi", "stream": true}),
+    );
+    assert!(s.closing(&quiet, 5, 2).is_empty());
+}
