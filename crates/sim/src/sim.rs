@@ -80,6 +80,8 @@ struct Sim<'a> {
     trace: VecDeque<(usize, Time)>,
     queued_total: u64,
     now: Time,
+    /// The run stopped at `max_sim_time` with events still due.
+    cut: bool,
     /// Block hashes of the hash ids of closed-loop prompts (trace prompts are cut on the
     /// router thread).
     block_hashes: BlockHashCache,
@@ -157,9 +159,12 @@ fn simulate_with(
     let measured = || sim.records.iter().filter(|r| r.arrival >= warm);
     let start = measured().map(|r| r.arrival).min().unwrap_or(warm);
     // A closed loop with a set duration is measured over its window; otherwise from the
-    // first measured arrival to the last event.
+    // first measured arrival to the last event, or to `max_sim_time` when the run was cut
+    // there (the last event before the cut depends on which steps the engines ran one by
+    // one: not a property of the run).
     let span = match cfg.duration {
         Some(d) if d > cfg.warmup => d - cfg.warmup,
+        _ if sim.cut => Time(cfg.max_sim_time).since(start),
         _ => sim.now.since(start),
     };
     Ok(SimResult {
@@ -177,6 +182,7 @@ struct Ended {
     records: Vec<RequestRecord>,
     engines: Vec<Engine>,
     now: Time,
+    cut: bool,
     queued_total: u64,
 }
 
@@ -205,6 +211,7 @@ fn run_loop<'a>(
         trace: VecDeque::new(),
         queued_total: 0,
         now: Time::ZERO,
+        cut: false,
         block_hashes: BlockHashCache::new(
             BlockSize::new(cfg.router.block_size).map_err(|e| SimError::Config(e.to_string()))?,
             Namespace::default(),
@@ -228,6 +235,7 @@ fn run_loop<'a>(
         mut records,
         engines,
         now,
+        cut,
         queued_total,
         ..
     } = sim;
@@ -241,6 +249,7 @@ fn run_loop<'a>(
         records,
         engines,
         now,
+        cut,
         queued_total,
     })
 }
@@ -267,6 +276,7 @@ impl<'a> Sim<'a> {
             if trace_first {
                 let (i, t) = self.trace.pop_front().expect("peeked");
                 if t > end {
+                    self.cut = true;
                     break;
                 }
                 self.now = t;
@@ -279,6 +289,7 @@ impl<'a> Sim<'a> {
                 break;
             };
             if t > end {
+                self.cut = true;
                 break;
             }
             self.now = t;

@@ -91,6 +91,12 @@ fn the_engines_fast_paths_change_no_result() {
         .iter()
         .any(|r| r.finished.is_none() || r.status != Status::Completed));
     assert_eq!(json(&a), json(&b));
+    // A run cut short is measured to the cut, whatever its last event was.
+    let first = a.records.iter().map(|r| r.arrival).min().unwrap();
+    assert_eq!(
+        a.sim_seconds,
+        Time(cfg.max_sim_time).since(first).as_secs_f64()
+    );
 }
 
 #[test]
