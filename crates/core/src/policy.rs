@@ -232,6 +232,16 @@ fn bias_affinity(input: &PolicyInput<'_>, costs: &mut [f64]) {
     }
 }
 
+/// The choice of the lowest of `costs` after the affinity bias (the cost policies' `select`).
+fn lowest_cost(input: &PolicyInput<'_>, mut costs: Vec<f64>) -> Choice {
+    bias_affinity(input, &mut costs);
+    let chosen = argmin_tiebreak(input, &costs);
+    Choice {
+        chosen,
+        costs: costs.into_iter().map(Some).collect(),
+    }
+}
+
 /// The lowest cost; ties (within a relative 1e-9) go to the candidate with the least cached
 /// data, then to a seeded random pick.
 fn argmin_tiebreak(input: &PolicyInput<'_>, costs: &[f64]) -> usize {

@@ -19,7 +19,7 @@
 //! spread from the start.
 
 use super::predictive::Predictive;
-use super::{argmin_tiebreak, bias_affinity, Choice, Policy, PolicyInput};
+use super::{lowest_cost, Choice, Policy, PolicyInput};
 use crate::ledger::DecodeEstimate;
 use serde::{Deserialize, Serialize};
 
@@ -156,12 +156,6 @@ impl Policy for Goodput {
     }
 
     fn select(&self, input: &PolicyInput<'_>) -> Choice {
-        let mut costs = self.predict(input);
-        bias_affinity(input, &mut costs);
-        let chosen = argmin_tiebreak(input, &costs);
-        Choice {
-            chosen,
-            costs: costs.into_iter().map(Some).collect(),
-        }
+        lowest_cost(input, self.predict(input))
     }
 }

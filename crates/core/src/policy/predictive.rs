@@ -10,7 +10,7 @@
 //! the worker's KV blocks would overflow, the matched prefix is assumed evicted (recomputed)
 //! and the request waits for the overflow fraction of a service time.
 
-use super::{argmin_tiebreak, bias_affinity, Candidate, Choice, Policy, PolicyInput};
+use super::{lowest_cost, Candidate, Choice, Policy, PolicyInput};
 use crate::ledger::PrefillEstimate;
 use serde::{Deserialize, Serialize};
 
@@ -115,12 +115,6 @@ impl Policy for Predictive {
     }
 
     fn select(&self, input: &PolicyInput<'_>) -> Choice {
-        let mut costs = self.predict(input);
-        bias_affinity(input, &mut costs);
-        let chosen = argmin_tiebreak(input, &costs);
-        Choice {
-            chosen,
-            costs: costs.into_iter().map(Some).collect(),
-        }
+        lowest_cost(input, self.predict(input))
     }
 }
