@@ -10,7 +10,10 @@
 //!   longer step.
 //!
 //! Predicted misses: the new request when its first token or its step breaks an objective;
-//! the running requests when the step the request brings pushes theirs past the objective.
+//! the running requests when the step the request brings pushes theirs past the objective;
+//! at a worker at its batch limit, the next request to arrive there too, when its wait for
+//! a running request to leave breaks the first-token objective (one more request there
+//! lengthens that queue for every later one, the conversations that stay there included).
 //! Cost, in seconds: the seconds added over every request concerned (the new one's time to
 //! first token and decode, the running ones' delay), plus, per predicted miss, the new
 //! request's own time there (a request that misses an objective is service given for nothing
@@ -139,6 +142,16 @@ impl Goodput {
                 }
                 if step_now <= self.config.tpot_secs && stalled_step > self.config.tpot_secs {
                     misses += running;
+                }
+                if let Some(max) = c.capacity.max_batch.filter(|m| *m > 0) {
+                    if c.load.inflight >= max {
+                        let service = c.service_secs.unwrap_or(ttft + output * step_with);
+                        let next_wait =
+                            f64::from(c.load.inflight + 2 - max) / f64::from(max) * service;
+                        if next_wait > self.config.ttft_secs {
+                            misses += 1.0;
+                        }
+                    }
                 }
                 let added = ttft
                     + output * step_with

@@ -317,6 +317,27 @@ fn goodput_counts_a_missed_first_token_against_the_worker() {
 }
 
 #[test]
+fn goodput_counts_the_wait_a_full_batch_adds_for_the_next_arrival() {
+    // 12,000 tokens, 11,200 cached on the first worker, which runs 64 requests of 40 s: a
+    // first token there waits for a running one to leave (a miss), as it misses on the cold
+    // worker (1.2 s of prefill). Seconds alone keep it on the cached worker...
+    let g = Goodput::default();
+    let mut cs = goodput_pair(64, 40);
+    cs[0].matched_blocks = 700;
+    for c in &mut cs {
+        c.service_secs = Some(40.0);
+    }
+    assert_eq!(g.select(&input(&cs, 12_000, 0)).chosen, 0);
+    // ...but at the batch limit one more request there makes the next arrival wait past
+    // the objective as well.
+    for c in &mut cs {
+        c.capacity.max_batch = Some(64);
+    }
+    let costs = g.predict(&input(&cs, 12_000, 0));
+    assert_eq!(g.select(&input(&cs, 12_000, 0)).chosen, 1, "{costs:?}");
+}
+
+#[test]
 fn goodput_spreads_from_the_start_before_anything_is_learned() {
     let g = Goodput::default();
     let mut a = cand(1, 0, 0);
