@@ -5,11 +5,16 @@
 //! Fitted by exponentially weighted least squares (recent samples count more; the memory is
 //! about 64 samples, a property of the estimator rather than a knob), falling back to a line
 //! through the origin when the samples do not spread enough to separate the two terms.
+//! Huber weights, as in the decode fit: a sample far off the current fit (a request stuck
+//! behind a stall) counts as at most `HUBER` robust scales, so one slow first token moves
+//! the fit a bounded step, while a lasting change moves the scale and is learned.
 
 use serde::{Deserialize, Serialize};
 
 /// Weight kept by old samples at each new one (memory of about 64 samples).
 const DECAY: f64 = 1.0 - 1.0 / 64.0;
+/// Residuals beyond this many robust scales are down-weighted.
+const HUBER: f64 = 3.0;
 
 /// A learned prefill speed.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -37,6 +42,8 @@ pub struct PrefillFit {
     y: f64,
     xx: f64,
     xy: f64,
+    /// Exponentially weighted mean absolute residual (the robust scale).
+    scale: f64,
     samples: u64,
 }
 
@@ -50,11 +57,23 @@ impl PrefillFit {
         {
             return;
         }
-        self.w = self.w * DECAY + 1.0;
-        self.x = self.x * DECAY + work_tokens;
-        self.y = self.y * DECAY + ttft_secs;
-        self.xx = self.xx * DECAY + work_tokens * work_tokens;
-        self.xy = self.xy * DECAY + work_tokens * ttft_secs;
+        let mut w = 1.0;
+        if let Some(e) = self.estimate() {
+            let r = (ttft_secs - e.ttft_secs(work_tokens)).abs();
+            if self.samples >= 8 && r > HUBER * self.scale {
+                w = HUBER * self.scale / r;
+            }
+            // The scale follows the residuals, themselves bounded.
+            let r = r.min(HUBER * self.scale.max(0.05 * ttft_secs));
+            self.scale = self.scale * DECAY + (1.0 - DECAY) * r;
+        } else {
+            self.scale = 0.1 * ttft_secs;
+        }
+        self.w = self.w * DECAY + w;
+        self.x = self.x * DECAY + w * work_tokens;
+        self.y = self.y * DECAY + w * ttft_secs;
+        self.xx = self.xx * DECAY + w * work_tokens * work_tokens;
+        self.xy = self.xy * DECAY + w * work_tokens * ttft_secs;
         self.samples += 1;
     }
 
@@ -130,6 +149,35 @@ mod tests {
         }
         let e = f.estimate().unwrap();
         assert!((e.secs_per_token - 2e-4).abs() < 1e-5, "{e:?}");
+    }
+
+    #[test]
+    fn one_slow_first_token_moves_the_fit_a_bounded_step() {
+        let mut f = PrefillFit::default();
+        for i in 0..200 {
+            let x = 500.0 + (i % 10) as f64 * 300.0;
+            f.observe(x, 0.01 + x / 10_000.0);
+        }
+        let before = f.estimate().unwrap().ttft_secs(2_000.0);
+        // A request stuck behind a stall: 28x its time.
+        f.observe(2_000.0, 28.0 * before);
+        let after = f.estimate().unwrap().ttft_secs(2_000.0);
+        assert!((after / before - 1.0).abs() < 0.02, "{before} -> {after}");
+    }
+
+    #[test]
+    fn a_lasting_slowdown_is_learned_despite_the_robust_weights() {
+        let mut f = PrefillFit::default();
+        for i in 0..200 {
+            let x = 500.0 + (i % 10) as f64 * 300.0;
+            f.observe(x, 0.01 + x / 10_000.0);
+        }
+        for i in 0..400 {
+            let x = 500.0 + (i % 10) as f64 * 300.0;
+            f.observe(x, 0.01 + x / 2_500.0);
+        }
+        let e = f.estimate().unwrap();
+        assert!((e.secs_per_token / 4e-4 - 1.0).abs() < 0.05, "{e:?}");
     }
 
     #[test]
