@@ -35,7 +35,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 1.0)]
     pub speedup: f64,
     /// Routing policy.
-    #[arg(long, default_value = "predictive")]
+    #[arg(long, default_value = "goodput")]
     pub policy: PolicyKind,
     /// Tokenizer directory or `builtin` (shared by the gateway and the workers).
     #[arg(long, default_value = "builtin")]

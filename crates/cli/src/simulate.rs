@@ -32,7 +32,7 @@ pub struct SimulateArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "round_robin,kv,predictive"
+        default_value = "round_robin,kv,predictive,goodput"
     )]
     pub(crate) policy: Vec<PolicyKind>,
     /// Engine profile (see `kvroute profiles`).

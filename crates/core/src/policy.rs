@@ -133,10 +133,10 @@ pub enum PolicyKind {
     /// Dynamo-compatible prefix-overlap cost.
     Kv,
     /// Predicted time to first token.
-    #[default]
     Predictive,
     /// Most requests within both objectives (first token and per-token time), then the
     /// least time added.
+    #[default]
     Goodput,
 }
 
