@@ -20,8 +20,11 @@ use kvroute_workload::{deciles, records_tsv, RequestRecord, Summary};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Options of `kvroute bench` (the sweep options are those of `kvroute simulate`).
-#[derive(Args, Debug)]
+/// Options of `kvroute bench` (the sweep options are those of `kvroute simulate`; the run's
+/// shape and the objectives not given follow the reference method:
+/// [`SimulateArgs::with_reference_run`],
+/// [`SimulateArgs::with_reference_window`], [`SimulateArgs::slo`]).
+#[derive(Args, Clone, Debug)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub(crate) sweep: SimulateArgs,
@@ -45,7 +48,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     repeats: usize,
     /// Measurement windows per run (after the warm-up); a run's figures are their mean.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 3)]
     snapshots: usize,
     /// The policy the others are compared with (Δ columns, baseline file).
     #[arg(long, default_value = "round_robin")]
@@ -56,7 +59,13 @@ pub struct BenchArgs {
 const MAX_REPEATS: usize = 100;
 
 /// Runs the sweep and writes the report.
-pub fn run(a: &BenchArgs) -> Result<()> {
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let sweep = args.sweep.with_reference_run();
+    let prepared = prepare(&sweep)?;
+    let a = &BenchArgs {
+        sweep: sweep.with_reference_window(&prepared.load),
+        ..args.clone()
+    };
     let s = &a.sweep;
     if !(1..=MAX_REPEATS).contains(&a.repeats) || !(1..=MAX_REPEATS).contains(&a.snapshots) {
         bail!("--repeats and --snapshots must be within 1..={MAX_REPEATS}");
@@ -72,9 +81,10 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         bail!("{first} shapes the simulated fleet: use it with --sim (a live bench starts the demo's gateway and workers, or drives --target)");
     }
     if live && s.duration_secs.is_none() {
-        bail!("a live bench needs --duration-secs (how long each cell runs, warm-up included)");
+        bail!(
+            "a live bench runs each cell for --duration-secs (default 420); --limit is for --sim"
+        );
     }
-    let prepared = prepare(s)?;
     if live && matches!(prepared.load, SimLoad::Trace(_)) {
         bail!("a live bench runs chat or synthetic loads; replay traces with `kvroute loadgen` or use --sim");
     }
@@ -164,11 +174,14 @@ fn info(a: &BenchArgs, p: &Prepared, live: bool) -> SweepInfo {
     let window = match s.duration_secs {
         Some(d) => format!(
             "ramp {} s, warm-up {} s, measured until {d} s in {} snapshot(s)",
-            s.ramp_secs, s.warmup_secs, a.snapshots
+            s.ramp(),
+            s.warmup(),
+            a.snapshots
         ),
         None => format!(
-            "warm-up {} s, measured to the end of the run",
-            s.warmup_secs
+            "warm-up {} s, measured to the end of the run in {} snapshot(s)",
+            s.warmup(),
+            a.snapshots
         ),
     };
     let workload = match &p.load {
@@ -192,8 +205,8 @@ fn info(a: &BenchArgs, p: &Prepared, live: bool) -> SweepInfo {
         repeats: a.repeats,
         window,
         baseline_policy: a.baseline_policy.as_str().into(),
-        slo_ttft_p95_ms: s.slo_ttft_ms,
-        slo_tpot_p95_ms: s.slo_tpot_ms,
+        slo_ttft_p95_ms: s.slo().ttft_ms,
+        slo_tpot_p95_ms: s.slo().tpot_ms,
     }
 }
 
@@ -242,6 +255,7 @@ async fn run_live(
                 tokenizer_cache_mib: None,
                 tokenizer_threads: None,
                 replay_buffer_mib: None,
+                objectives: s.objectives(),
             })
             .await?,
         ),
@@ -260,7 +274,7 @@ async fn run_live(
         },
         conversations: u64::MAX,
         duration_secs: duration,
-        ramp_secs: s.ramp_secs,
+        ramp_secs: s.ramp(),
         seed,
         ..LoadgenConfig::default()
     };
@@ -276,8 +290,8 @@ async fn run_live(
         f.shutdown().await;
     }
     let result = result?;
-    let warm = Duration::from_secs_f64(s.warmup_secs);
-    let window = Duration::from_secs_f64((duration - s.warmup_secs).max(0.0));
+    let warm = Duration::from_secs_f64(s.warmup());
+    let window = Duration::from_secs_f64((duration - s.warmup()).max(0.0));
     Ok((result.records, warm, window))
 }
 

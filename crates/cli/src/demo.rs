@@ -4,6 +4,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
+use kvroute_core::policy::GoodputConfig;
 use kvroute_core::PolicyKind;
 use kvroute_gateway::{EventFeed, GatewayConfig, Replay, WorkerSpec};
 use kvroute_preprocess::Preprocessor;
@@ -53,6 +54,10 @@ pub struct DemoArgs {
     /// MiB of KV event batches each worker keeps for replay (default 32).
     #[arg(long)]
     pub replay_buffer_mib: Option<usize>,
+    /// The objectives the gateway's `goodput` policy routes for (`kvroute bench` passes its
+    /// SLO; the demo keeps the defaults).
+    #[arg(skip)]
+    pub objectives: GoodputConfig,
 }
 
 /// Options of `kvroute demo`: the fleet, and the dashboard in front of a load generator.
@@ -195,6 +200,7 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
     };
     config.router.block_size = block_size;
     config.router.policy.kind = args.policy;
+    config.router.policy.goodput = args.objectives.clone();
     let addr = format!("{}:{}", config.host, config.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await

@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use kvroute_core::policy::GoodputConfig;
 use kvroute_core::{AdmissionMode, PolicyKind};
 use kvroute_engine::{EngineConfig, Profile};
 use kvroute_report::Load as Level;
@@ -16,7 +17,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Options of `kvroute simulate`.
-#[derive(Args, Debug)]
+#[derive(Args, Clone, Debug)]
 pub struct SimulateArgs {
     /// The load: `mooncake:<file>` (trace replay), `multiturn` or `synthetic` (closed loops).
     #[arg(long, default_value = "multiturn")]
@@ -87,16 +88,18 @@ pub struct SimulateArgs {
     /// Closed loops: stop starting requests after this many simulated seconds.
     #[arg(long)]
     pub(crate) duration_secs: Option<f64>,
-    /// Closed loops: start the clients evenly over this many seconds.
-    #[arg(long, default_value_t = 0.0)]
-    pub(crate) ramp_secs: f64,
-    /// Leave requests arriving in the first seconds out of the summary.
-    #[arg(long, default_value_t = 0.0)]
-    pub(crate) warmup_secs: f64,
-    /// Service objective for goodput: largest TTFT, ms.
+    /// Closed loops: start the clients evenly over this many seconds (default 0; `bench`:
+    /// the reference method's, a seventh of the run up to 60 s).
+    #[arg(long)]
+    pub(crate) ramp_secs: Option<f64>,
+    /// Leave requests arriving in the first seconds out of the summary (default 0; `bench`:
+    /// the reference method's, two sevenths of the run up to 120 s).
+    #[arg(long)]
+    pub(crate) warmup_secs: Option<f64>,
+    /// Service objective for goodput: largest TTFT, ms (default: the `goodput` policy's, 600).
     #[arg(long)]
     pub(crate) slo_ttft_ms: Option<f64>,
-    /// Service objective for goodput: largest TPOT, ms.
+    /// Service objective for goodput: largest TPOT, ms (default: the `goodput` policy's, 60).
     #[arg(long)]
     pub(crate) slo_tpot_ms: Option<f64>,
     /// Delay of KV events from engine to router, ms.
@@ -116,6 +119,69 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub(crate) out: Option<PathBuf>,
 }
+
+impl SimulateArgs {
+    /// Seconds over which closed-loop clients start.
+    pub(crate) fn ramp(&self) -> f64 {
+        self.ramp_secs.unwrap_or(0.0)
+    }
+
+    /// Seconds of arrivals left out of the summary.
+    pub(crate) fn warmup(&self) -> f64 {
+        self.warmup_secs.unwrap_or(0.0)
+    }
+
+    /// The objectives: those given, each other one the `goodput` policy's default, so every
+    /// report measures goodput against the objectives the default policy routes for.
+    pub(crate) fn slo(&self) -> Slo {
+        let d = GoodputConfig::default();
+        Slo {
+            ttft_ms: Some(self.slo_ttft_ms.unwrap_or(d.ttft_secs * 1e3)),
+            tpot_ms: Some(self.slo_tpot_ms.unwrap_or(d.tpot_secs * 1e3)),
+        }
+    }
+
+    /// The objectives as the `goodput` policy takes them ([`Self::slo`] in seconds).
+    pub(crate) fn objectives(&self) -> GoodputConfig {
+        let slo = self.slo();
+        GoodputConfig {
+            ttft_secs: slo.ttft_ms.unwrap_or_default() / 1e3,
+            tpot_secs: slo.tpot_ms.unwrap_or_default() / 1e3,
+        }
+    }
+
+    /// These options with the reference method's run length filled in where not given: a
+    /// closed or open loop runs 420 s (unless `--limit` ends it). Before [`prepare`].
+    pub(crate) fn with_reference_run(&self) -> SimulateArgs {
+        let mut a = self.clone();
+        if !a.workload.starts_with("mooncake:") && a.duration_secs.is_none() && a.limit.is_none() {
+            a.duration_secs = Some(REFERENCE_RUN_SECS);
+        }
+        a
+    }
+
+    /// These options with the reference method's ramp and warm-up filled in where not
+    /// given: a loop's clients start over the first seventh of the run (60 s of 420) and its
+    /// measurement starts after two sevenths (120 s); a trace is measured from two sevenths
+    /// of its span, at most 120 s. Runs ended by `--limit` alone keep 0.
+    pub(crate) fn with_reference_window(&self, load: &Load) -> SimulateArgs {
+        let mut a = self.clone();
+        let span = match load {
+            Load::Trace(t) => t.last().map(|r| r.arrival.0.as_secs_f64()),
+            _ => a.duration_secs,
+        };
+        if let Some(d) = span {
+            if !matches!(load, Load::Trace(_)) {
+                a.ramp_secs.get_or_insert((d / 7.0).min(60.0));
+            }
+            a.warmup_secs.get_or_insert((2.0 * d / 7.0).min(120.0));
+        }
+        a
+    }
+}
+
+/// Length of a run of the reference method (60 s ramp, 120 s warm-up, measured to 420 s).
+pub(crate) const REFERENCE_RUN_SECS: f64 = 420.0;
 
 pub(crate) enum Load {
     Trace(Vec<TraceRequest>),
@@ -139,8 +205,8 @@ pub(crate) fn prepare(a: &SimulateArgs) -> Result<Prepared> {
         bail!("--kv-event-delay-ms must be >= 0");
     }
     for (name, v) in [
-        ("--warmup-secs", Some(a.warmup_secs)),
-        ("--ramp-secs", Some(a.ramp_secs)),
+        ("--warmup-secs", a.warmup_secs),
+        ("--ramp-secs", a.ramp_secs),
         ("--duration-secs", a.duration_secs),
         ("--slo-ttft-ms", a.slo_ttft_ms),
         ("--slo-tpot-ms", a.slo_tpot_ms),
@@ -459,21 +525,11 @@ pub(crate) fn sim_config(
         cfg.router.approx.ttl_secs = ttl;
     }
     cfg.duration = a.duration_secs.map(Duration::from_secs_f64);
-    cfg.warmup = Duration::from_secs_f64(a.warmup_secs);
-    cfg.ramp = Duration::from_secs_f64(a.ramp_secs);
+    cfg.warmup = Duration::from_secs_f64(a.warmup());
+    cfg.ramp = Duration::from_secs_f64(a.ramp());
     // The objectives measured are the ones `goodput` routes for.
-    if let Some(ms) = a.slo_ttft_ms {
-        cfg.router.policy.goodput.ttft_secs = ms / 1e3;
-    }
-    if let Some(ms) = a.slo_tpot_ms {
-        cfg.router.policy.goodput.tpot_secs = ms / 1e3;
-    }
-    if a.slo_ttft_ms.is_some() || a.slo_tpot_ms.is_some() {
-        cfg.slo = Some(Slo {
-            ttft_ms: a.slo_ttft_ms,
-            tpot_ms: a.slo_tpot_ms,
-        });
-    }
+    cfg.router.policy.goodput = a.objectives();
+    cfg.slo = Some(a.slo());
     cfg.validate()?;
     Ok(cfg)
 }
@@ -515,3 +571,6 @@ fn cell_json(
         "host_blocks_held": r.engines.iter().map(|e| e.host_blocks).sum::<usize>(),
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,75 @@
+//! The reference method's defaults and the objectives every report measures.
+
+use super::*;
+use clap::Parser;
+use kvroute_workload::prompt::Prompt;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    sim: SimulateArgs,
+}
+
+fn args(extra: &[&str]) -> SimulateArgs {
+    Cli::parse_from(std::iter::once("simulate").chain(extra.iter().copied())).sim
+}
+
+fn shaped(a: &SimulateArgs, load: &Load) -> (Option<f64>, f64, f64) {
+    let r = a.with_reference_run().with_reference_window(load);
+    (r.duration_secs, r.ramp(), r.warmup())
+}
+
+#[test]
+fn a_bench_follows_the_reference_method_unless_told_otherwise() {
+    // Nothing given: 60 s ramp, 120 s warm-up, measured to 420 s.
+    assert_eq!(
+        shaped(&args(&[]), &Load::MultiTurn),
+        (Some(420.0), 60.0, 120.0)
+    );
+    // A shorter run keeps the proportions.
+    let (d, ramp, warm) = shaped(&args(&["--duration-secs", "70"]), &Load::Synthetic);
+    assert_eq!(d, Some(70.0));
+    assert!((ramp - 10.0).abs() < 1e-9 && (warm - 20.0).abs() < 1e-9);
+    // What is given stays.
+    assert_eq!(
+        shaped(
+            &args(&["--ramp-secs", "0", "--warmup-secs", "5"]),
+            &Load::MultiTurn
+        ),
+        (Some(420.0), 0.0, 5.0)
+    );
+    // A run ended by --limit alone has no length to take a share of.
+    assert_eq!(
+        shaped(&args(&["--limit", "100"]), &Load::MultiTurn),
+        (None, 0.0, 0.0)
+    );
+    // A trace: its own schedule, measured from two sevenths of its span, at most 120 s.
+    let trace = |secs: u64| {
+        Load::Trace(vec![TraceRequest {
+            arrival: kvroute_core::Time(std::time::Duration::from_secs(secs)),
+            prompt: Prompt::Tokens(vec![1]),
+            max_tokens: 1,
+        }])
+    };
+    let a = args(&["--workload", "mooncake:t.jsonl"]);
+    assert_eq!(shaped(&a, &trace(3_541)), (None, 0.0, 120.0));
+    assert_eq!(shaped(&a, &trace(70)), (None, 0.0, 20.0));
+    // `simulate` itself keeps zeros.
+    assert_eq!((args(&[]).ramp(), args(&[]).warmup()), (0.0, 0.0));
+}
+
+#[test]
+fn every_run_measures_goodput_against_the_objectives_goodput_routes_for() {
+    let d = GoodputConfig::default();
+    let slo = args(&[]).slo();
+    assert_eq!(slo.ttft_ms, Some(d.ttft_secs * 1e3));
+    assert_eq!(slo.tpot_ms, Some(d.tpot_secs * 1e3));
+    let a = args(&["--slo-ttft-ms", "2000"]);
+    assert_eq!(a.slo().ttft_ms, Some(2000.0));
+    assert_eq!(a.slo().tpot_ms, Some(d.tpot_secs * 1e3));
+    assert_eq!(a.objectives().ttft_secs, 2.0);
+    let p = Profile::builtin("tiny").unwrap();
+    let cfg = sim_config(&a, &p, 2, PolicyKind::Goodput, 0).unwrap();
+    assert_eq!(cfg.router.policy.goodput.ttft_secs, 2.0);
+    assert_eq!(cfg.slo, Some(a.slo()));
+}
