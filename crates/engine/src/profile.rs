@@ -1,8 +1,13 @@
 //! Engine profiles: hardware, model, scheduler limits and the step-timing model, read from the
-//! data file shipped with the project (`data/profiles.toml`) or from a caller's TOML text.
+//! data file shipped with the project (`data/profiles.toml`) or from a caller's TOML text. A
+//! roofline profile is derived from spec sheets and the efficiencies calibrated once
+//! ([`spec`]), or gives its roofline figures itself.
+
+pub mod spec;
 
 use crate::timing::StepModel;
 use serde::{Deserialize, Serialize};
+pub use spec::{Efficiency, GpuSpec, Hardware, ModelSpec, Specs};
 use std::collections::BTreeMap;
 
 /// The profiles shipped with kvroute.
@@ -28,6 +33,10 @@ pub struct Profile {
     /// queueing outside the step loop).
     #[serde(default)]
     pub request_overhead_ms: f64,
+    /// Spec sheets this profile's roofline and request overhead derive from (instead of
+    /// `roofline` and `request_overhead_ms`).
+    #[serde(default)]
+    pub hardware: Option<Hardware>,
     /// Roofline timing.
     #[serde(default)]
     pub roofline: Option<Roofline>,
@@ -70,8 +79,21 @@ pub struct Roofline {
     /// scattered reads run below the weights' streaming rate); `mbu` when absent.
     #[serde(default)]
     pub attention_mbu: Option<f64>,
-    /// Fixed time per step, ms (scheduling, kernel launches, communication).
+    /// Fixed time per step, ms (scheduling, kernel launches).
     pub step_overhead_ms: f64,
+    /// GPUs the replica's tensors are split over (1: no all-reduce).
+    #[serde(default = "one")]
+    pub tensor_parallel: u32,
+    /// Achieved link bandwidth between them each way, GB/s (for tensor parallelism).
+    #[serde(default)]
+    pub link_gb_per_s: f64,
+    /// Fixed time of one all-reduce, µs.
+    #[serde(default)]
+    pub allreduce_latency_us: f64,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl Roofline {
@@ -86,6 +108,20 @@ impl Roofline {
             * f64::from(self.kv_heads)
             * f64::from(self.head_dim)
             * self.kv_dtype_bytes
+    }
+
+    /// Seconds of a step's tensor-parallel all-reduces with `tokens` in the batch: two per
+    /// layer (after attention and after the MLP), each a ring over the GPUs of 16-bit
+    /// activations (`2 (tp - 1) / tp` of them cross each link) plus its fixed latency.
+    pub fn allreduce_secs(&self, tokens: f64) -> f64 {
+        if self.tensor_parallel <= 1 {
+            return 0.0;
+        }
+        let tp = f64::from(self.tensor_parallel);
+        let bytes = tokens * f64::from(self.heads) * f64::from(self.head_dim) * 2.0;
+        let one = self.allreduce_latency_us / 1e6
+            + 2.0 * (tp - 1.0) / tp * bytes / (self.link_gb_per_s * 1e9);
+        2.0 * f64::from(self.layers) * one
     }
 
     /// KV capacity in tokens.
@@ -135,16 +171,40 @@ pub enum ProfileError {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ProfileFile {
+    #[serde(default)]
+    gpus: BTreeMap<String, GpuSpec>,
+    #[serde(default)]
+    models: BTreeMap<String, ModelSpec>,
+    #[serde(default)]
+    efficiency: Option<Efficiency>,
     profiles: BTreeMap<String, Profile>,
 }
 
-/// Parses a profiles file (the format of `data/profiles.toml`).
+/// Parses a profiles file (the format of `data/profiles.toml`): spec sheets, efficiencies
+/// and profiles; the profiles that name `hardware` get their roofline derived.
 pub fn parse_profiles(text: &str) -> Result<BTreeMap<String, Profile>, ProfileError> {
     let file: ProfileFile = toml::from_str(text).map_err(|e| ProfileError::Parse(e.to_string()))?;
-    for (name, p) in &file.profiles {
+    let specs = Specs {
+        gpus: file.gpus,
+        models: file.models,
+        efficiency: file.efficiency,
+    };
+    let mut profiles = file.profiles;
+    for (name, p) in &mut profiles {
+        if let Some(h) = &p.hardware {
+            if p.roofline.is_some() || p.request_overhead_ms != 0.0 {
+                return Err(spec::invalid(
+                    name,
+                    "a profile derived from `hardware` takes its roofline and request overhead from the spec sheets and [efficiency]".into(),
+                ));
+            }
+            let (roofline, overhead) = specs.derive(h).map_err(|r| spec::invalid(name, r))?;
+            p.roofline = Some(roofline);
+            p.request_overhead_ms = overhead;
+        }
         p.validate(name)?;
     }
-    Ok(file.profiles)
+    Ok(profiles)
 }
 
 /// The names of the built-in profiles.
@@ -208,6 +268,10 @@ impl Profile {
                     || r.head_dim == 0
                     || !(r.step_overhead_ms.is_finite() && r.step_overhead_ms >= 0.0)
                     || r.attention_mbu.is_some_and(|a| !(a.is_finite() && a > 0.0))
+                    || r.tensor_parallel == 0
+                    || (r.tensor_parallel > 1
+                        && !(r.link_gb_per_s.is_finite() && r.link_gb_per_s > 0.0))
+                    || !(r.allreduce_latency_us.is_finite() && r.allreduce_latency_us >= 0.0)
                 {
                     return Err(bad("roofline values must be positive and finite".into()));
                 }

@@ -62,7 +62,8 @@ impl StepModel {
                 let compute = flops / (r.peak_tflops * 1e12 * r.mfu);
                 let memory = r.weight_bytes() / (bw * r.mbu)
                     + kv_bytes / (bw * r.attention_mbu.unwrap_or(r.mbu));
-                compute.max(memory) + r.step_overhead_ms / 1e3
+                let allreduce = r.allreduce_secs((s.prefill_tokens + s.decode_seqs) as f64);
+                compute.max(memory) + allreduce + r.step_overhead_ms / 1e3
             }
             StepModel::Polynomial(p) => {
                 let mut ms = 0.0;
