@@ -44,8 +44,8 @@ fn tensor_parallel_adds_up_the_gpus_and_pays_all_reduces() {
     assert_eq!((r.peak_tflops, r.hbm_gb), (3958.0, 160.0));
     assert!((r.hbm_tb_per_s - 6.7).abs() < 1e-9);
     assert_eq!((r.mfu, r.mbu, r.attention_mbu), (0.45, 0.85, Some(0.33)));
-    // A decode step of 64 sequences: 160 all-reduces of 1 MiB, latency bound (~1.6 ms
-    // of latency plus ~0.7 ms of transfer).
+    // A decode step of 64 sequences: 160 all-reduces of 1 MiB, latency bound (1.6 ms of
+    // latency plus 0.5 ms of transfer).
     let ar = r.allreduce_secs(64.0);
     assert!((ar - (160.0 * 10e-6 + 160.0 * 64.0 * 8192.0 * 2.0 / 315e9)).abs() < 1e-9);
     let h200 = StepModel::Roofline(calibrated_h200());
