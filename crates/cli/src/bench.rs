@@ -16,7 +16,7 @@ use kvroute_core::PolicyKind;
 use kvroute_loadgen::{LoadKind, LoadgenConfig};
 use kvroute_report::{write_plots, Baseline, Cell, Load, Metrics, Sweep, SweepInfo};
 use kvroute_sim::simulate;
-use kvroute_workload::{deciles, records_tsv, RequestRecord, Summary};
+use kvroute_workload::{deciles, records_tsv, RequestRecord, Slo, Summary};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -77,6 +77,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bail!("with --target the endpoint's own policy is measured: give exactly one --policy (its name in the report)");
     }
     let live = !a.sim;
+    let slo = s.slo();
     if let (true, [first, ..]) = (live, simulator_only_options(s).as_slice()) {
         bail!("{first} shapes the simulated fleet: use it with --sim (a live bench starts the demo's gateway and workers, or drives --target)");
     }
@@ -126,7 +127,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     if r == 0 {
                         first_deciles = deciles(&measured);
                     }
-                    runs.push(snapshot_mean(&measured, warm, window, a.snapshots));
+                    runs.push(snapshot_mean(&measured, warm, window, a.snapshots, &slo));
                     let file = out_dir.join("records").join(format!("{label}.tsv"));
                     std::fs::write(&file, records_tsv(&records))
                         .with_context(|| format!("writing {}", file.display()))?;
@@ -302,9 +303,13 @@ fn snapshot_mean(
     warm: Duration,
     span: Duration,
     snapshots: usize,
+    slo: &Slo,
 ) -> Metrics {
+    let summary = |records: &[RequestRecord], span| {
+        Metrics::from_summary(&Summary::from_records_with_slo(records, span, Some(slo)))
+    };
     if snapshots <= 1 || span.is_zero() {
-        return Metrics::from_summary(&Summary::from_records(measured, span));
+        return summary(measured, span);
     }
     let part = span / snapshots as u32;
     let parts: Vec<Metrics> = (0..snapshots as u32)
@@ -316,7 +321,7 @@ fn snapshot_mean(
                 .filter(|r| r.arrival.0 >= from && (r.arrival.0 < to || i + 1 == snapshots as u32))
                 .cloned()
                 .collect();
-            Metrics::from_summary(&Summary::from_records(&window, part))
+            summary(&window, part)
         })
         .collect();
     Metrics::mean(&parts)

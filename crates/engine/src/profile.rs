@@ -337,6 +337,7 @@ mod tests {
             "a100-40g-qwen3-8b",
             "tiny",
             "tiny-fast",
+            "tiny-concurrent",
             "mocker-poly",
         ] {
             assert!(names.contains(&n.to_string()), "{n} missing from {names:?}");

@@ -139,6 +139,7 @@ pub const CELL_COLUMNS: &[&str] = &[
     "hit_rate",
     "output_tokens_per_s",
     "requests_per_s",
+    "goodput_per_s",
 ];
 
 fn num(v: Option<f64>) -> String {
@@ -224,6 +225,7 @@ impl Sweep {
                 num(m.hit_rate),
                 num(m.output_tokens_per_s),
                 num(m.requests_per_s),
+                num(m.goodput_per_s),
             ];
             let _ = writeln!(out, "{}", fields.join("\t"));
         }

@@ -1,5 +1,5 @@
 //! The Markdown report of a sweep: the reference A/B tables (TTFT p50/p95 with Δ against the
-//! baseline policy, KV hit rate, throughput and RPS, ITL, E2E, TPOT), the request accounting
+//! baseline policy, goodput, KV hit rate, throughput and RPS, ITL, E2E, TPOT), the request accounting
 //! with TTFT over every sent request, the highest load meeting the SLO per policy, and the
 //! arrival deciles of saturated cells.
 
@@ -175,6 +175,19 @@ pub fn markdown(s: &Sweep, plots: &[(String, String)]) -> String {
                 col("p50", |m| m.ttft_p50_ms, fmt_ms, lower),
                 col("p95", |m| m.ttft_p95_ms, fmt_ms, lower),
             ],
+        ));
+        out.push_str(
+            "\n### Goodput (requests per second meeting both objectives, each on its own TTFT and TPOT)\n\n",
+        );
+        out.push_str(&table(
+            s,
+            w,
+            &[col(
+                "goodput/s",
+                |m| m.goodput_per_s,
+                fmt_rate,
+                Some(Better::Higher),
+            )],
         ));
         out.push_str("\n### KV cache hit rate (cached / input tokens)\n\n");
         out.push_str(&table(s, w, &[col("hit", |m| m.hit_rate, fmt_pct, None)]));

@@ -48,6 +48,10 @@ pub struct Metrics {
     pub output_tokens_per_s: Option<f64>,
     /// Completed requests per second.
     pub requests_per_s: Option<f64>,
+    /// Requests per second meeting both objectives (of the sweep's SLO), each request on
+    /// its own TTFT and TPOT.
+    #[serde(default)]
+    pub goodput_per_s: Option<f64>,
 }
 
 fn inf_out<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
@@ -98,6 +102,7 @@ impl Metrics {
             hit_rate: s.hit_rate,
             output_tokens_per_s: s.output_tokens_per_s,
             requests_per_s: s.requests_per_s,
+            goodput_per_s: s.goodput.as_ref().and_then(|g| g.per_s),
         }
     }
 
@@ -130,6 +135,7 @@ impl Metrics {
             hit_rate: avg(|m| m.hit_rate),
             output_tokens_per_s: avg(|m| m.output_tokens_per_s),
             requests_per_s: avg(|m| m.requests_per_s),
+            goodput_per_s: avg(|m| m.goodput_per_s),
         }
     }
 

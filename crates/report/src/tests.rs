@@ -33,6 +33,7 @@ fn metrics(ttft_p50: f64, ttft_p95: f64, tok_s: f64, hit: f64, rejected: u64) ->
         hit_rate: Some(hit),
         output_tokens_per_s: Some(tok_s),
         requests_per_s: Some(tok_s / 830.0),
+        goodput_per_s: Some((100 - rejected) as f64 / 100.0 * tok_s / 830.0),
     }
 }
 
@@ -120,6 +121,9 @@ fn report_states_deltas_failures_and_saturation() {
     assert!(text.contains("| 655 ms | 446 ms | **+31.9%** |"), "{text}");
     // Throughput: higher is better.
     assert!(text.contains("**+5.4%**"), "{text}");
+    // Goodput per policy and load, with its Δ: 2.59 -> 2.73 req/s at 60.
+    assert!(text.contains("### Goodput"), "{text}");
+    assert!(text.contains("| 60 | 2.59 | 2.73 | **+5.4%** |"), "{text}");
     // Rejections are counted and make the all-sent p95 infinite.
     assert!(text.contains("| 120 | kv | 200 | 180 | 0 | 20 |"), "{text}");
     assert!(text.contains("| inf | inf |"), "{text}");

@@ -92,6 +92,12 @@ impl PrefillFit {
             if slope > 0.0 && overhead >= 0.0 {
                 return Some(self.make(slope, overhead));
             }
+            // More work ahead did not take longer: a worker that prefills concurrently (or
+            // one whose overhead dwarfs its prefill). Its first token takes the mean time
+            // whatever the work; the floor keeps the speed positive.
+            if slope <= 0.0 {
+                return Some(self.make(1e-12, my.max(0.0)));
+            }
         }
         // Otherwise a line through the origin, which cannot go negative.
         // (x > 0 implies xx > 0.) The floor keeps all-zero times from giving a zero speed.
@@ -178,6 +184,20 @@ mod tests {
         }
         let e = f.estimate().unwrap();
         assert!((e.secs_per_token / 4e-4 - 1.0).abs() < 0.05, "{e:?}");
+    }
+
+    #[test]
+    fn a_worker_whose_first_token_does_not_wait_for_queued_prefill_is_learned_as_such() {
+        let mut f = PrefillFit::default();
+        for i in 0..300 {
+            // 500 to 50,000 tokens ahead, always 20-21 ms (a little less with more work:
+            // the noise of a worker whose prefill does not queue).
+            let x = 500.0 + (i % 100) as f64 * 500.0;
+            f.observe(x, 0.021 - x * 1e-8);
+        }
+        let e = f.estimate().unwrap();
+        assert!(e.ttft_secs(100_000.0) < 0.025, "{e:?}");
+        assert!(e.ttft_secs(500.0) > 0.018, "{e:?}");
     }
 
     #[test]
