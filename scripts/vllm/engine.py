@@ -302,7 +302,7 @@ class Engine(Proc):
 class Gateway(Proc):
     """`kvroute serve` in front of the engines."""
 
-    def __init__(self, binary, engines, tokenizer, log_path, port=None, policy="predictive"):
+    def __init__(self, binary, engines, tokenizer, log_path, port=None, policy="goodput"):
         super().__init__("gateway", log_path)
         self.binary = binary
         self.engines = engines

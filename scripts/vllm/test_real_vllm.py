@@ -6,7 +6,7 @@
 (scripts/vllm/run.sh installs the venv and the model first, then runs this.)
 
 Two engines serve a tiny random Llama (make_model.py) with prefix caching, 32-token blocks and
-KV events on ZMQ (PUB + replay ROUTER); `kvroute serve --policy predictive` with the model's
+KV events on ZMQ (PUB + replay ROUTER); `kvroute serve --policy goodput` (the default) with the model's
 tokenizer sits in front. Every request goes through the official `openai` client, streaming,
 with usage in the last chunk; the gateway's `x-kvroute-worker` and
 `x-kvroute-predicted-cached-tokens` headers are compared with the engine's own
@@ -378,7 +378,7 @@ class Run:
         self.gw.start()
         self.gw.wait_ready()
         log(f"   gateway {self.gw.url} ready in {time.time() - t0:.2f} s "
-            f"(--policy predictive --tokenizer {self.args.model} --block-size {BLOCK})")
+            f"(--policy {self.gw.policy} --tokenizer {self.args.model} --block-size {BLOCK})")
 
     # ---- scenarios --------------------------------------------------------------------------
 

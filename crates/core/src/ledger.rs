@@ -11,6 +11,7 @@
 
 mod decode;
 mod fit;
+mod robust;
 
 pub use decode::{DecodeEstimate, DecodeFit};
 pub use fit::{PrefillEstimate, PrefillFit};

@@ -6,16 +6,14 @@
 //! its time per output token after the first, against the mean batch and the mean prompt tokens (each request's, the KV its steps read)
 //! on its worker while it decoded, with the time the worker spent prefilling others taken
 //! out (the caller divides that share out). Fitted by exponentially weighted least squares
-//! (memory of about 128 samples) with Huber weights: a sample far off the current fit (a
-//! stall, a preempted request) counts as at most `HUBER` robust scales, so one slow request
+//! (memory of about 128 samples) with Huber weights (`ledger/robust.rs`): one slow request
 //! moves the fit a bounded step. Slopes never go negative: a term that would is dropped.
 
+use super::robust::RobustScale;
 use serde::{Deserialize, Serialize};
 
 /// Weight kept by old samples at each new one (memory of about 128 samples).
 const DECAY: f64 = 1.0 - 1.0 / 128.0;
-/// Residuals beyond this many robust scales are down-weighted.
-const HUBER: f64 = 3.0;
 
 /// A learned decode speed.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -45,8 +43,8 @@ pub struct DecodeFit {
     /// Σ w x xᵀ (upper triangle used) and Σ w x y.
     xx: [[f64; 3]; 3],
     xy: [f64; 3],
-    /// Exponentially weighted mean absolute residual (the robust scale).
-    scale: f64,
+    /// The residuals' robust scale (Huber weights).
+    scale: RobustScale,
     samples: u64,
 }
 
@@ -62,18 +60,8 @@ impl DecodeFit {
             return;
         }
         let x = [1.0, batch, kv_tokens / 1000.0];
-        let mut w = 1.0;
-        if let Some(e) = self.estimate() {
-            let r = (step_secs - e.step_secs(batch, kv_tokens)).abs();
-            if self.samples >= 8 && r > HUBER * self.scale {
-                w = HUBER * self.scale / r;
-            }
-            // The scale follows the residuals, themselves bounded.
-            let r = r.min(HUBER * self.scale.max(0.05 * step_secs));
-            self.scale = self.scale * DECAY + (1.0 - DECAY) * r;
-        } else {
-            self.scale = 0.1 * step_secs;
-        }
+        let predicted = self.estimate().map(|e| e.step_secs(batch, kv_tokens));
+        let w = self.scale.weigh(step_secs, predicted, self.samples, DECAY);
         for i in 0..3 {
             for j in 0..3 {
                 self.xx[i][j] = self.xx[i][j] * DECAY + w * x[i] * x[j];

@@ -5,16 +5,14 @@
 //! Fitted by exponentially weighted least squares (recent samples count more; the memory is
 //! about 64 samples, a property of the estimator rather than a knob), falling back to a line
 //! through the origin when the samples do not spread enough to separate the two terms.
-//! Huber weights, as in the decode fit: a sample far off the current fit (a request stuck
-//! behind a stall) counts as at most `HUBER` robust scales, so one slow first token moves
-//! the fit a bounded step, while a lasting change moves the scale and is learned.
+//! Huber weights (`ledger/robust.rs`), as in the decode fit: one slow first token moves the fit
+//! a bounded step, while a lasting change is learned.
 
+use super::robust::RobustScale;
 use serde::{Deserialize, Serialize};
 
 /// Weight kept by old samples at each new one (memory of about 64 samples).
 const DECAY: f64 = 1.0 - 1.0 / 64.0;
-/// Residuals beyond this many robust scales are down-weighted.
-const HUBER: f64 = 3.0;
 
 /// A learned prefill speed.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -42,8 +40,8 @@ pub struct PrefillFit {
     y: f64,
     xx: f64,
     xy: f64,
-    /// Exponentially weighted mean absolute residual (the robust scale).
-    scale: f64,
+    /// The residuals' robust scale (Huber weights).
+    scale: RobustScale,
     samples: u64,
 }
 
@@ -57,18 +55,8 @@ impl PrefillFit {
         {
             return;
         }
-        let mut w = 1.0;
-        if let Some(e) = self.estimate() {
-            let r = (ttft_secs - e.ttft_secs(work_tokens)).abs();
-            if self.samples >= 8 && r > HUBER * self.scale {
-                w = HUBER * self.scale / r;
-            }
-            // The scale follows the residuals, themselves bounded.
-            let r = r.min(HUBER * self.scale.max(0.05 * ttft_secs));
-            self.scale = self.scale * DECAY + (1.0 - DECAY) * r;
-        } else {
-            self.scale = 0.1 * ttft_secs;
-        }
+        let predicted = self.estimate().map(|e| e.ttft_secs(work_tokens));
+        let w = self.scale.weigh(ttft_secs, predicted, self.samples, DECAY);
         self.w = self.w * DECAY + w;
         self.x = self.x * DECAY + w * work_tokens;
         self.y = self.y * DECAY + w * ttft_secs;
