@@ -174,14 +174,15 @@ fn info(a: &BenchArgs, p: &Prepared, live: bool) -> SweepInfo {
     };
     let window = match s.duration_secs {
         Some(d) => format!(
-            "ramp {} s, warm-up {} s, measured until {d} s in {} snapshot(s)",
-            s.ramp(),
-            s.warmup(),
+            "ramp {} s, warm-up {} s, measured until {} s in {} snapshot(s)",
+            secs(s.ramp()),
+            secs(s.warmup()),
+            secs(d),
             a.snapshots
         ),
         None => format!(
             "warm-up {} s, measured to the end of the run in {} snapshot(s)",
-            s.warmup(),
+            secs(s.warmup()),
             a.snapshots
         ),
     };
@@ -208,6 +209,15 @@ fn info(a: &BenchArgs, p: &Prepared, live: bool) -> SweepInfo {
         baseline_policy: a.baseline_policy.as_str().into(),
         slo_ttft_p95_ms: s.slo().ttft_ms,
         slo_tpot_p95_ms: s.slo().tpot_ms,
+    }
+}
+
+/// Seconds for the report: whole when whole, else to the tenth.
+fn secs(v: f64) -> String {
+    if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
     }
 }
 

@@ -208,12 +208,20 @@ pub(crate) fn prepare(a: &SimulateArgs) -> Result<Prepared> {
         ("--warmup-secs", a.warmup_secs),
         ("--ramp-secs", a.ramp_secs),
         ("--duration-secs", a.duration_secs),
-        ("--slo-ttft-ms", a.slo_ttft_ms),
-        ("--slo-tpot-ms", a.slo_tpot_ms),
     ] {
         if let Some(v) = v {
             if !(v.is_finite() && v >= 0.0) {
                 bail!("{name} must be >= 0, got {v}");
+            }
+        }
+    }
+    for (name, v) in [
+        ("--slo-ttft-ms", a.slo_ttft_ms),
+        ("--slo-tpot-ms", a.slo_tpot_ms),
+    ] {
+        if let Some(v) = v {
+            if !(v.is_finite() && v > 0.0) {
+                bail!("{name} must be > 0 (an objective the goodput policy routes for), got {v}");
             }
         }
     }

@@ -234,6 +234,10 @@ fn options_that_do_not_go_together_are_refused() {
             "--repeats and --snapshots",
         ),
         (
+            vec!["bench", "--sim", "--slo-ttft-ms", "0"],
+            "--slo-ttft-ms must be > 0",
+        ),
+        (
             vec![
                 "bench",
                 "--target",
