@@ -145,13 +145,18 @@ mod tests {
         assert!((e.secs_per_token - 2e-4).abs() < 1e-5, "{e:?}");
     }
 
+    /// `n` first tokens of 10 ms plus `secs_per_token`, over 500 to 3,200 tokens of work.
+    fn feed(f: &mut PrefillFit, n: usize, secs_per_token: f64) {
+        for i in 0..n {
+            let x = 500.0 + (i % 10) as f64 * 300.0;
+            f.observe(x, 0.01 + x * secs_per_token);
+        }
+    }
+
     #[test]
     fn one_slow_first_token_moves_the_fit_a_bounded_step() {
         let mut f = PrefillFit::default();
-        for i in 0..200 {
-            let x = 500.0 + (i % 10) as f64 * 300.0;
-            f.observe(x, 0.01 + x / 10_000.0);
-        }
+        feed(&mut f, 200, 1e-4);
         let before = f.estimate().unwrap().ttft_secs(2_000.0);
         // A request stuck behind a stall: 28x its time.
         f.observe(2_000.0, 28.0 * before);
@@ -162,14 +167,8 @@ mod tests {
     #[test]
     fn a_lasting_slowdown_is_learned_despite_the_robust_weights() {
         let mut f = PrefillFit::default();
-        for i in 0..200 {
-            let x = 500.0 + (i % 10) as f64 * 300.0;
-            f.observe(x, 0.01 + x / 10_000.0);
-        }
-        for i in 0..400 {
-            let x = 500.0 + (i % 10) as f64 * 300.0;
-            f.observe(x, 0.01 + x / 2_500.0);
-        }
+        feed(&mut f, 200, 1e-4);
+        feed(&mut f, 400, 4e-4);
         let e = f.estimate().unwrap();
         assert!((e.secs_per_token / 4e-4 - 1.0).abs() < 0.05, "{e:?}");
     }

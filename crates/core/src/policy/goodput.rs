@@ -21,7 +21,7 @@
 //! a quarter of the per-token objective, three quarters at the batch limit, so that load is
 //! spread from the start.
 
-use super::predictive::Predictive;
+use super::predictive::{batch_wait_secs, Predictive};
 use super::{lowest_cost, Choice, Policy, PolicyInput};
 use crate::ledger::DecodeEstimate;
 use serde::{Deserialize, Serialize};
@@ -143,15 +143,12 @@ impl Goodput {
                 if step_now <= self.config.tpot_secs && stalled_step > self.config.tpot_secs {
                     misses += running;
                 }
-                if let Some(max) = c.capacity.max_batch.filter(|m| *m > 0) {
-                    if c.load.inflight >= max {
-                        let service = c.service_secs.unwrap_or(ttft + output * step_with);
-                        let next_wait =
-                            f64::from(c.load.inflight + 2 - max) / f64::from(max) * service;
-                        if next_wait > self.config.ttft_secs {
-                            misses += 1.0;
-                        }
-                    }
+                // At the batch limit (this request waits), the next arrival waits behind it.
+                let service = c.service_secs.unwrap_or(ttft + output * step_with);
+                if batch_wait_secs(c, 0, service) > 0.0
+                    && batch_wait_secs(c, 1, service) > self.config.ttft_secs
+                {
+                    misses += 1.0;
                 }
                 let added = ttft
                     + output * step_with

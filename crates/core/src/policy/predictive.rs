@@ -87,12 +87,7 @@ impl Predictive {
                 let uncached = input.prefill_work(c);
                 let mut ttft = est.ttft_secs(c.load.prefill_tokens as f64 + uncached);
                 let service = c.service_secs.unwrap_or_else(|| est.ttft_secs(uncached));
-                if let Some(max) = c.capacity.max_batch.filter(|m| *m > 0) {
-                    if c.load.inflight >= max {
-                        let excess = f64::from(c.load.inflight - max + 1);
-                        ttft += excess / f64::from(max) * service;
-                    }
-                }
+                ttft += batch_wait_secs(c, 0, service);
                 if let Some(cap) = c.capacity.kv_blocks.filter(|c| *c > 0) {
                     // Loaded blocks take device blocks too.
                     let new = input.prompt_blocks().saturating_sub(c.matched_blocks) as u64;
@@ -106,6 +101,18 @@ impl Predictive {
                 ttft
             })
             .collect()
+    }
+}
+
+/// Seconds a request waits at `c` for a place in its batch with `ahead` more requests
+/// booked there first: each request past the batch limit waits for one running request to
+/// leave, a `1 / max_batch` share of a mean service time (`service`).
+pub(super) fn batch_wait_secs(c: &Candidate, ahead: u32, service: f64) -> f64 {
+    match c.capacity.max_batch.filter(|m| *m > 0) {
+        Some(max) if c.load.inflight + ahead >= max => {
+            f64::from(c.load.inflight + ahead - max + 1) / f64::from(max) * service
+        }
+        _ => 0.0,
     }
 }
 
