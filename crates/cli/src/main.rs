@@ -6,6 +6,7 @@
 mod bench;
 mod demo;
 mod loadgen;
+mod relay;
 mod serve;
 mod simulate;
 mod ui;
@@ -48,6 +49,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Run one simulated engine replica (OpenAI API, vLLM-style KV events over ZMQ).
     Worker(worker::WorkerArgs),
+    /// Publish one engine's KV events to the NATS event plane (runs beside the engine).
+    Relay(relay::RelayArgs),
     /// Simulate a fleet in virtual time: compare policies, plan capacity.
     Simulate(simulate::SimulateArgs),
     /// A/B benchmark sweeps (simulated or live) with a Markdown report, plots and a
@@ -115,6 +118,10 @@ fn main() -> Result<()> {
         Command::Worker(a) => {
             init_logs();
             worker::run(&a)?
+        }
+        Command::Relay(a) => {
+            init_logs();
+            relay::run(&a)?
         }
         Command::Serve(a) => {
             init_logs();

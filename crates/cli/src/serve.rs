@@ -21,8 +21,9 @@ pub struct ServeArgs {
     pub port: Option<u16>,
     /// An engine: `URL[=EVENTS[=REPLAY]][,dp=N]`, e.g.
     /// `http://10.0.0.5:8000=tcp://10.0.0.5:5557=tcp://10.0.0.5:5558`; EVENTS may be
-    /// `bind:tcp://...`, or `poll` for TensorRT-LLM's pull API; `,dp=N`: N data-parallel
-    /// ranks, routed to apart. Repeat per engine.
+    /// `bind:tcp://...`, `poll` for TensorRT-LLM's pull API, or `nats` for the event plane
+    /// (a `kvroute relay` publishes them; needs --nats); `,dp=N`: N data-parallel ranks,
+    /// routed to apart. Repeat per engine.
     #[arg(long = "worker")]
     pub workers: Vec<String>,
     /// Routing policy: round_robin, random, least_loaded, power_of_two, kv, predictive, goodput.
@@ -66,6 +67,10 @@ pub struct ServeArgs {
     /// The PEM private key of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
+    /// The NATS event plane (e.g. `nats://127.0.0.1:4222`) for workers whose events are
+    /// `nats` (the `[plane]` table's other settings keep their values or defaults).
+    #[arg(long)]
+    pub nats: Option<String>,
 }
 
 impl ServeArgs {
@@ -122,6 +127,9 @@ impl ServeArgs {
         if self.tls_cert.is_some() {
             c.tls.cert_file = self.tls_cert.clone();
             c.tls.key_file = self.tls_key.clone();
+        }
+        if let Some(url) = &self.nats {
+            c.plane.get_or_insert_with(Default::default).url = url.clone();
         }
         keys_from_env(&mut c, |name| std::env::var(name).ok());
         c.validate()?;

@@ -42,6 +42,8 @@ pub struct GatewayConfig {
     pub auth: AuthConfig,
     /// TLS for the listener.
     pub tls: TlsConfig,
+    /// The NATS event plane, for workers whose events come through it (`events = "nats"`).
+    pub plane: Option<crate::plane::PlaneConfig>,
 }
 
 /// TLS for the listener: off unless both files are given.
@@ -105,6 +107,7 @@ impl Default for GatewayConfig {
             accuracy: crate::accuracy::AccuracyConfig::default(),
             auth: AuthConfig::default(),
             tls: TlsConfig::default(),
+            plane: None,
         }
     }
 }
@@ -121,7 +124,8 @@ pub struct WorkerSpec {
     /// connects to the engine's PUB socket) or `bind:tcp://host:port` (the gateway binds, the
     /// engine connects: vLLM connects its publisher for any endpoint but a wildcard one); or a
     /// pull API polled over HTTP (TensorRT-LLM): `poll` for `URL/kv_cache_events`, or
-    /// `poll:http://host:port/path`.
+    /// `poll:http://host:port/path`; or `nats`: from the event plane (`[plane]`), where a
+    /// `kvroute relay` beside the engine publishes them under this worker's name.
     pub events: Option<String>,
     /// Its ZMQ replay endpoint, when it serves one.
     pub replay: Option<String>,
@@ -196,11 +200,16 @@ impl WorkerSpec {
         ep.strip_prefix("poll:").map(str::to_string)
     }
 
+    /// Whether its events come from the NATS event plane.
+    pub fn events_from_plane(&self) -> bool {
+        self.events.as_deref() == Some("nats")
+    }
+
     /// The event endpoint without its `bind:` prefix, and whether the gateway binds it
-    /// (None for a pull API).
+    /// (None for a pull API or the event plane).
     pub fn event_socket(&self) -> Option<(&str, bool)> {
         let ep = self.events.as_deref()?;
-        if self.event_poll_url().is_some() {
+        if self.event_poll_url().is_some() || self.events_from_plane() {
             return None;
         }
         Some(match ep.strip_prefix("bind:") {
@@ -260,6 +269,12 @@ impl WorkerSpec {
             }
         }
         ranks::validate(self)?;
+        if self.events_from_plane() && self.replay.is_some() {
+            return bad(format!(
+                "worker {}: events from the plane are replayed through its relay, not a replay endpoint",
+                self.url
+            ));
+        }
         if self.replay.is_some() && self.events.is_none() {
             return bad(format!(
                 "worker {}: a replay endpoint needs an events endpoint",
@@ -446,6 +461,17 @@ impl GatewayConfig {
             return Err(ConfigError("at least one worker is required".into()));
         }
         self.accuracy.validate().map_err(ConfigError)?;
+        match &self.plane {
+            Some(p) => p.validate().map_err(|e| ConfigError(e.to_string()))?,
+            None => {
+                if let Some(w) = self.workers.iter().find(|w| w.events_from_plane()) {
+                    return Err(ConfigError(format!(
+                        "worker {}: events = \"nats\" needs the event plane ([plane] url, or --nats)",
+                        w.display_name()
+                    )));
+                }
+            }
+        }
         let mut names = std::collections::BTreeSet::new();
         for w in &self.workers {
             w.validate()?;

@@ -18,6 +18,7 @@ pub mod events;
 mod explanation;
 mod health;
 mod metrics;
+pub mod plane;
 mod proxy;
 pub mod registry;
 mod routing;
@@ -76,6 +77,9 @@ pub enum StartError {
     /// Socket trouble.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// The event plane could not be set up.
+    #[error("event plane: {0}")]
+    Plane(String),
 }
 
 /// The preprocessor the settings ask for: `builtin`, a directory, or approximate mode.
@@ -206,6 +210,14 @@ pub async fn spawn(
         clock::Clock::starting_now(),
     ));
     let mut tasks = Vec::new();
+    let plane = match &gw.config.plane {
+        Some(p) if gw.config.workers.iter().any(WorkerSpec::events_from_plane) => Some(
+            plane::connect(p, "kvroute-gateway")
+                .await
+                .map_err(|e| StartError::Plane(format!("connecting to {}: {e}", p.url)))?,
+        ),
+        _ => None,
+    };
     for (i, w) in gw.config.workers.iter().enumerate() {
         let id = kvroute_core::WorkerId(i as u64 + 1);
         if tracking[i] == Tracking::Approximate {
@@ -216,6 +228,10 @@ pub async fn spawn(
         }
         let feed = match (feeds.remove(&i), w.event_socket()) {
             (Some(f), _) => f,
+            (None, None) if w.events_from_plane() => match (&plane, &gw.config.plane) {
+                (Some(conn), Some(p)) => plane::nats_feed(conn, p, &w.display_name()),
+                _ => continue,
+            },
             (None, None) if w.event_poll_url().is_some() => {
                 // One poller per engine: rank 0 starts it for every rank (`dp_size`).
                 if w.dp_rank.unwrap_or(0) > 0 {

@@ -4,3 +4,4 @@
 
 pub mod kv_events;
 pub mod openai;
+pub mod plane;

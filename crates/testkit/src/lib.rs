@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod nats;
 pub mod zmq;
 
 use std::time::Duration;

@@ -8,6 +8,7 @@ mod events;
 mod explain;
 mod health;
 mod migration;
+mod plane;
 mod ranks;
 mod resync;
 mod streams;

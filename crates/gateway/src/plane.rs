@@ -1,0 +1,193 @@
+//! The NATS event plane: engines' KV events carried over a JetStream stream, so several
+//! gateways share them and none needs a network path to every engine.
+//!
+//! - `kvroute relay` runs beside an engine: it reads the engine's KV events (ZMQ, as the
+//!   gateway would) and publishes every feed item ([`kvroute_protocol::plane::Item`]: a batch with the
+//!   engine's own sequence number and payload, connects, disconnects) to the stream, one
+//!   subject per worker (`PREFIX.kv.WORKER`), each message with a dedup id
+//!   (`Nats-Msg-Id`) so a publish retried after a lost acknowledgement is stored once. It
+//!   also answers replay requests (`PREFIX.replay.WORKER`) from the engine's replay service,
+//!   in pages that fit a NATS message.
+//! - A gateway whose worker says `events = "nats"` reads that subject with an ordered
+//!   consumer (it resumes from the last stream sequence it saw after a reconnect or a NATS
+//!   restart) and feeds the items to the same ingestion as a direct ZMQ feed: the sequence
+//!   checks, gap replays (over NATS, through the relay) and restart detection are the ones
+//!   `events.rs` already runs.
+
+mod feed;
+mod items;
+mod relay;
+
+pub use feed::{connect, nats_feed};
+pub use relay::{run_relay, RelayOptions};
+
+pub use kvroute_protocol::plane::subject_token;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// How to reach the event plane and the stream's limits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PlaneConfig {
+    /// The NATS server(s), e.g. `nats://127.0.0.1:4222` (several separated by commas).
+    pub url: String,
+    /// The JetStream stream holding every worker's events (created when missing).
+    pub stream: String,
+    /// The first token of every subject (`PREFIX.kv.WORKER`, `PREFIX.replay.WORKER`).
+    pub prefix: String,
+    /// Seconds a message stays in the stream.
+    pub max_age_secs: f64,
+    /// The stream's size limit in bytes (the oldest messages leave first).
+    pub max_bytes: i64,
+    /// Messages kept per worker subject (the oldest leave first).
+    pub max_messages_per_worker: i64,
+    /// Seconds within which a message published twice with the same dedup id is stored once.
+    pub duplicate_window_secs: f64,
+    /// Largest replay answer page in bytes (NATS's default message limit is 1 MiB).
+    pub replay_page_bytes: usize,
+    /// Most pages one replay may take (a bound on what a gap fill reads).
+    pub replay_max_pages: usize,
+    /// Seconds to wait for one answer (a replay page, a stream call).
+    pub request_timeout_secs: f64,
+}
+
+impl Default for PlaneConfig {
+    fn default() -> Self {
+        Self {
+            url: "nats://127.0.0.1:4222".into(),
+            stream: "KVROUTE_EVENTS".into(),
+            prefix: "kvroute".into(),
+            max_age_secs: 3600.0,
+            max_bytes: 1 << 30,
+            max_messages_per_worker: 100_000,
+            duplicate_window_secs: 120.0,
+            replay_page_bytes: 512 << 10,
+            replay_max_pages: 256,
+            request_timeout_secs: 5.0,
+        }
+    }
+}
+
+/// Invalid plane settings.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid event plane config: {0}")]
+pub struct PlaneConfigError(pub String);
+
+impl PlaneConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), PlaneConfigError> {
+        let bad = |m: String| Err(PlaneConfigError(m));
+        if self.url.trim().is_empty() {
+            return bad("url is empty".into());
+        }
+        for u in self.url.split(',') {
+            if u.trim().parse::<async_nats::ServerAddr>().is_err() {
+                return bad(format!("url {u:?} is not a NATS server address"));
+            }
+        }
+        let token_ok = |s: &str| {
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        };
+        if !token_ok(&self.stream) {
+            return bad(format!(
+                "stream {:?} must be letters, digits, '_' or '-'",
+                self.stream
+            ));
+        }
+        if !token_ok(&self.prefix) {
+            return bad(format!(
+                "prefix {:?} must be letters, digits, '_' or '-'",
+                self.prefix
+            ));
+        }
+        for (name, v) in [
+            ("max_age_secs", self.max_age_secs),
+            ("duplicate_window_secs", self.duplicate_window_secs),
+            ("request_timeout_secs", self.request_timeout_secs),
+        ] {
+            if !(v.is_finite() && v > 0.0 && v <= crate::config::MAX_TIMEOUT_SECS * 52.0) {
+                return bad(format!("{name} must be > 0 and at most a year, got {v}"));
+            }
+        }
+        if self.duplicate_window_secs > self.max_age_secs {
+            return bad("duplicate_window_secs must not exceed max_age_secs".into());
+        }
+        if self.max_bytes <= 0 || self.max_messages_per_worker <= 0 {
+            return bad("max_bytes and max_messages_per_worker must be > 0".into());
+        }
+        if !(1024..=(8 << 20)).contains(&self.replay_page_bytes) {
+            return bad(format!(
+                "replay_page_bytes must be within 1 KiB..8 MiB, got {}",
+                self.replay_page_bytes
+            ));
+        }
+        if !(1..=65_536).contains(&self.replay_max_pages) {
+            return bad(format!(
+                "replay_max_pages must be within 1..65536, got {}",
+                self.replay_max_pages
+            ));
+        }
+        Ok(())
+    }
+
+    /// The subject of a worker's events.
+    pub fn events_subject(&self, worker: &str) -> String {
+        format!("{}.kv.{}", self.prefix, subject_token(worker))
+    }
+
+    /// The subject a worker's relay answers replay requests on.
+    pub fn replay_subject(&self, worker: &str) -> String {
+        format!("{}.replay.{}", self.prefix, subject_token(worker))
+    }
+
+    /// The one request timeout.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.request_timeout_secs)
+    }
+
+    /// The stream's configuration.
+    pub fn stream_config(&self) -> async_nats::jetstream::stream::Config {
+        async_nats::jetstream::stream::Config {
+            name: self.stream.clone(),
+            subjects: vec![format!("{}.kv.>", self.prefix)],
+            max_age: Duration::from_secs_f64(self.max_age_secs),
+            max_bytes: self.max_bytes,
+            max_messages_per_subject: self.max_messages_per_worker,
+            duplicate_window: Duration::from_secs_f64(self.duplicate_window_secs),
+            storage: async_nats::jetstream::stream::StorageType::File,
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_carry_the_worker_as_one_token() {
+        let c = PlaneConfig::default();
+        assert_eq!(c.events_subject("vllm/dp1"), "kvroute.kv.vllm_2fdp1");
+        assert_eq!(c.replay_subject("x"), "kvroute.replay.x");
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_their_name() {
+        assert!(PlaneConfig::default().validate().is_ok());
+        let with = |f: fn(&mut PlaneConfig)| {
+            let mut c = PlaneConfig::default();
+            f(&mut c);
+            c.validate().unwrap_err().0
+        };
+        assert!(with(|c| c.url = String::new()).contains("url"));
+        assert!(with(|c| c.stream = "a.b".into()).contains("stream"));
+        assert!(with(|c| c.prefix = "x>".into()).contains("prefix"));
+        assert!(with(|c| c.max_age_secs = 0.0).contains("max_age_secs"));
+        assert!(with(|c| c.duplicate_window_secs = 7200.0).contains("duplicate_window"));
+        assert!(with(|c| c.replay_page_bytes = 10).contains("replay_page_bytes"));
+        assert!(with(|c| c.replay_max_pages = 0).contains("replay_max_pages"));
+        assert!(with(|c| c.max_bytes = -1).contains("max_bytes"));
+    }
+}

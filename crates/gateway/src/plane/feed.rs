@@ -1,0 +1,211 @@
+//! The gateway's side of the event plane: a worker's subject read with an ordered JetStream
+//! consumer as an [`EventFeed`], and its replay service reached through the relay.
+
+use super::items;
+use super::PlaneConfig;
+use crate::events::{EventFeed, FeedItem, Replay};
+use async_nats::jetstream::{self, consumer::pull::OrderedConfig, consumer::DeliverPolicy};
+use futures_util::future::BoxFuture;
+use futures_util::StreamExt;
+use kvroute_protocol::kv_events::EventBatch;
+use kvroute_protocol::plane::{self as wire, Envelope, ReplayPage, ReplayRequest};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// Items buffered between the consumer and the ingestion.
+const FEED_BUFFER: usize = 4096;
+
+/// The longest pause before the consumer is made again after an error.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// A connection to the plane and whether it is up now.
+#[derive(Clone, Debug)]
+pub struct Connection {
+    /// The client.
+    pub client: async_nats::Client,
+    /// True while connected.
+    pub up: watch::Receiver<bool>,
+}
+
+/// Connects to the plane as `name`. The client keeps trying in the background when the
+/// server is not there yet (and after every disconnect), so a gateway or relay starts
+/// whether NATS is up or not.
+pub async fn connect(
+    plane: &PlaneConfig,
+    name: &str,
+) -> Result<Connection, async_nats::ConnectError> {
+    let (tx, up) = watch::channel(false);
+    let tx = Arc::new(tx);
+    let addrs: Vec<async_nats::ServerAddr> = plane
+        .url
+        .split(',')
+        .filter_map(|u| u.trim().parse().ok())
+        .collect();
+    let client = async_nats::ConnectOptions::new()
+        .name(name)
+        .retry_on_initial_connect()
+        .request_timeout(Some(plane.request_timeout()))
+        .event_callback(move |event| {
+            let tx = tx.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        tracing::info!("event plane: connected");
+                        tx.send_replace(true);
+                    }
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!("event plane: disconnected");
+                        tx.send_replace(false);
+                    }
+                    other => tracing::debug!(event = %other, "event plane"),
+                }
+            }
+        })
+        .connect(addrs)
+        .await?;
+    Ok(Connection { client, up })
+}
+
+/// A worker's events from the plane. The consumer starts at the stream's end (what came
+/// before is the replay's, as for a direct feed) and resumes after the last message it
+/// delivered when it is made again. NATS connection changes are reported as the
+/// publisher's ([`FeedItem::Disconnected`] / [`FeedItem::Connected`]), so the worker's
+/// cache state is `unknown` while events cannot arrive and is checked when they can.
+pub fn nats_feed(conn: &Connection, plane: &PlaneConfig, worker: &str) -> EventFeed {
+    let (tx, items) = mpsc::channel(FEED_BUFFER);
+    let replay = NatsReplay {
+        client: conn.client.clone(),
+        subject: plane.replay_subject(worker),
+        max_pages: plane.replay_max_pages,
+    };
+    tokio::spawn(consume(conn.clone(), plane.clone(), worker.to_string(), tx));
+    EventFeed {
+        items,
+        replay: Some(Box::new(replay)),
+    }
+}
+
+async fn consume(conn: Connection, plane: PlaneConfig, worker: String, tx: mpsc::Sender<FeedItem>) {
+    let mut js = jetstream::new(conn.client.clone());
+    js.set_timeout(plane.request_timeout());
+    let subject = plane.events_subject(&worker);
+    let mut up = conn.up.clone();
+    let mut was_up = *up.borrow_and_update();
+    let mut last: Option<u64> = None;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if tx.is_closed() {
+            return;
+        }
+        let made = async {
+            let stream = js
+                .get_or_create_stream(plane.stream_config())
+                .await
+                .map_err(|e| e.to_string())?;
+            let deliver_policy = match last {
+                None => DeliverPolicy::New,
+                Some(s) => DeliverPolicy::ByStartSequence {
+                    start_sequence: s + 1,
+                },
+            };
+            let consumer = stream
+                .create_consumer(OrderedConfig {
+                    filter_subject: subject.clone(),
+                    deliver_policy,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            consumer.messages().await.map_err(|e| e.to_string())
+        };
+        let mut messages = tokio::select! {
+            m = made => match m {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(%worker, error = %e, "event plane: consumer not made; trying again");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue;
+                }
+            },
+            () = tx.closed() => return,
+        };
+        backoff = Duration::from_millis(100);
+        loop {
+            let item = tokio::select! {
+                m = messages.next() => match m {
+                    Some(Ok(m)) => {
+                        if let Ok(info) = m.info() {
+                            last = Some(info.stream_sequence);
+                        }
+                        match Envelope::decode(&m.payload) {
+                            Ok(e) if e.worker == worker => items::from_wire(e.item),
+                            Ok(e) => FeedItem::Undecodable(format!("an envelope of worker {:?} on {subject}", e.worker)),
+                            Err(e) => FeedItem::Undecodable(e),
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(%worker, error = %e, "event plane: consumer failed; making it again");
+                        break;
+                    }
+                    None => break,
+                },
+                changed = up.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let now = *up.borrow_and_update();
+                    if now == was_up {
+                        continue;
+                    }
+                    was_up = now;
+                    if now { FeedItem::Connected } else { FeedItem::Disconnected }
+                }
+                () = tx.closed() => return,
+            };
+            if tx.send(item).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The engine's replay service, reached through its relay.
+struct NatsReplay {
+    client: async_nats::Client,
+    subject: String,
+    max_pages: usize,
+}
+
+impl Replay for NatsReplay {
+    fn replay_from(&self, from: u64) -> BoxFuture<'_, Result<Vec<Arc<EventBatch>>, String>> {
+        Box::pin(async move {
+            let mut out = Vec::new();
+            let mut next = from;
+            for _ in 0..self.max_pages {
+                let req = wire::to_bytes(&ReplayRequest { from: next });
+                let answer = self
+                    .client
+                    .request(self.subject.clone(), req.into())
+                    .await
+                    .map_err(|e| format!("replay through the relay ({}): {e}", self.subject))?;
+                match wire::from_bytes::<ReplayPage>(&answer.payload)? {
+                    ReplayPage::Error { error } => return Err(error),
+                    ReplayPage::Batches { batches, more } => {
+                        let got = batches.len();
+                        for b in batches {
+                            out.push(Arc::new(wire::batch_of(b.seq, &b.payload)?));
+                        }
+                        match out.last() {
+                            Some(b) if more && got > 0 => next = b.seq.wrapping_add(1),
+                            _ => return Ok(out),
+                        }
+                    }
+                }
+            }
+            tracing::warn!(subject = %self.subject, pages = self.max_pages, "replay cut at its page limit");
+            Ok(out)
+        })
+    }
+}
