@@ -1,9 +1,11 @@
 //! Fuzzes the NATS event plane's decoders (messages come from the network): an envelope, a
-//! replay page or request, and a batch payload inside them; never a panic, and whatever
+//! replay page or request, a batch payload inside them, a replicas' load message; never a panic, and whatever
 //! decodes encodes back to something that decodes the same.
 #![no_main]
 
-use kvroute_protocol::plane::{batch_of, from_bytes, Envelope, Item, ReplayPage, ReplayRequest};
+use kvroute_protocol::plane::{
+    batch_of, from_bytes, Envelope, Item, LoadMessage, ReplayPage, ReplayRequest,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -19,4 +21,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = from_bytes::<ReplayRequest>(data);
+    if let Ok(m) = LoadMessage::decode(data) {
+        assert_eq!(LoadMessage::decode(&m.encode()).ok(), Some(m));
+    }
 });

@@ -63,7 +63,8 @@ pub use index::{
 pub use ledger::{Booking, EngineLoad, LedgerError, LoadLedger, WorkerCapacity, WorkerLoad};
 pub use policy::{Policy, PolicyConfig, PolicyKind};
 pub use router::{
-    Explanation, RouteError, RouteOutcome, RouteRequest, Router, RouterConfig, Selection, Tracking,
+    peer_request_id, Explanation, PeerBooking, PeerStats, RouteError, RouteOutcome, RouteRequest,
+    Router, RouterConfig, Selection, Tracking,
 };
 pub use tiers::{Loadable, Tier, TierConfig};
 pub use types::{BlockSize, InvalidBlockSize, RequestId, Time, WorkerId};

@@ -9,9 +9,11 @@
 //! load but is offered to no policy until it is available again.
 
 mod explain;
+mod peers;
 mod sessions;
 
 pub use explain::{Explanation, WorkerExplanation};
+pub use peers::{peer_request_id, PeerBooking, PeerStats, MAX_PEERS};
 
 use crate::admission::{
     AdmissionConfig, AdmissionDecision, AdmissionMode, QueueState, RejectReason,
@@ -230,6 +232,8 @@ pub struct Router {
     ledger: LoadLedger,
     policy: Box<dyn Policy>,
     sessions: sessions::Sessions,
+    /// Other router replicas' bookings.
+    peers: peers::Peers,
     decisions: u64,
 }
 
@@ -265,6 +269,7 @@ impl Router {
                 config.max_sessions,
                 std::time::Duration::from_secs_f64(config.session_ttl_secs),
             ),
+            peers: peers::Peers::default(),
             decisions: 0,
             config,
         })
@@ -548,11 +553,32 @@ impl Router {
             },
             now,
         )?;
+        if let Err(e) = self.note_dispatched(selection.worker, &prompt.sequence, now) {
+            // Keep the ledger consistent with a refused dispatch.
+            let _ = self.ledger.finish(request, now);
+            return Err(e);
+        }
+        if let Some(session) = req.session {
+            self.sessions.record(session, selection.worker, now);
+        }
+        self.decisions += 1;
+        Ok(())
+    }
+
+    /// A prompt just dispatched to `worker` counts as cached there: for a worker tracked
+    /// approximately, for its time-to-live; for one tracked by events, until they show it
+    /// (`pending_secs`).
+    fn note_dispatched(
+        &mut self,
+        worker: WorkerId,
+        sequence: &[crate::hashing::SequenceHash],
+        now: Time,
+    ) -> Result<(), RouteError> {
         if !self.approximate.is_empty() {
             // Guesses expire as time passes, whoever drives the router.
             self.approx.prune(now);
         }
-        let guesses = if self.approximate.contains(&selection.worker) {
+        let guesses = if self.approximate.contains(&worker) {
             Some(&mut self.approx)
         } else if let Some(p) = &mut self.pending {
             p.prune(now);
@@ -561,16 +587,8 @@ impl Router {
             None
         };
         if let Some(g) = guesses {
-            if let Err(e) = g.insert(selection.worker, &prompt.sequence, now) {
-                // Keep the ledger consistent with a refused dispatch.
-                let _ = self.ledger.finish(request, now);
-                return Err(e.into());
-            }
+            g.insert(worker, sequence, now)?;
         }
-        if let Some(session) = req.session {
-            self.sessions.record(session, selection.worker, now);
-        }
-        self.decisions += 1;
         Ok(())
     }
 

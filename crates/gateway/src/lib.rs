@@ -211,11 +211,15 @@ pub async fn spawn(
     ));
     let mut tasks = Vec::new();
     let plane = match &gw.config.plane {
-        Some(p) if gw.config.workers.iter().any(WorkerSpec::events_from_plane) => Some(
-            plane::connect(p, "kvroute-gateway")
+        Some(p) if p.share_load || gw.config.workers.iter().any(WorkerSpec::events_from_plane) => {
+            let conn = plane::connect(p, "kvroute-gateway")
                 .await
-                .map_err(|e| StartError::Plane(format!("connecting to {}: {e}", p.url)))?,
-        ),
+                .map_err(|e| StartError::Plane(format!("connecting to {}: {e}", p.url)))?;
+            if p.share_load {
+                tasks.extend(plane::share_load(&gw, &conn, p, replica_id()));
+            }
+            Some(conn)
+        }
         _ => None,
     };
     for (i, w) in gw.config.workers.iter().enumerate() {
@@ -306,6 +310,15 @@ pub async fn spawn(
         shutdown: Some(tx),
         server: Some(server),
     })
+}
+
+/// A new id for this gateway replica (its bookings' name on the event plane): the clock and
+/// the process id mixed, so two starts never share one.
+fn replica_id() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    kvroute_core::hashing::splitmix64(nanos ^ u64::from(std::process::id()).rotate_left(32))
 }
 
 /// The listener's TLS setup from the configured PEM files (none when TLS is off).

@@ -75,6 +75,13 @@ pub struct Metrics {
     /// Streams that broke off after their first byte, by what became of them (`migrated`,
     /// `failed`, `limit`, `off`, `unsupported`, `complete`).
     pub migrations: IntCounterVec,
+    /// Other gateway replicas sharing their load over the event plane.
+    pub peer_replicas: IntGauge,
+    /// Their requests in flight, counted in the workers' load.
+    pub peer_inflight: IntGauge,
+    /// Load messages, by result (`applied`, `undecodable`, `gap`, `dropped`, `unknown_worker`,
+    /// `refused`).
+    pub peer_messages: IntCounterVec,
 }
 
 fn token_buckets() -> Vec<f64> {
@@ -285,6 +292,19 @@ impl Metrics {
                 "kvroute_upstream_errors_total",
                 "Failed calls to workers, by worker and kind.",
                 &["worker", "kind"],
+            )?,
+            peer_replicas: gauge(
+                "kvroute_peer_replicas",
+                "Other gateway replicas sharing their load over the event plane.",
+            )?,
+            peer_inflight: gauge(
+                "kvroute_peer_inflight_requests",
+                "Requests in flight of other gateway replicas, counted in the workers' load.",
+            )?,
+            peer_messages: counter_vec(
+                "kvroute_peer_load_messages_total",
+                "Load sharing between gateway replicas: messages and operations, by result.",
+                &["result"],
             )?,
             migrations: counter_vec(
                 "kvroute_migrations_total",

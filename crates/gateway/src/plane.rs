@@ -16,9 +16,11 @@
 
 mod feed;
 mod items;
+mod load;
 mod relay;
 
-pub use feed::{connect, nats_feed};
+pub use feed::{connect, nats_feed, Connection};
+pub use load::{start as share_load, LoadShare};
 pub use relay::{run_relay, RelayOptions};
 
 pub use kvroute_protocol::plane::subject_token;
@@ -49,6 +51,12 @@ pub struct PlaneConfig {
     pub replay_max_pages: usize,
     /// Seconds to wait for one answer (a replay page, a stream call).
     pub request_timeout_secs: f64,
+    /// Share bookings with the other gateway replicas and count theirs.
+    pub share_load: bool,
+    /// Seconds between a replica's listings of its requests in flight (its heartbeat).
+    pub load_heartbeat_secs: f64,
+    /// Seconds of silence after which a replica's bookings are released.
+    pub peer_ttl_secs: f64,
 }
 
 impl Default for PlaneConfig {
@@ -64,6 +72,9 @@ impl Default for PlaneConfig {
             replay_page_bytes: 512 << 10,
             replay_max_pages: 256,
             request_timeout_secs: 5.0,
+            share_load: true,
+            load_heartbeat_secs: 1.0,
+            peer_ttl_secs: 5.0,
         }
     }
 }
@@ -106,10 +117,15 @@ impl PlaneConfig {
             ("max_age_secs", self.max_age_secs),
             ("duplicate_window_secs", self.duplicate_window_secs),
             ("request_timeout_secs", self.request_timeout_secs),
+            ("load_heartbeat_secs", self.load_heartbeat_secs),
+            ("peer_ttl_secs", self.peer_ttl_secs),
         ] {
             if !(v.is_finite() && v > 0.0 && v <= crate::config::MAX_TIMEOUT_SECS * 52.0) {
                 return bad(format!("{name} must be > 0 and at most a year, got {v}"));
             }
+        }
+        if self.peer_ttl_secs < 2.0 * self.load_heartbeat_secs {
+            return bad("peer_ttl_secs must be at least twice load_heartbeat_secs".into());
         }
         if self.duplicate_window_secs > self.max_age_secs {
             return bad("duplicate_window_secs must not exceed max_age_secs".into());
@@ -140,6 +156,11 @@ impl PlaneConfig {
     /// The subject a worker's relay answers replay requests on.
     pub fn replay_subject(&self, worker: &str) -> String {
         format!("{}.replay.{}", self.prefix, subject_token(worker))
+    }
+
+    /// The subject the replicas share their load on.
+    pub fn load_subject(&self) -> String {
+        format!("{}.load", self.prefix)
     }
 
     /// The one request timeout.
@@ -189,5 +210,6 @@ mod tests {
         assert!(with(|c| c.replay_page_bytes = 10).contains("replay_page_bytes"));
         assert!(with(|c| c.replay_max_pages = 0).contains("replay_max_pages"));
         assert!(with(|c| c.max_bytes = -1).contains("max_bytes"));
+        assert!(with(|c| c.peer_ttl_secs = 1.5).contains("peer_ttl_secs"));
     }
 }

@@ -11,6 +11,7 @@ use kvroute_core::{
     BlockedPrompt, Explanation, Namespace, RequestId, RouteRequest, Selection, Time, WorkerId,
 };
 use kvroute_protocol::openai::{ApiError, RequestView};
+use kvroute_protocol::plane::LoadOp;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -91,6 +92,9 @@ impl LedgerGuard {
             let now = self.gw.now();
             // The worker may have been taken out meanwhile: nothing left to release then.
             let _ = self.gw.router().first_token(self.request, now);
+            self.gw.share(|| LoadOp::FirstToken {
+                req: self.request.0,
+            });
             self.gw.released();
         }
     }
@@ -103,6 +107,10 @@ impl Drop for LedgerGuard {
             Some(n) => self.gw.router().finish_with(self.request, now, n),
             None => self.gw.router().finish(self.request, now),
         };
+        self.gw.share(|| LoadOp::Finish {
+            req: self.request.0,
+            output_tokens: self.output_tokens,
+        });
         self.gw.metrics.inflight.dec();
         self.gw.released();
     }

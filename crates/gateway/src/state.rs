@@ -40,6 +40,8 @@ pub struct Gateway {
     pub wake: Notify,
     models: RwLock<Vec<String>>,
     adapters: RwLock<Vec<String>>,
+    /// Where bookings go to the other replicas (set once, when the plane shares load).
+    pub load_share: std::sync::OnceLock<crate::plane::LoadShare>,
 }
 
 /// At most this many model names and adapter names are learned from workers.
@@ -73,6 +75,7 @@ impl Gateway {
             wake: Notify::new(),
             models: RwLock::new(models),
             adapters: RwLock::new(adapters),
+            load_share: std::sync::OnceLock::new(),
         }
     }
 
@@ -380,9 +383,20 @@ impl Gateway {
                 c.inc_by(v.saturating_sub(c.get()));
             }
         }
+        let peers = r.peer_stats();
+        let own = r.ledger().inflight().saturating_sub(peers.inflight);
         self.metrics
             .inflight
-            .set(i64::try_from(r.ledger().inflight()).unwrap_or(i64::MAX));
+            .set(i64::try_from(own).unwrap_or(i64::MAX));
+        self.metrics.peer_replicas.set(peers.peers as i64);
+        self.metrics.peer_inflight.set(peers.inflight as i64);
+    }
+
+    /// Shares a booking with the other gateway replicas (when the event plane carries load).
+    pub fn share(&self, op: impl FnOnce() -> kvroute_protocol::plane::LoadOp) {
+        if let Some(s) = self.load_share.get() {
+            s.share(op());
+        }
     }
 }
 

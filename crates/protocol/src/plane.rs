@@ -192,6 +192,73 @@ pub fn page_of(batches: &[Arc<EventBatch>], format: EventFormat, page_bytes: usi
     }
 }
 
+/// A router replica's bookings, shared with its peers (core NATS, not stored): the
+/// operations since its last message, and now and then the list of its requests in flight
+/// (which releases what a lost finish left booked on the peers).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoadMessage {
+    /// [`VERSION`].
+    pub v: u8,
+    /// The replica (a new id each time a gateway starts).
+    pub replica: u64,
+    /// The message's number within the replica's life, from 0, consecutive.
+    pub n: u64,
+    /// Bookings in the order they happened.
+    pub ops: Vec<LoadOp>,
+    /// The replica's requests in flight, when listed.
+    pub inflight: Option<Vec<u64>>,
+}
+
+/// One booking operation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadOp {
+    /// A request was sent to a worker.
+    Dispatch {
+        /// The replica's name for the request.
+        req: u64,
+        /// The worker's name.
+        worker: String,
+        /// Prompt tokens.
+        prompt_tokens: u64,
+        /// Tokens expected cached there.
+        cached_tokens: u64,
+        /// Sequence hashes of the prompt's full blocks.
+        blocks: Vec<u64>,
+    },
+    /// Its first token arrived.
+    FirstToken {
+        /// The request.
+        req: u64,
+    },
+    /// It finished (completed, failed, cancelled).
+    Finish {
+        /// The request.
+        req: u64,
+        /// Output tokens, when counted.
+        output_tokens: Option<u64>,
+    },
+}
+
+impl LoadMessage {
+    /// MessagePack bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        to_bytes(self)
+    }
+
+    /// Reads a message.
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let m: Self = from_bytes(bytes).map_err(|e| format!("load message: {e}"))?;
+        if m.v != VERSION {
+            return Err(format!(
+                "load message version {} (this gateway reads {VERSION})",
+                m.v
+            ));
+        }
+        Ok(m)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,5 +382,35 @@ mod tests {
             panic!("a page");
         };
         assert_eq!(batch_of(got[4].seq, &got[4].payload).unwrap(), *batches[4]);
+    }
+
+    #[test]
+    fn load_messages_cross_the_wire_unchanged() {
+        let m = LoadMessage {
+            v: VERSION,
+            replica: 3,
+            n: 9,
+            ops: vec![
+                LoadOp::Dispatch {
+                    req: 1,
+                    worker: "w.1".into(),
+                    prompt_tokens: 40,
+                    cached_tokens: 16,
+                    blocks: vec![u64::MAX, 7],
+                },
+                LoadOp::FirstToken { req: 1 },
+                LoadOp::Finish {
+                    req: 1,
+                    output_tokens: Some(5),
+                },
+            ],
+            inflight: Some(vec![2, 3]),
+        };
+        assert_eq!(LoadMessage::decode(&m.encode()).unwrap(), m);
+        assert!(LoadMessage::decode(b"\x01").is_err());
+        let other = LoadMessage { v: 0, ..m };
+        assert!(LoadMessage::decode(&other.encode())
+            .unwrap_err()
+            .contains("version"));
     }
 }

@@ -15,6 +15,7 @@ use crate::state::Gateway;
 use kvroute_core::{
     BlockedPrompt, Explanation, RejectReason, RouteOutcome, RouteRequest, Selection, Ticket, Time,
 };
+use kvroute_protocol::plane::LoadOp;
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
@@ -111,6 +112,17 @@ pub fn route_and_book(
             router
                 .dispatch(id, request, &sel, gw.now())
                 .map_err(|e| GatewayError::Internal(e.to_string()))?;
+            gw.share(|| LoadOp::Dispatch {
+                req: id.0,
+                worker: gw
+                    .registry
+                    .get(sel.worker)
+                    .map(|w| w.name.clone())
+                    .unwrap_or_default(),
+                prompt_tokens: request.prompt.tokens as u64,
+                cached_tokens: sel.cached_tokens as u64,
+                blocks: request.prompt.sequence.iter().map(|s| s.0).collect(),
+            });
             let guard = LedgerGuard::booked(gw, id, sel.worker);
             Ok(Some(Admitted {
                 sel,

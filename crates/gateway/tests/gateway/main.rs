@@ -10,6 +10,7 @@ mod health;
 mod migration;
 mod plane;
 mod ranks;
+mod replicas;
 mod resync;
 mod streams;
 mod support;

@@ -1,0 +1,270 @@
+//! Load agreement between gateway replicas: each replica publishes its bookings (dispatch,
+//! first token, finish) on `PREFIX.load`, batched (a message at most about a millisecond
+//! after its first operation), and counts every peer's in its router's ledger
+//! ([`kvroute_core::Router::peer_dispatch`] and the rest), ignoring its own echoes. Every
+//! `load_heartbeat_secs` it lists its requests in flight (which also says it is alive): a
+//! peer releases what a lost finish left booked, and expires a replica silent for
+//! `peer_ttl_secs` with all its bookings.
+
+use super::feed::Connection;
+use super::PlaneConfig;
+use crate::state::Gateway;
+use futures_util::StreamExt;
+use kvroute_core::{PeerBooking, SequenceHash, WorkerId};
+use kvroute_protocol::plane::{LoadMessage, LoadOp, VERSION};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Operations buffered before the publisher; past it they are dropped (counted): the next
+/// listing of requests in flight repairs lost finishes.
+const SHARE_BUFFER: usize = 65_536;
+
+/// Most operations in one message.
+const MAX_OPS: usize = 4096;
+
+/// A listing longer than this is not sent (its message would pass NATS's size limit).
+const MAX_LISTED: usize = 100_000;
+
+/// How long a message waits for more operations after its first.
+const BATCH_WINDOW: Duration = Duration::from_millis(1);
+
+/// Where a replica's bookings go.
+pub struct LoadShare {
+    tx: mpsc::Sender<LoadOp>,
+    dropped: AtomicU64,
+}
+
+impl LoadShare {
+    /// Queues `op` for the next message (dropped, counted, when the buffer is full).
+    pub fn share(&self, op: LoadOp) {
+        if self.tx.try_send(op).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Operations dropped so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// Starts sharing `gw`'s bookings as `replica` and counting its peers'. Returns the tasks.
+pub fn start(
+    gw: &Arc<Gateway>,
+    conn: &Connection,
+    plane: &PlaneConfig,
+    replica: u64,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let (tx, rx) = mpsc::channel(SHARE_BUFFER);
+    if gw
+        .load_share
+        .set(LoadShare {
+            tx,
+            dropped: AtomicU64::new(0),
+        })
+        .is_err()
+    {
+        return Vec::new();
+    }
+    let subject = plane.load_subject();
+    let heartbeat = Duration::from_secs_f64(plane.load_heartbeat_secs);
+    vec![
+        tokio::spawn(publish(
+            conn.client.clone(),
+            subject.clone(),
+            replica,
+            rx,
+            heartbeat,
+        )),
+        tokio::spawn(receive(gw.clone(), conn.client.clone(), subject, replica)),
+        tokio::spawn(expire(gw.clone(), plane.peer_ttl_secs)),
+    ]
+}
+
+async fn publish(
+    client: async_nats::Client,
+    subject: String,
+    replica: u64,
+    mut rx: mpsc::Receiver<LoadOp>,
+    heartbeat: Duration,
+) {
+    let mut n = 0u64;
+    let mut inflight: HashSet<u64> = HashSet::new();
+    let mut tick = tokio::time::interval(heartbeat);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let (ops, listing) = tokio::select! {
+            op = rx.recv() => {
+                let Some(op) = op else { return };
+                let mut ops = vec![op];
+                let window = tokio::time::sleep(BATCH_WINDOW);
+                tokio::pin!(window);
+                while ops.len() < MAX_OPS {
+                    tokio::select! {
+                        op = rx.recv() => match op {
+                            Some(op) => ops.push(op),
+                            None => break,
+                        },
+                        () = &mut window => break,
+                    }
+                }
+                for op in &ops {
+                    match op {
+                        LoadOp::Dispatch { req, .. } => {
+                            inflight.insert(*req);
+                        }
+                        LoadOp::Finish { req, .. } => {
+                            inflight.remove(req);
+                        }
+                        LoadOp::FirstToken { .. } => {}
+                    }
+                }
+                (ops, None)
+            }
+            _ = tick.tick() => {
+                let listing = (inflight.len() <= MAX_LISTED).then(|| inflight.iter().copied().collect());
+                (Vec::new(), listing)
+            }
+        };
+        let m = LoadMessage {
+            v: VERSION,
+            replica,
+            n,
+            ops,
+            inflight: listing,
+        };
+        n += 1;
+        if let Err(e) = client.publish(subject.clone(), m.encode().into()).await {
+            tracing::debug!(error = %e, "load message not sent");
+        }
+    }
+}
+
+async fn receive(gw: Arc<Gateway>, client: async_nats::Client, subject: String, replica: u64) {
+    let mut backoff = Duration::from_millis(100);
+    let mut sub = loop {
+        match client.subscribe(subject.clone()).await {
+            Ok(s) => break s,
+            Err(e) => {
+                tracing::warn!(%subject, error = %e, "cannot subscribe to the replicas' load; trying again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    };
+    let names: HashMap<String, WorkerId> =
+        gw.registry.iter().map(|w| (w.name.clone(), w.id)).collect();
+    let mut last: HashMap<u64, u64> = HashMap::new();
+    let count = |result: &str, n: u64| {
+        gw.metrics
+            .peer_messages
+            .with_label_values(&[result])
+            .inc_by(n)
+    };
+    while let Some(msg) = sub.next().await {
+        let m = match LoadMessage::decode(&msg.payload) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(error = %e, "undecodable load message");
+                count("undecodable", 1);
+                continue;
+            }
+        };
+        if m.replica == replica {
+            continue;
+        }
+        if last.len() > kvroute_core::router::MAX_PEERS * 2 {
+            last.clear();
+        }
+        if let Some(prev) = last.insert(m.replica, m.n) {
+            if m.n != prev.wrapping_add(1) {
+                count("gap", 1);
+            }
+        }
+        let (mut applied, mut unknown, mut refused) = (0, 0, 0);
+        let released = {
+            let now = gw.now();
+            let mut r = gw.router();
+            let _ = r.peer_seen(m.replica, now);
+            for op in &m.ops {
+                let ok = match op {
+                    LoadOp::Dispatch {
+                        req,
+                        worker,
+                        prompt_tokens,
+                        cached_tokens,
+                        blocks,
+                    } => {
+                        let Some(&id) = names.get(worker) else {
+                            unknown += 1;
+                            continue;
+                        };
+                        let blocks: Vec<SequenceHash> =
+                            blocks.iter().map(|&b| SequenceHash(b)).collect();
+                        r.peer_dispatch(
+                            m.replica,
+                            &PeerBooking {
+                                request: *req,
+                                worker: id,
+                                prompt_tokens: *prompt_tokens as usize,
+                                cached_tokens: *cached_tokens as usize,
+                                blocks: &blocks,
+                            },
+                            now,
+                        )
+                        .is_ok()
+                    }
+                    LoadOp::FirstToken { req } => r.peer_first_token(m.replica, *req, now).is_ok(),
+                    LoadOp::Finish { req, output_tokens } => {
+                        r.peer_finish(m.replica, *req, *output_tokens, now).is_ok()
+                    }
+                };
+                if ok {
+                    applied += 1;
+                } else {
+                    refused += 1;
+                }
+            }
+            let listed = m
+                .inflight
+                .as_ref()
+                .map_or(0, |l| r.peer_inflight(m.replica, l, now));
+            listed > 0 || m.ops.iter().any(|o| !matches!(o, LoadOp::Dispatch { .. }))
+        };
+        count("applied", applied);
+        if unknown > 0 {
+            count("unknown_worker", unknown);
+        }
+        if refused > 0 {
+            count("refused", refused);
+        }
+        if released {
+            gw.released();
+        }
+    }
+}
+
+async fn expire(gw: Arc<Gateway>, ttl_secs: f64) {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(ttl_secs / 4.0));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = gw.now();
+        let gone = gw.router().expire_peers(now, ttl_secs);
+        if gone > 0 {
+            tracing::warn!(
+                replicas = gone,
+                ttl_secs,
+                "gateway replicas went silent: their bookings are released"
+            );
+            gw.released();
+        }
+        if let Some(s) = gw.load_share.get() {
+            let dropped = gw.metrics.peer_messages.with_label_values(&["dropped"]);
+            dropped.inc_by(s.dropped().saturating_sub(dropped.get()));
+        }
+    }
+}
