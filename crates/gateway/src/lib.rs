@@ -176,8 +176,14 @@ pub async fn spawn(
     mut feeds: BTreeMap<usize, EventFeed>,
 ) -> Result<GatewayHandle, StartError> {
     config.validate()?;
-    let config = config.with_ranks_expanded();
+    let mut config = config.with_ranks_expanded();
     config.validate()?;
+    let replica = replica_id();
+    if config.plane.as_ref().is_some_and(|p| p.share_load) {
+        // Replicas deciding at the same instant must not break ties alike (the same seed and
+        // decision count would send them all to one worker): each mixes in its own id.
+        config.router.seed = kvroute_core::hashing::splitmix64(config.router.seed ^ replica);
+    }
     let mut router = Router::new(config.router.clone())?;
     let mut tracking = Vec::with_capacity(config.workers.len());
     for (i, w) in config.workers.iter().enumerate() {
@@ -216,7 +222,7 @@ pub async fn spawn(
                 .await
                 .map_err(|e| StartError::Plane(format!("connecting to {}: {e}", p.url)))?;
             if p.share_load {
-                tasks.extend(plane::share_load(&gw, &conn, p, replica_id()));
+                tasks.extend(plane::share_load(&gw, &conn, p, replica));
             }
             Some(conn)
         }

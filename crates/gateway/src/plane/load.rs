@@ -1,6 +1,7 @@
 //! Load agreement between gateway replicas: each replica publishes its bookings (dispatch,
-//! first token, finish) on `PREFIX.load`, batched (a message at most about a millisecond
-//! after its first operation), and counts every peer's in its router's ledger
+//! first token, finish) on `PREFIX.load`, batched without waiting (an operation leaves at
+//! once when nothing is being sent; those that come meanwhile share the next message), and
+//! counts every peer's in its router's ledger
 //! ([`kvroute_core::Router::peer_dispatch`] and the rest), ignoring its own echoes. Every
 //! `load_heartbeat_secs` it lists its requests in flight (which also says it is alive): a
 //! peer releases what a lost finish left booked, and expires a replica silent for
@@ -27,9 +28,6 @@ const MAX_OPS: usize = 4096;
 
 /// A listing longer than this is not sent (its message would pass NATS's size limit).
 const MAX_LISTED: usize = 100_000;
-
-/// How long a message waits for more operations after its first.
-const BATCH_WINDOW: Duration = Duration::from_millis(1);
 
 /// Where a replica's bookings go.
 pub struct LoadShare {
@@ -99,16 +97,13 @@ async fn publish(
         let (ops, listing) = tokio::select! {
             op = rx.recv() => {
                 let Some(op) = op else { return };
+                // What waits now goes in this message; what comes while it is sent goes in the
+                // next: a lone operation leaves at once, and under load messages fill up.
                 let mut ops = vec![op];
-                let window = tokio::time::sleep(BATCH_WINDOW);
-                tokio::pin!(window);
                 while ops.len() < MAX_OPS {
-                    tokio::select! {
-                        op = rx.recv() => match op {
-                            Some(op) => ops.push(op),
-                            None => break,
-                        },
-                        () = &mut window => break,
+                    match rx.try_recv() {
+                        Ok(op) => ops.push(op),
+                        Err(_) => break,
                     }
                 }
                 for op in &ops {
