@@ -105,6 +105,19 @@ pub struct SimulateArgs {
     /// Delay of KV events from engine to router, ms.
     #[arg(long, default_value_t = 0.0)]
     pub(crate) kv_event_delay_ms: f64,
+    /// Spread a trace's requests that share a timestamp evenly over this many seconds of
+    /// trace time after it (the Mooncake traces' timestamps come in 3 s steps); 0: all at
+    /// the timestamp.
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) spread_bursts_secs: f64,
+    /// Router replicas (gateways) in front of the fleet, conversations spread round-robin
+    /// over them.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) replicas: usize,
+    /// How late a replica's bookings reach the others, ms, or `none` (each counts only its
+    /// own).
+    #[arg(long, default_value = "0")]
+    pub(crate) replica_sync_ms: String,
     /// Engines publish no KV events: the router tracks their caches approximately (what it
     /// routed to each, for `--approx-ttl-secs`).
     #[arg(long)]
@@ -201,6 +214,10 @@ pub(crate) fn prepare(a: &SimulateArgs) -> Result<Prepared> {
     if !(a.speedup.is_finite() && a.speedup > 0.0) {
         bail!("--speedup must be > 0, got {}", a.speedup);
     }
+    replica_sync(a)?;
+    if !(a.spread_bursts_secs.is_finite() && (0.0..=3600.0).contains(&a.spread_bursts_secs)) {
+        bail!("--spread-bursts-secs must be within 0..=3600");
+    }
     if !(a.kv_event_delay_ms.is_finite() && a.kv_event_delay_ms >= 0.0) {
         bail!("--kv-event-delay-ms must be >= 0");
     }
@@ -252,8 +269,14 @@ pub(crate) fn prepare(a: &SimulateArgs) -> Result<Prepared> {
             };
             let file =
                 std::fs::File::open(path).with_context(|| format!("opening trace {path}"))?;
-            let trace = mooncake::parse_reader(std::io::BufReader::new(file), &opts)
+            let mut trace = mooncake::parse_reader(std::io::BufReader::new(file), &opts)
                 .with_context(|| format!("reading trace {path}"))?;
+            if a.spread_bursts_secs > 0.0 {
+                mooncake::spread_bursts(
+                    &mut trace,
+                    Duration::from_secs_f64(a.spread_bursts_secs / a.speedup),
+                );
+            }
             Load::Trace(trace)
         }
         None if a.workload == "multiturn" => Load::MultiTurn,
@@ -399,6 +422,22 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
     Ok(())
 }
 
+/// `--replica-sync-ms`: a delay, or None for `none`.
+fn replica_sync(a: &SimulateArgs) -> Result<Option<Duration>> {
+    if a.replica_sync_ms.trim() == "none" {
+        return Ok(None);
+    }
+    match a.replica_sync_ms.trim().parse::<f64>() {
+        Ok(ms) if ms.is_finite() && (0.0..=60_000.0).contains(&ms) => {
+            Ok(Some(Duration::from_secs_f64(ms / 1e3)))
+        }
+        _ => bail!(
+            "--replica-sync-ms must be a delay in ms (0 to 60000) or none, got {:?}",
+            a.replica_sync_ms
+        ),
+    }
+}
+
 /// The options that shape the simulated fleet only, with whether each is set (a live
 /// bench starts `kvroute demo`'s fleet and cannot honour them).
 pub(crate) fn simulator_only_options(a: &SimulateArgs) -> Vec<&'static str> {
@@ -414,6 +453,7 @@ pub(crate) fn simulator_only_options(a: &SimulateArgs) -> Vec<&'static str> {
         ),
         ("--host-load-ratio", a.host_load_ratio.is_some()),
         ("--kv-event-delay-ms", a.kv_event_delay_ms != 0.0),
+        ("--replicas", a.replicas != 1),
         ("--no-events", a.no_events),
         ("--approx-ttl-secs", a.approx_ttl_secs.is_some()),
     ]
@@ -526,6 +566,8 @@ pub(crate) fn sim_config(
         cfg.router.tiers.host_load_ratio = r;
     }
     cfg.kv_event_delay = Duration::from_secs_f64(a.kv_event_delay_ms / 1e3);
+    cfg.replicas = a.replicas;
+    cfg.replica_sync = replica_sync(a)?;
     if a.no_events {
         cfg.tracking = kvroute_core::Tracking::Approximate;
     }

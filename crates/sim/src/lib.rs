@@ -20,6 +20,7 @@
 //! ```
 
 mod driver;
+mod replicas;
 mod router_thread;
 mod sim;
 mod trace_prompts;
@@ -64,6 +65,12 @@ pub struct SimConfig {
     /// instant of virtual time. A refused one waits the `Retry-After` the gateway sends for
     /// the reason (`RejectReason::retry_after_secs`), as the live load generator does.
     pub client_backoff: Duration,
+    /// Router replicas in front of the fleet (gateways), each routing the conversations
+    /// assigned to it round-robin (requests without a conversation by their number).
+    pub replicas: usize,
+    /// How late a replica's bookings reach the others (None: never; each counts only its
+    /// own). Meaningless with one replica.
+    pub replica_sync: Option<Duration>,
 }
 
 impl SimConfig {
@@ -89,6 +96,8 @@ impl SimConfig {
             max_sim_time: Duration::from_secs(7 * 24 * 3600),
             slo: None,
             client_backoff: Duration::from_millis(100),
+            replicas: 1,
+            replica_sync: Some(Duration::ZERO),
         })
     }
 
@@ -104,6 +113,12 @@ impl SimConfig {
             return Err(SimError::Config(format!(
                 "the router's block size {} differs from the engines' {}",
                 self.router.block_size, self.engine.block_size
+            )));
+        }
+        if self.replicas == 0 || self.replicas > 64 {
+            return Err(SimError::Config(format!(
+                "replicas must be between 1 and 64, got {}",
+                self.replicas
             )));
         }
         if self.client_backoff.is_zero() {

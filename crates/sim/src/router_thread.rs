@@ -16,6 +16,7 @@
 //! prepares the next trace prompt while idle: cuts it and reads the index entries its route
 //! will read ([`Router::warm`]), so the event loop, which waits for that route, waits less.
 
+use crate::replicas::Replicas;
 use crate::trace_prompts::TracePrompts;
 
 use kvroute_core::admission::QueueState;
@@ -41,6 +42,8 @@ pub(crate) enum RoutePrompt {
 /// A request to route and, when the router says so, dispatch.
 pub(crate) struct RouteCall {
     pub id: RequestId,
+    /// The router replica that routes it.
+    pub replica: usize,
     pub prompt: RoutePrompt,
     pub session: Option<u64>,
     pub queue: QueueState,
@@ -185,15 +188,17 @@ impl RouterLink {
 impl RouterServer {
     /// Serves calls until the event loop closes its end, cutting trace prompts from
     /// `prompts` (hashing ahead while no call is waiting).
-    pub fn serve(self, router: &mut Router, prompts: &TracePrompts<'_>) -> RouterTotals {
+    pub fn serve(self, router: &mut Replicas, prompts: &TracePrompts<'_>) -> RouterTotals {
         let mut totals = RouterTotals::default();
         let mut scratch = Vec::new();
         let mut next = Prepared::default();
         loop {
             // While no call waits: the next trace prompt cut and its index entries read
             // (trace requests arrive in order), then the ids of later prompts hashed.
-            let idle =
-                || next.prepare(router, prompts, &mut scratch) || prompts.hash_ahead(&mut scratch);
+            let idle = || {
+                next.prepare(router.first(), prompts, &mut scratch)
+                    || prompts.hash_ahead(&mut scratch)
+            };
             let Ok(mut batch) = spin_recv(&self.calls, idle) else {
                 break;
             };
@@ -215,15 +220,8 @@ impl RouterServer {
                         events.clear();
                         buffers.push(events);
                     }
-                    Call::FirstToken(id, now) => {
-                        let _ = router.first_token(id, now);
-                    }
-                    Call::Finish(id, now, output) => {
-                        let _ = match output {
-                            Some(n) => router.finish_with(id, now, n),
-                            None => router.finish(id, now),
-                        };
-                    }
+                    Call::FirstToken(id, now) => router.first_token(id, now),
+                    Call::Finish(id, now, output) => router.finish(id, now, output),
                     Call::Route(call) => {
                         if !route(
                             router,
@@ -253,7 +251,7 @@ impl RouterServer {
 /// router takes its next call, so the router sees the same calls in the same order. False
 /// when the event loop is gone.
 fn route(
-    router: &mut Router,
+    router: &mut Replicas,
     prompts: &TracePrompts<'_>,
     scratch: &mut Vec<u32>,
     next: &mut Prepared,
@@ -270,14 +268,14 @@ fn route(
         queue: call.queue,
         exclude: None,
     };
-    let outcome = router.route(&req);
+    let outcome = router.route(call.replica, &req, call.now);
     let booking = match &outcome {
         RouteOutcome::Dispatch(sel) => Some(sel.clone()),
         _ => None,
     };
     let dispatch_refused = booking
         .as_ref()
-        .is_some_and(|sel| router.check_dispatch(call.id, sel).is_err());
+        .is_some_and(|sel| !router.check_dispatch(call.replica, call.id, sel));
     let routed = Routed {
         prompt: prompt.clone(),
         tail,
@@ -288,7 +286,7 @@ fn route(
         return false;
     }
     if let (Some(sel), false) = (booking, dispatch_refused) {
-        let booked = router.dispatch(call.id, &req, &sel, call.now);
+        let booked = router.dispatch(call.replica, call.id, &req, &sel, call.now);
         debug_assert!(booked.is_ok(), "a dispatch its check allowed was refused");
     }
     true

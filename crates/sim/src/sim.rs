@@ -1,13 +1,14 @@
 //! The discrete-event loop.
 
 use crate::driver::{Driver, NewRequest, Outcome, RequestPrompt};
+use crate::replicas::Replicas;
 use crate::router_thread::{link, RouteCall, RoutePrompt, RouterLink};
 use crate::trace_prompts::TracePrompts;
 use crate::{SimConfig, SimError, SimResult, Workload};
 use kvroute_core::router::RouteOutcome;
 use kvroute_core::{
     AdmissionQueue, BlockSize, KvEvent, Namespace, QueueState, Queued, RejectReason, RequestId,
-    Router, Tier, Time, Tracking, WorkerCapacity, WorkerId,
+    Tier, Time, Tracking, WorkerCapacity, WorkerId,
 };
 use kvroute_engine::{Engine, EnginePrompt, EngineRequest, StepOutput};
 use kvroute_workload::{BlockHashCache, ConversationId, RequestRecord, Status, Summary};
@@ -108,22 +109,25 @@ fn simulate_with(
     // index then packs its node table tighter).
     let mut router_cfg = cfg.router.clone();
     router_cfg.max_workers = router_cfg.max_workers.min(cfg.workers);
-    let mut router = Router::new(router_cfg)?;
+    let mut router = Replicas::new(&router_cfg, cfg.replicas, cfg.replica_sync)?;
     let mut engines = Vec::with_capacity(cfg.workers);
     for w in 0..cfg.workers {
-        router.add_worker_with(
-            WorkerId(w as u64),
-            WorkerCapacity {
-                kv_blocks: Some(cfg.engine.num_gpu_blocks as u64),
-                max_batch: Some(cfg.engine.max_num_seqs as u32),
-            },
-            cfg.tracking,
-        )?;
-        if cfg.tracking == Tracking::Events {
-            // Engines and router share this process: events name blocks by pool index and
-            // carry the router's hashes, so the index keeps each engine's names in an array.
-            router.use_block_ids(WorkerId(w as u64), cfg.engine.num_gpu_blocks);
-            router.reserve(WorkerId(w as u64), cfg.engine.num_gpu_blocks);
+        for r in router.all_mut() {
+            r.add_worker_with(
+                WorkerId(w as u64),
+                WorkerCapacity {
+                    kv_blocks: Some(cfg.engine.num_gpu_blocks as u64),
+                    max_batch: Some(cfg.engine.max_num_seqs as u32),
+                },
+                cfg.tracking,
+            )?;
+            if cfg.tracking == Tracking::Events {
+                // Engines and router share this process: events name blocks by pool index
+                // and carry the router's hashes, so the index keeps each engine's names in
+                // an array.
+                r.use_block_ids(WorkerId(w as u64), cfg.engine.num_gpu_blocks);
+                r.reserve(WorkerId(w as u64), cfg.engine.num_gpu_blocks);
+            }
         }
         let mut ecfg = cfg.engine.clone();
         ecfg.kv_events_with_tokens = false;
@@ -415,6 +419,8 @@ impl<'a> Sim<'a> {
         } = q;
         let call = RouteCall {
             id,
+            // Conversations (or, without one, requests) spread round-robin over the replicas.
+            replica: (session.unwrap_or(id.0) % self.cfg.replicas.max(1) as u64) as usize,
             prompt,
             session,
             queue,

@@ -428,5 +428,21 @@ fn ratio(a: u64, b: u64) -> Option<f64> {
     (b > 0).then(|| a as f64 / b as f64)
 }
 
+/// Spreads the requests that share an arrival time evenly over the `window` after it, in
+/// their order (the Mooncake traces' timestamps come in steps of seconds: a step's requests
+/// arrived over it, not at one instant), then keeps the trace in arrival order (stable).
+pub fn spread_bursts(requests: &mut [TraceRequest], window: std::time::Duration) {
+    let mut i = 0;
+    while i < requests.len() {
+        let t = requests[i].arrival;
+        let n = requests[i..].iter().take_while(|r| r.arrival == t).count();
+        for (k, r) in requests[i..i + n].iter_mut().enumerate() {
+            r.arrival = t.plus(window.mul_f64(k as f64 / n as f64));
+        }
+        i += n;
+    }
+    requests.sort_by_key(|r| r.arrival);
+}
+
 #[cfg(test)]
 mod tests;

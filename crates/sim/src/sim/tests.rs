@@ -399,3 +399,35 @@ fn a_host_tier_keeps_what_the_device_lost_and_the_router_sees_it() {
     assert_eq!(delayed.kv_events_rejected, 0);
     assert_eq!(delayed.summary.completed, 60);
 }
+
+#[test]
+fn replicas_agree_as_one_router_when_bookings_sync_at_once_and_not_when_they_never_do() {
+    let run = |replicas: usize, sync: Option<Duration>| {
+        let mut cfg = tiny(3, PolicyKind::Goodput);
+        cfg.replicas = replicas;
+        cfg.replica_sync = sync;
+        let w = Workload::MultiTurn {
+            gen: small_chat(3),
+            concurrency: 8,
+            requests: 120,
+        };
+        let r = simulate(&cfg, w).unwrap();
+        assert_eq!(r.summary.completed, 120);
+        assert_eq!(r.kv_events_rejected, 0);
+        serde_json::to_string(&r.records).unwrap()
+    };
+    let one = run(1, Some(Duration::ZERO));
+    assert_eq!(
+        run(3, Some(Duration::ZERO)),
+        one,
+        "instant sync: one router's decisions"
+    );
+    assert_ne!(
+        run(3, None),
+        one,
+        "each replica counting only its own load decides otherwise"
+    );
+    let mut bad = tiny(3, PolicyKind::Goodput);
+    bad.replicas = 0;
+    assert!(bad.validate().is_err());
+}

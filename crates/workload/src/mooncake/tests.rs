@@ -416,3 +416,35 @@ fn prompts_share_exactly_the_blocks_their_hash_ids_share() {
         }
     }
 }
+
+#[test]
+fn bursts_spread_evenly_over_their_window_in_order() {
+    let req = |ms: u64, id: u64| TraceRequest {
+        arrival: Time::from_millis(ms),
+        prompt: crate::Prompt::hash_blocks(vec![id], 16, 16).unwrap(),
+        max_tokens: 1,
+    };
+    let mut t = vec![
+        req(0, 1),
+        req(0, 2),
+        req(0, 3),
+        req(0, 4),
+        req(3000, 5),
+        req(3000, 6),
+        req(9000, 7),
+    ];
+    spread_bursts(&mut t, std::time::Duration::from_secs(3));
+    let ms: Vec<u64> = t
+        .iter()
+        .map(|r| r.arrival.since(Time::ZERO).as_millis() as u64)
+        .collect();
+    assert_eq!(ms, [0, 750, 1500, 2250, 3000, 4500, 9000]);
+    // A window past the next step interleaves the bursts, still in arrival order.
+    let mut t = vec![req(0, 1), req(0, 2), req(1000, 3)];
+    spread_bursts(&mut t, std::time::Duration::from_secs(4));
+    let ms: Vec<u64> = t
+        .iter()
+        .map(|r| r.arrival.since(Time::ZERO).as_millis() as u64)
+        .collect();
+    assert_eq!(ms, [0, 1000, 2000]);
+}
