@@ -143,7 +143,7 @@ async fn health(State(gw): State<Arc<Gateway>>) -> Response {
     let body = serde_json::json!({
         "status": if up > 0 { "ok" } else { "no_healthy_workers" },
         "workers_up": up,
-        "workers": gw.registry.iter().count(),
+        "workers": gw.registry.len(),
     });
     let status = if up > 0 {
         StatusCode::OK

@@ -98,7 +98,7 @@ pub fn blocks_for(
 pub fn learn(gw: &Gateway, url: &str, text: &str) -> bool {
     let configs = cache_configs(text);
     let mut learned = false;
-    for w in gw.registry.iter().filter(|w| w.spec.url == url) {
+    for w in gw.registry.all().iter().filter(|w| w.spec.url == url) {
         if w.spec.kv_blocks.is_some() {
             continue;
         }
@@ -134,7 +134,7 @@ pub fn warn_unknown(gw: &Gateway) {
     if gw.config.router.admission.mode == kvroute_core::AdmissionMode::None {
         return;
     }
-    for w in gw.registry.iter().filter(|w| unknown(w)) {
+    for w in gw.registry.all().iter().filter(|w| unknown(w)) {
         if !w.capacity_warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(worker = %w.name, "admission is off for this worker: its KV capacity is unknown (set kv_blocks, or run an engine that publishes vllm:cache_config_info or sglang:max_total_num_tokens); it is never judged busy, so nothing is queued or shed for it");
         }
@@ -144,6 +144,7 @@ pub fn warn_unknown(gw: &Gateway) {
     }
     for w in gw
         .registry
+        .all()
         .iter()
         .filter(|w| !unknown(w) && w.spec.max_batch.is_none())
     {

@@ -3,6 +3,8 @@
 
 mod ranks;
 
+pub(crate) use ranks::expand as expand_ranks;
+
 use kvroute_core::{RouterConfig, WorkerCapacity};
 pub use kvroute_protocol::openai::http::Secret;
 use kvroute_protocol::openai::Endpoint;
@@ -44,6 +46,8 @@ pub struct GatewayConfig {
     pub tls: TlsConfig,
     /// The NATS event plane, for workers whose events come through it (`events = "nats"`).
     pub plane: Option<crate::plane::PlaneConfig>,
+    /// Workers found while running (a watched file, DNS names) besides `workers`.
+    pub discovery: crate::discovery::DiscoveryConfig,
 }
 
 /// TLS for the listener: off unless both files are given.
@@ -108,6 +112,7 @@ impl Default for GatewayConfig {
             auth: AuthConfig::default(),
             tls: TlsConfig::default(),
             plane: None,
+            discovery: crate::discovery::DiscoveryConfig::default(),
         }
     }
 }
@@ -224,6 +229,11 @@ impl WorkerSpec {
             kv_blocks: self.kv_blocks,
             max_batch: self.max_batch,
         }
+    }
+
+    /// Checks one worker's settings (a worker joining at run time).
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.validate()
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -457,8 +467,11 @@ impl GatewayConfig {
         self.router
             .validate()
             .map_err(|e| ConfigError(e.to_string()))?;
-        if self.workers.is_empty() {
-            return Err(ConfigError("at least one worker is required".into()));
+        self.discovery.validate()?;
+        if self.workers.is_empty() && !self.discovery.enabled() {
+            return Err(ConfigError(
+                "at least one worker is required (or a discovery source)".into(),
+            ));
         }
         self.accuracy.validate().map_err(ConfigError)?;
         match &self.plane {
@@ -632,7 +645,7 @@ mod tests {
         }
         // The endpoints are parsed once, with or without a trailing slash.
         let w = crate::registry::Registry::new(&[WorkerSpec::parse("http://h:1/").unwrap()]);
-        let entry = w.iter().next().unwrap();
+        let entry = w.all().into_iter().next().unwrap();
         let url = entry.url(kvroute_protocol::openai::Endpoint::Chat).unwrap();
         assert_eq!(url.as_str(), "http://h:1/v1/chat/completions");
     }

@@ -138,6 +138,7 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
     let Some(entry) = gw.registry.get(worker) else {
         return;
     };
+    let entry = &*entry;
     entry.has_feed.store(true, Ordering::Release);
     let mut t = Tracker::default();
     let replay = feed.replay.take();

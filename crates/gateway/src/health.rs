@@ -38,8 +38,8 @@ pub async fn run(gw: Arc<Gateway>) {
 /// One round over every worker, then the decisions. Workers at one URL (the data-parallel
 /// ranks of an engine) share one check and one model list per round.
 async fn pass(gw: &Arc<Gateway>) {
-    let mut urls: Vec<(&str, Option<&str>)> = gw
-        .registry
+    let workers = gw.registry.all();
+    let mut urls: Vec<(&str, Option<&str>)> = workers
         .iter()
         .map(|w| (w.spec.url.as_str(), gw.upstream_key(&w.spec)))
         .collect();
@@ -53,8 +53,7 @@ async fn pass(gw: &Arc<Gateway>) {
         .await
         .into_iter()
         .collect();
-    let results: Vec<(WorkerId, Probe)> = gw
-        .registry
+    let results: Vec<(WorkerId, Probe)> = workers
         .iter()
         .map(|w| (w.id, by_url[w.spec.url.as_str()]))
         .collect();
@@ -62,8 +61,7 @@ async fn pass(gw: &Arc<Gateway>) {
     let timeout = Duration::from_secs_f64(gw.config.health.timeout_secs);
     for (url, _) in by_url.iter().filter(|(_, &p)| p == Probe::Passed) {
         learn_models(gw, url.trim_end_matches('/'), keys[url], timeout).await;
-        let unknown = gw
-            .registry
+        let unknown = workers
             .iter()
             .any(|w| w.spec.url == *url && crate::capacity::unknown(w));
         if unknown {

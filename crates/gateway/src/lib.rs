@@ -13,9 +13,11 @@ mod api;
 pub mod capacity;
 pub mod clock;
 pub mod config;
+pub mod discovery;
 mod error;
 pub mod events;
 mod explanation;
+pub mod fleet;
 mod health;
 mod metrics;
 pub mod plane;
@@ -30,7 +32,7 @@ pub use events::{EventFeed, FeedItem, Replay};
 pub use explanation::{EXPLAIN_HEADER, MAX_EXPLAINED_WORKERS, ROUTE_HEADER};
 pub use state::Gateway;
 
-use kvroute_core::{Router, Tracking};
+use kvroute_core::Router;
 use kvroute_preprocess::Preprocessor;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -176,6 +178,7 @@ pub async fn spawn(
     mut feeds: BTreeMap<usize, EventFeed>,
 ) -> Result<GatewayHandle, StartError> {
     config.validate()?;
+    let configured = config.workers.clone();
     let mut config = config.with_ranks_expanded();
     config.validate()?;
     let replica = replica_id();
@@ -185,16 +188,9 @@ pub async fn spawn(
         config.router.seed = kvroute_core::hashing::splitmix64(config.router.seed ^ replica);
     }
     let mut router = Router::new(config.router.clone())?;
-    let mut tracking = Vec::with_capacity(config.workers.len());
     for (i, w) in config.workers.iter().enumerate() {
-        let t = if preprocessor.is_approximate() || (w.events.is_none() && !feeds.contains_key(&i))
-        {
-            Tracking::Approximate
-        } else {
-            Tracking::Events
-        };
+        let t = fleet::tracking_of(preprocessor.is_approximate(), w, feeds.contains_key(&i));
         router.add_worker_with(kvroute_core::WorkerId(i as u64 + 1), w.capacity(), t)?;
-        tracking.push(t);
     }
     let client = reqwest::Client::builder()
         .connect_timeout(std::time::Duration::from_secs_f64(
@@ -216,7 +212,7 @@ pub async fn spawn(
         clock::Clock::starting_now(),
     ));
     let mut tasks = Vec::new();
-    let plane = match &gw.config.plane {
+    match &gw.config.plane {
         Some(p) if p.share_load || gw.config.workers.iter().any(WorkerSpec::events_from_plane) => {
             let conn = plane::connect(p, "kvroute-gateway")
                 .await
@@ -224,67 +220,13 @@ pub async fn spawn(
             if p.share_load {
                 tasks.extend(plane::share_load(&gw, &conn, p, replica));
             }
-            Some(conn)
+            let _ = gw.plane.set(conn);
         }
-        _ => None,
+        _ => {}
     };
-    for (i, w) in gw.config.workers.iter().enumerate() {
-        let id = kvroute_core::WorkerId(i as u64 + 1);
-        if tracking[i] == Tracking::Approximate {
-            if let Some(entry) = gw.registry.get(id) {
-                entry.set_cache_state(registry::CacheState::Approximate);
-            }
-            continue;
-        }
-        let feed = match (feeds.remove(&i), w.event_socket()) {
-            (Some(f), _) => f,
-            (None, None) if w.events_from_plane() => match (&plane, &gw.config.plane) {
-                (Some(conn), Some(p)) => plane::nats_feed(conn, p, &w.display_name()),
-                _ => continue,
-            },
-            (None, None) if w.event_poll_url().is_some() => {
-                // One poller per engine: rank 0 starts it for every rank (`dp_size`).
-                if w.dp_rank.unwrap_or(0) > 0 {
-                    continue;
-                }
-                let up = &gw.config.upstream;
-                let ranks = w.dp_rank.and(w.dp_size).unwrap_or(1);
-                let sub = events::PollSubscription {
-                    worker: w.display_name(),
-                    url: w.event_poll_url().unwrap_or_default(),
-                    api_key: gw.upstream_key(w).map(str::to_string),
-                    interval_secs: up.event_poll_secs,
-                    timeout_secs: up.event_poll_timeout_secs,
-                    max_bytes: up.max_event_message_bytes,
-                    block_size: gw.config.router.block_size as u64,
-                    ranks,
-                };
-                let mut rank_feeds = events::poll_feeds(gw.client.clone(), sub).into_iter();
-                let Some(first) = rank_feeds.next() else {
-                    continue;
-                };
-                for (r, f) in rank_feeds.enumerate() {
-                    let rank_id = kvroute_core::WorkerId(id.0 + r as u64 + 1);
-                    tasks.push(tokio::spawn(events::ingest(gw.clone(), rank_id, f)));
-                }
-                first
-            }
-            (None, Some((endpoint, bind))) => {
-                let up = &gw.config.upstream;
-                events::zmq_feed(events::ZmqSubscription {
-                    worker: w.display_name(),
-                    endpoint: endpoint.to_string(),
-                    bind,
-                    replay: w.replay.clone(),
-                    max_message_bytes: up.max_event_message_bytes,
-                    heartbeat_secs: up.event_heartbeat_secs,
-                    heartbeat_timeout_secs: up.event_heartbeat_timeout_secs,
-                    replay_timeout_secs: up.replay_timeout_secs,
-                })?
-            }
-            (None, None) => continue,
-        };
-        tasks.push(tokio::spawn(events::ingest(gw.clone(), id, feed)));
+    fleet::start_events(&gw, &gw.registry.all(), &mut feeds)?;
+    if gw.config.discovery.enabled() {
+        tasks.push(tokio::spawn(discovery::run(gw.clone(), configured)));
     }
     tasks.push(tokio::spawn(health::run(gw.clone())));
     tasks.push(tokio::spawn(prune(gw.clone())));

@@ -321,6 +321,29 @@ impl Metrics {
         Ok(m)
     }
 
+    /// Drops every series of worker `name` (it left the fleet: a dashboard must not keep
+    /// showing its last values).
+    pub fn forget_worker(&self, name: &str) {
+        forget(&self.worker_inflight, name);
+        forget(&self.worker_prefill, name);
+        forget(&self.worker_up, name);
+        forget(&self.decisions, name);
+        forget(&self.kv_events, name);
+        forget(&self.index_blocks, name);
+        forget(&self.index_evicted, name);
+        forget(&self.offloaded_blocks, name);
+        forget(&self.cache_state, name);
+        forget(&self.event_restarts, name);
+        forget(&self.event_resubscribes, name);
+        forget(&self.predictions, name);
+        forget(&self.prediction_error, name);
+        forget(&self.prediction_exact_ratio, name);
+        forget(&self.prediction_degraded, name);
+        forget(&self.prediction_repairs, name);
+        forget(&self.prompt_token_mismatches, name);
+        forget(&self.upstream_errors, name);
+    }
+
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
@@ -328,5 +351,22 @@ impl Metrics {
             tracing::error!(error = %e, "encoding metrics failed");
         }
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// Removes the series of `v` whose `worker` label is `name`.
+fn forget<T: prometheus::core::MetricVecBuilder>(v: &prometheus::core::MetricVec<T>, name: &str) {
+    use prometheus::core::Collector;
+    for family in v.collect() {
+        for m in family.get_metric() {
+            let labels: std::collections::HashMap<&str, &str> = m
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .collect();
+            if labels.get("worker") == Some(&name) {
+                let _ = v.remove(&labels);
+            }
+        }
     }
 }

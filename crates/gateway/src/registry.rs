@@ -1,13 +1,15 @@
-//! The worker registry: every configured engine, its health, and what its KV event stream
-//! has done. A worker taken out (failed health checks, a refused connection) is offered to
-//! no policy until it passes again, but keeps its index entries: only its event stream can
-//! say that its engine lost its cache (a restart).
+//! The worker registry: every engine the gateway routes to now, its health, and what its KV
+//! event stream has done. Workers come and go while the gateway runs (`fleet.rs`): each new
+//! one gets an id never used before. A worker taken out (failed health checks, a refused
+//! connection) is offered to no policy until it passes again, but keeps its index entries:
+//! only its event stream can say that its engine lost its cache (a restart).
 
 use crate::config::WorkerSpec;
 use kvroute_core::WorkerId;
 use kvroute_protocol::openai::Endpoint;
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// Whether a worker takes requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -98,6 +100,8 @@ pub struct WorkerEntry {
     pub capacity_warned: AtomicBool,
     /// Whether the gateway said admission judges this worker by its KV cache only.
     pub batch_warned: AtomicBool,
+    /// The tasks that ingest its events (ended when it leaves the fleet).
+    pub tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 /// Counters of one worker's KV event stream.
@@ -175,9 +179,11 @@ impl WorkerEntry {
     }
 }
 
-/// Every configured worker, in configuration order (ids 1, 2, ...).
+/// The workers, in id order.
 pub struct Registry {
-    workers: Vec<WorkerEntry>,
+    workers: RwLock<Vec<Arc<WorkerEntry>>>,
+    /// The next id given (ids are never used twice).
+    next_id: AtomicU64,
 }
 
 /// A worker as `/debug/workers` shows it.
@@ -229,55 +235,116 @@ pub fn endpoint_url(base: &str, endpoint: Endpoint) -> Result<reqwest::Url, Stri
     Ok(url)
 }
 
-impl Registry {
-    /// A registry of `specs`; every worker starts up.
-    pub fn new(specs: &[WorkerSpec]) -> Self {
-        let workers = specs
-            .iter()
-            .enumerate()
-            .map(|(i, spec)| WorkerEntry {
-                id: WorkerId(i as u64 + 1),
-                name: spec.display_name(),
-                urls: endpoint_url(&spec.url, Endpoint::Chat)
-                    .and_then(|c| Ok([c, endpoint_url(&spec.url, Endpoint::Completions)?])),
-                spec: spec.clone(),
-                up: AtomicBool::new(true),
-                failures: AtomicU32::new(0),
-                cache_state: AtomicU8::new(1),
-                events: EventStats::default(),
-                verify: tokio::sync::Notify::new(),
-                has_feed: AtomicBool::new(false),
-                verifying: AtomicBool::new(false),
-                accuracy: Default::default(),
-                last_repair: Default::default(),
-                repair: tokio::sync::Notify::new(),
-                learned_kv_blocks: AtomicU64::new(0),
-                capacity_warned: AtomicBool::new(false),
-                batch_warned: AtomicBool::new(false),
-            })
-            .collect();
-        Self { workers }
+impl WorkerEntry {
+    /// A new worker `id` of `spec`, up.
+    fn new(id: WorkerId, spec: &WorkerSpec) -> Self {
+        WorkerEntry {
+            id,
+            name: spec.display_name(),
+            urls: endpoint_url(&spec.url, Endpoint::Chat)
+                .and_then(|c| Ok([c, endpoint_url(&spec.url, Endpoint::Completions)?])),
+            spec: spec.clone(),
+            up: AtomicBool::new(true),
+            failures: AtomicU32::new(0),
+            cache_state: AtomicU8::new(1),
+            events: EventStats::default(),
+            verify: tokio::sync::Notify::new(),
+            has_feed: AtomicBool::new(false),
+            verifying: AtomicBool::new(false),
+            accuracy: Default::default(),
+            last_repair: Default::default(),
+            repair: tokio::sync::Notify::new(),
+            learned_kv_blocks: AtomicU64::new(0),
+            capacity_warned: AtomicBool::new(false),
+            batch_warned: AtomicBool::new(false),
+            tasks: Mutex::new(Vec::new()),
+        }
     }
 
-    /// All workers.
-    pub fn iter(&self) -> impl Iterator<Item = &WorkerEntry> {
-        self.workers.iter()
+    /// Ends the tasks that ingest its events.
+    pub fn stop_tasks(&self) {
+        for t in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            t.abort();
+        }
+    }
+}
+
+impl Registry {
+    /// A registry of `specs` with ids 1, 2, ... in their order; every worker starts up.
+    pub fn new(specs: &[WorkerSpec]) -> Self {
+        let r = Self {
+            workers: RwLock::new(Vec::new()),
+            next_id: AtomicU64::new(1),
+        };
+        for spec in specs {
+            r.insert(spec);
+        }
+        r
+    }
+
+    /// Adds a worker of `spec` under a new id.
+    pub fn insert(&self, spec: &WorkerSpec) -> Arc<WorkerEntry> {
+        let id = WorkerId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let entry = Arc::new(WorkerEntry::new(id, spec));
+        self.write().push(entry.clone());
+        entry
+    }
+
+    /// Takes worker `id` out of the registry.
+    pub fn remove(&self, id: WorkerId) -> Option<Arc<WorkerEntry>> {
+        let mut w = self.write();
+        let i = w.binary_search_by_key(&id, |e| e.id).ok()?;
+        Some(w.remove(i))
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<WorkerEntry>>> {
+        self.workers.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Arc<WorkerEntry>>> {
+        self.workers.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every worker now, in id order.
+    pub fn all(&self) -> Vec<Arc<WorkerEntry>> {
+        self.read().clone()
+    }
+
+    /// How many workers there are.
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
     }
 
     /// One worker.
-    pub fn get(&self, id: WorkerId) -> Option<&WorkerEntry> {
-        let i = usize::try_from(id.0).ok()?.checked_sub(1)?;
-        self.workers.get(i)
+    pub fn get(&self, id: WorkerId) -> Option<Arc<WorkerEntry>> {
+        let w = self.read();
+        let i = w.binary_search_by_key(&id, |e| e.id).ok()?;
+        Some(w[i].clone())
+    }
+
+    /// The worker named `name`.
+    pub fn by_name(&self, name: &str) -> Option<Arc<WorkerEntry>> {
+        self.read().iter().find(|w| w.name == name).cloned()
     }
 
     /// Workers up.
     pub fn up_count(&self) -> usize {
-        self.workers.iter().filter(|w| w.is_up()).count()
+        self.read().iter().filter(|w| w.is_up()).count()
     }
 
     /// What `/debug/workers` shows.
     pub fn reports(&self) -> Vec<WorkerReport> {
-        self.workers
+        self.read()
             .iter()
             .map(|w| WorkerReport {
                 id: w.id.0,

@@ -42,6 +42,8 @@ pub struct Gateway {
     adapters: RwLock<Vec<String>>,
     /// Where bookings go to the other replicas (set once, when the plane shares load).
     pub load_share: std::sync::OnceLock<crate::plane::LoadShare>,
+    /// The event plane's connection, when the gateway has one.
+    pub plane: std::sync::OnceLock<crate::plane::Connection>,
 }
 
 /// At most this many model names and adapter names are learned from workers.
@@ -76,6 +78,7 @@ impl Gateway {
             models: RwLock::new(models),
             adapters: RwLock::new(adapters),
             load_share: std::sync::OnceLock::new(),
+            plane: std::sync::OnceLock::new(),
         }
     }
 
@@ -328,7 +331,7 @@ impl Gateway {
     /// Drops every index entry of every worker (`POST /debug/reset`).
     pub fn reset_index(&self) {
         let mut r = self.router();
-        for w in self.registry.iter() {
+        for w in self.registry.all().iter() {
             r.clear_worker(w.id);
         }
     }
@@ -336,7 +339,7 @@ impl Gateway {
     /// Copies the router's per-worker figures into the gauges (at scrape time).
     pub fn refresh_gauges(&self) {
         let r = self.router();
-        for w in self.registry.iter() {
+        for w in self.registry.all().iter() {
             let load = r.ledger().load(w.id).unwrap_or_default();
             let labels = [w.name.as_str()];
             self.metrics
@@ -390,6 +393,11 @@ impl Gateway {
             .set(i64::try_from(own).unwrap_or(i64::MAX));
         self.metrics.peer_replicas.set(peers.peers as i64);
         self.metrics.peer_inflight.set(peers.inflight as i64);
+    }
+
+    /// The event plane's connection, when there is one.
+    pub fn plane(&self) -> Option<&crate::plane::Connection> {
+        self.plane.get()
     }
 
     /// Shares a booking with the other gateway replicas (when the event plane carries load).

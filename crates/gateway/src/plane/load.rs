@@ -150,8 +150,12 @@ async fn receive(gw: Arc<Gateway>, client: async_nats::Client, subject: String, 
             }
         }
     };
-    let names: HashMap<String, WorkerId> =
-        gw.registry.iter().map(|w| (w.name.clone(), w.id)).collect();
+    let names: HashMap<String, WorkerId> = gw
+        .registry
+        .all()
+        .iter()
+        .map(|w| (w.name.clone(), w.id))
+        .collect();
     let mut last: HashMap<u64, u64> = HashMap::new();
     let count = |result: &str, n: u64| {
         gw.metrics

@@ -6,6 +6,7 @@ mod auth;
 mod engines;
 mod events;
 mod explain;
+mod fleet;
 mod health;
 mod migration;
 mod plane;

@@ -1,0 +1,180 @@
+//! The fleet: workers joining and leaving while the gateway runs. A worker that joins gets an
+//! id never used before, a place in the router (tracked by its events, or approximately),
+//! and the tasks that ingest its events, which it owns: they end when it leaves. A worker
+//! that leaves takes its index entries, its load and its metric series with it; requests
+//! in flight there finish as they would (their bookings are simply gone). Health checks stay
+//! one loop over the fleet (`health.rs`), since taking a worker out depends on how the
+//! others fared in the same round.
+
+use crate::config::{ConfigError, WorkerSpec};
+use crate::events::{self, EventFeed};
+use crate::registry::{CacheState, WorkerEntry};
+use crate::state::Gateway;
+use kvroute_core::{Tracking, WorkerId};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Why a worker could not join.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// Its settings are wrong.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A worker of that name is already in the fleet.
+    #[error("a worker named {0:?} is already in the fleet")]
+    Duplicate(String),
+    /// The router refused it (its limit of workers).
+    #[error(transparent)]
+    Route(#[from] kvroute_core::RouteError),
+    /// Its event source could not be opened.
+    #[error("its KV event source: {0}")]
+    Events(#[from] std::io::Error),
+}
+
+/// How the router tracks `spec`'s cache: approximately when its events cannot be read (no
+/// source, or pseudo tokens that are not the engine's).
+pub fn tracking_of(gw_approximate: bool, spec: &WorkerSpec, has_feed: bool) -> Tracking {
+    if gw_approximate || (spec.events.is_none() && !has_feed) {
+        Tracking::Approximate
+    } else {
+        Tracking::Events
+    }
+}
+
+/// Adds an engine (one worker per data-parallel rank) while the gateway runs; returns the
+/// new workers' ids.
+pub fn add(gw: &Arc<Gateway>, spec: WorkerSpec) -> Result<Vec<WorkerId>, FleetError> {
+    spec.check()?;
+    if spec.events_from_plane() && gw.plane().is_none() {
+        return Err(ConfigError(format!(
+            "worker {}: events = \"nats\" needs the event plane ([plane] url, or --nats)",
+            spec.display_name()
+        ))
+        .into());
+    }
+    let ranks = crate::config::expand_ranks(std::slice::from_ref(&spec));
+    for r in &ranks {
+        if gw.registry.by_name(&r.display_name()).is_some() {
+            return Err(FleetError::Duplicate(r.display_name()));
+        }
+    }
+    let mut entries = Vec::with_capacity(ranks.len());
+    for r in &ranks {
+        let entry = gw.registry.insert(r);
+        let t = tracking_of(gw.preprocessor.is_approximate(), r, false);
+        if let Err(e) = gw.router().add_worker_with(entry.id, r.capacity(), t) {
+            for e in entries.iter().chain([&entry]) {
+                let e: &Arc<WorkerEntry> = e;
+                gw.registry.remove(e.id);
+                gw.router().remove_worker(e.id);
+            }
+            return Err(e.into());
+        }
+        entries.push(entry);
+    }
+    if let Err(e) = start_events(gw, &entries, &mut BTreeMap::new()) {
+        for e in &entries {
+            remove(gw, e.id);
+        }
+        return Err(e.into());
+    }
+    for e in &entries {
+        tracing::info!(worker = %e.name, id = e.id.0, url = %e.spec.url, "worker joined the fleet");
+    }
+    gw.wake.notify_one();
+    Ok(entries.iter().map(|e| e.id).collect())
+}
+
+/// Takes worker `id` out of the fleet: its tasks end, the router forgets it, its metric
+/// series go. False when there is no such worker.
+pub fn remove(gw: &Arc<Gateway>, id: WorkerId) -> bool {
+    let Some(entry) = gw.registry.remove(id) else {
+        return false;
+    };
+    entry.stop_tasks();
+    gw.router().remove_worker(id);
+    gw.metrics.forget_worker(&entry.name);
+    tracing::info!(worker = %entry.name, id = id.0, "worker left the fleet");
+    gw.released();
+    gw.wake.notify_one();
+    true
+}
+
+/// Starts ingesting the events of `entries` (one engine's ranks consecutive, as
+/// configuration expands them), `feeds` given by position for in-process sources; the
+/// tasks are the entries' own.
+pub fn start_events(
+    gw: &Arc<Gateway>,
+    entries: &[Arc<WorkerEntry>],
+    feeds: &mut BTreeMap<usize, EventFeed>,
+) -> std::io::Result<()> {
+    for (i, entry) in entries.iter().enumerate() {
+        let w = &entry.spec;
+        if gw.router().tracking(entry.id) == Some(Tracking::Approximate) {
+            entry.set_cache_state(CacheState::Approximate);
+            continue;
+        }
+        let feed = match (feeds.remove(&i), w.event_socket()) {
+            (Some(f), _) => f,
+            (None, None) if w.events_from_plane() => match (gw.plane(), &gw.config.plane) {
+                (Some(conn), Some(p)) => crate::plane::nats_feed(conn, p, &entry.name),
+                _ => continue,
+            },
+            (None, None) if w.event_poll_url().is_some() => {
+                // One poller per engine: rank 0 starts it for every rank (`dp_size`).
+                if w.dp_rank.unwrap_or(0) > 0 {
+                    continue;
+                }
+                let up = &gw.config.upstream;
+                let ranks = w.dp_rank.and(w.dp_size).unwrap_or(1);
+                let sub = events::PollSubscription {
+                    worker: entry.name.clone(),
+                    url: w.event_poll_url().unwrap_or_default(),
+                    api_key: gw.upstream_key(w).map(str::to_string),
+                    interval_secs: up.event_poll_secs,
+                    timeout_secs: up.event_poll_timeout_secs,
+                    max_bytes: up.max_event_message_bytes,
+                    block_size: gw.config.router.block_size as u64,
+                    ranks,
+                };
+                let mut rank_feeds = events::poll_feeds(gw.client.clone(), sub).into_iter();
+                let Some(first) = rank_feeds.next() else {
+                    continue;
+                };
+                for (r, f) in rank_feeds.enumerate() {
+                    if let Some(rank) = entries.get(i + r + 1) {
+                        own(rank, tokio::spawn(events::ingest(gw.clone(), rank.id, f)));
+                    }
+                }
+                first
+            }
+            (None, Some((endpoint, bind))) => {
+                let up = &gw.config.upstream;
+                events::zmq_feed(events::ZmqSubscription {
+                    worker: entry.name.clone(),
+                    endpoint: endpoint.to_string(),
+                    bind,
+                    replay: w.replay.clone(),
+                    max_message_bytes: up.max_event_message_bytes,
+                    heartbeat_secs: up.event_heartbeat_secs,
+                    heartbeat_timeout_secs: up.event_heartbeat_timeout_secs,
+                    replay_timeout_secs: up.replay_timeout_secs,
+                })?
+            }
+            (None, None) => continue,
+        };
+        own(
+            entry,
+            tokio::spawn(events::ingest(gw.clone(), entry.id, feed)),
+        );
+    }
+    Ok(())
+}
+
+fn own(entry: &WorkerEntry, task: tokio::task::JoinHandle<()>) {
+    entry
+        .tasks
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(task);
+}
