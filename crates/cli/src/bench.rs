@@ -266,6 +266,8 @@ async fn run_live(
                 tokenizer_cache_mib: None,
                 tokenizer_threads: None,
                 replay_buffer_mib: None,
+                gateways: 1,
+                nats: None,
                 objectives: s.objectives(),
             })
             .await?,

@@ -54,6 +54,14 @@ pub struct DemoArgs {
     /// MiB of KV event batches each worker keeps for replay (default 32).
     #[arg(long)]
     pub replay_buffer_mib: Option<usize>,
+    /// Gateway replicas (ports P, P+1, ...), sharing their load over the NATS event plane
+    /// (each reads the workers' events itself).
+    #[arg(long, default_value_t = 1)]
+    pub gateways: usize,
+    /// The NATS server for --gateways above 1; without it the demo starts `nats-server`
+    /// (JetStream on, a temporary store) when installed.
+    #[arg(long)]
+    pub nats: Option<String>,
     /// The objectives the gateway's `goodput` policy routes for (`kvroute bench` passes its
     /// SLO; the demo keeps the defaults).
     #[arg(skip)]
@@ -108,16 +116,85 @@ impl Replay for BufferReplay {
 /// A gateway and its simulated workers, running in this process.
 pub(crate) struct Fleet {
     pub(crate) gateway: kvroute_gateway::GatewayHandle,
+    /// The other gateway replicas (`--gateways`).
+    pub(crate) replicas: Vec<kvroute_gateway::GatewayHandle>,
     pub(crate) workers: Vec<kvroute_worker::WorkerHandle>,
+    /// The `nats-server` the demo started, if it did.
+    nats: Option<LocalNats>,
 }
 
 impl Fleet {
-    /// Stops the gateway, then the workers.
+    /// Stops the gateways, then the workers, then the NATS server it started.
     pub(crate) async fn shutdown(self) {
         self.gateway.shutdown().await;
+        for g in self.replicas {
+            g.shutdown().await;
+        }
         for w in self.workers {
             w.shutdown().await;
         }
+        drop(self.nats);
+    }
+}
+
+/// A `nats-server` child process with JetStream, its store in a temporary directory; ended
+/// (by its PID) when dropped.
+struct LocalNats {
+    child: std::process::Child,
+    url: String,
+    _store: tempfile::TempDir,
+}
+
+impl LocalNats {
+    /// Starts `nats-server` on a free loopback port; None when it is not installed.
+    fn start() -> Result<Option<Self>> {
+        let Some(binary) = ["nats-server", "/usr/sbin/nats-server"]
+            .into_iter()
+            .find(|b| {
+                std::process::Command::new(b)
+                    .arg("--version")
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            })
+        else {
+            return Ok(None);
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let store = tempfile::tempdir()?;
+        let child = std::process::Command::new(binary)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(store.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {binary}"))?;
+        let mut nats = Self {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+            _store: store,
+        };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Ok(Some(nats));
+            }
+            if let Ok(Some(status)) = nats.child.try_wait() {
+                anyhow::bail!("{binary} exited at once ({status})");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        let _ = nats.child.kill();
+        anyhow::bail!("{binary} did not listen on 127.0.0.1:{port} within 5 s")
+    }
+}
+
+impl Drop for LocalNats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -129,6 +206,23 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
         (1..=64).contains(&args.workers),
         "--workers must be within 1..=64"
     );
+    anyhow::ensure!(
+        (1..=8).contains(&args.gateways),
+        "--gateways must be within 1..=8"
+    );
+    let mut nats = None;
+    let plane_url = match (&args.nats, args.gateways) {
+        (Some(url), _) => Some(url.clone()),
+        (None, 1) => None,
+        (None, _) => {
+            let started = LocalNats::start()?.ok_or_else(|| {
+                anyhow::anyhow!("--gateways {} shares load over NATS: install nats-server (apt-get install nats-server) or give --nats URL", args.gateways)
+            })?;
+            let url = started.url.clone();
+            nats = Some(started);
+            Some(url)
+        }
+    };
     let mut pre = preprocessor(&args.tokenizer)?;
     if let Some(mib) = args.tokenizer_cache_mib {
         pre = pre.with_cache_bytes(mib.saturating_mul(1 << 20));
@@ -146,7 +240,8 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
     }
     let mut workers = Vec::new();
     let mut specs = Vec::new();
-    let mut feeds = BTreeMap::new();
+    let mut feeds: Vec<BTreeMap<usize, EventFeed>> =
+        (0..args.gateways).map(|_| BTreeMap::new()).collect();
     let mut block_size = 0;
     for i in 0..args.workers {
         let mut cfg = WorkerConfig {
@@ -174,13 +269,16 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
             .await
             .with_context(|| format!("listening on 127.0.0.1:{port} for worker {}", i + 1))?;
         let w = kvroute_worker::spawn(cfg, pre.clone(), listener, None).await?;
-        feeds.insert(
-            i,
-            EventFeed::from_broadcast(
-                w.subscribe(),
-                Some(Box::new(BufferReplay(w.replay_source()))),
-            ),
-        );
+        for (g, f) in feeds.iter_mut().enumerate().take(args.gateways) {
+            let _ = g;
+            f.insert(
+                i,
+                EventFeed::from_broadcast(
+                    w.subscribe(),
+                    Some(Box::new(BufferReplay(w.replay_source()))),
+                ),
+            );
+        }
         specs.push(WorkerSpec {
             url: w.url(),
             name: Some(w.name().to_string()),
@@ -201,12 +299,33 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
     config.router.block_size = block_size;
     config.router.policy.kind = args.policy;
     config.router.policy.goodput = args.objectives.clone();
-    let addr = format!("{}:{}", config.host, config.port);
-    let listener = tokio::net::TcpListener::bind(&addr)
-        .await
-        .with_context(|| format!("listening on {addr} (another demo running? try --port)"))?;
-    let gateway = kvroute_gateway::spawn(config, pre, listener, feeds).await?;
-    Ok(Fleet { gateway, workers })
+    if let Some(url) = &plane_url {
+        config.plane = Some(kvroute_gateway::plane::PlaneConfig {
+            url: url.clone(),
+            ..Default::default()
+        });
+    }
+    let mut gateways = Vec::with_capacity(args.gateways);
+    for (g, feeds) in feeds.into_iter().enumerate() {
+        let port = match config.port {
+            0 => 0,
+            p => u16::try_from(usize::from(p) + g).map_err(|_| {
+                anyhow::anyhow!("--port {p} leaves no room for {} gateways", args.gateways)
+            })?,
+        };
+        let addr = format!("{}:{}", config.host, port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("listening on {addr} (another demo running? try --port)"))?;
+        gateways.push(kvroute_gateway::spawn(config.clone(), pre.clone(), listener, feeds).await?);
+    }
+    let gateway = gateways.remove(0);
+    Ok(Fleet {
+        gateway,
+        replicas: gateways,
+        workers,
+        nats,
+    })
 }
 
 /// Runs the demo until Ctrl-C.
@@ -224,6 +343,12 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
         println!("kvroute demo: gateway {url} (policy {}), {} simulated workers ({}, {}x real time)", args.policy.as_str(), workers.len(), args.profile, args.speedup);
         for w in workers {
             println!("  {} at {}", w.name(), w.url());
+        }
+        for g in &fleet.replicas {
+            println!("  gateway replica {} (load shared over NATS)", g.url());
+        }
+        if let Some(p) = &fleet.gateway.state().config.plane {
+            println!("  event plane: {}", p.url);
         }
         println!("  metrics: {url}/metrics   workers: {url}/debug/workers");
         if !cmd.no_ui {
@@ -253,7 +378,14 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
         }
         println!("try:\n  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":32}}'", args.model);
         println!("Ctrl-C stops.");
-        tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+        // SIGTERM too (a service manager's stop): the gateways, workers and the NATS server
+        // the demo started are all ended.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("listening for SIGTERM")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+            _ = term.recv() => {}
+        }
         println!("stopping");
         fleet.shutdown().await;
         Ok(())

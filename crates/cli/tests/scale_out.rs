@@ -294,3 +294,39 @@ async fn three_gateways_over_nats_route_as_one() {
     drop(late);
     drop(gws);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_runs_three_gateways_sharing_load() {
+    // The demo starts its own nats-server: skipped (or failed, in CI) without one, as the
+    // tests that start it themselves.
+    let Some(_probe) = NatsServer::start() else {
+        return;
+    };
+    let demo = Server::start(&[
+        "demo",
+        "--gateways",
+        "3",
+        "--port",
+        "0",
+        "--no-ui",
+        "--speedup",
+        "20",
+    ]);
+    let first = demo.value_after("kvroute demo: gateway ");
+    let mut urls = vec![first];
+    for _ in 0..2 {
+        urls.push(demo.value_after("gateway replica "));
+    }
+    for u in &urls {
+        assert!(
+            eventually(Duration::from_secs(15), async || {
+                let text = get_text(&client(), &format!("{u}/metrics")).await;
+                sample(&text, "kvroute_peer_replicas") == Some(2.0)
+            })
+            .await,
+            "{u} does not see two peers"
+        );
+    }
+    assert!(hit_rate(&urls, 0..3).await > 0.5);
+    assert!(demo.interrupt(), "the demo did not stop cleanly");
+}
