@@ -347,7 +347,7 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
         for g in &fleet.replicas {
             println!("  gateway replica {} (load shared over NATS)", g.url());
         }
-        if let Some(p) = &fleet.gateway.state().config.plane {
+        if let Some(p) = &fleet.gateway.state().config().plane {
             println!("  event plane: {}", p.url);
         }
         println!("  metrics: {url}/metrics   workers: {url}/debug/workers");

@@ -16,20 +16,20 @@ use tokio::sync::Notify;
 /// Shared by every handler and background task.
 pub struct Gateway {
     /// The settings.
-    pub config: GatewayConfig,
+    pub(crate) config: GatewayConfig,
     router: Mutex<Router>,
     /// The workers.
-    pub registry: Registry,
+    pub(crate) registry: Registry,
     /// Chat template and tokenizer (or approximate mode).
-    pub preprocessor: Preprocessor,
+    pub(crate) preprocessor: Preprocessor,
     /// Calls to workers.
-    pub client: reqwest::Client,
+    pub(crate) client: reqwest::Client,
     /// Metrics.
-    pub metrics: Metrics,
+    pub(crate) metrics: Metrics,
     /// The policy's name (metric label).
-    pub policy: &'static str,
+    pub(crate) policy: &'static str,
     /// Where the gateway's times come from.
-    pub clock: Clock,
+    pub(crate) clock: Clock,
     next_request: AtomicU64,
     /// Requests waiting for a free worker (locked before the router when both are).
     queue: Mutex<AdmissionQueue<Waiter>>,
@@ -37,13 +37,13 @@ pub struct Gateway {
     queued: AtomicUsize,
     /// Rings the queue's task (`routing::queue::drive`) when load is released or workers
     /// change while requests wait.
-    pub wake: Notify,
+    pub(crate) wake: Notify,
     models: RwLock<Vec<String>>,
     adapters: RwLock<Vec<String>>,
     /// Where bookings go to the other replicas (set once, when the plane shares load).
-    pub load_share: std::sync::OnceLock<crate::plane::LoadShare>,
+    pub(crate) load_share: std::sync::OnceLock<crate::plane::LoadShare>,
     /// The event plane's connection, when the gateway has one.
-    pub plane: std::sync::OnceLock<crate::plane::Connection>,
+    pub(crate) plane: std::sync::OnceLock<crate::plane::Connection>,
 }
 
 /// At most this many model names and adapter names are learned from workers.
@@ -393,6 +393,16 @@ impl Gateway {
             .set(i64::try_from(own).unwrap_or(i64::MAX));
         self.metrics.peer_replicas.set(peers.peers as i64);
         self.metrics.peer_inflight.set(peers.inflight as i64);
+    }
+
+    /// The settings it runs with (workers' data-parallel ranks expanded).
+    pub fn config(&self) -> &GatewayConfig {
+        &self.config
+    }
+
+    /// The workers now.
+    pub fn workers(&self) -> Vec<std::sync::Arc<crate::registry::WorkerEntry>> {
+        self.registry.all()
     }
 
     /// The event plane's connection, when there is one.
