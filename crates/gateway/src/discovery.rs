@@ -1,8 +1,11 @@
 //! Where workers come from: the configured list (static), a watched file, DNS names (a
-//! Kubernetes headless Service resolves to its ready Pods' addresses). Every source yields
+//! Kubernetes headless Service resolves to its ready Pods' addresses), Kubernetes Pods by
+//! label selector (`kubernetes.rs`). Every source yields
 //! the whole set of engines it sees now; [`reconcile`] makes the fleet that set: engines
 //! gone (or changed) leave, new ones join. A source that fails (a file that does not parse,
 //! a name that does not resolve) changes nothing: the fleet stays as it was.
+
+pub mod kubernetes;
 
 use crate::config::{ConfigError, WorkerSpec};
 use crate::fleet;
@@ -22,6 +25,8 @@ pub struct DiscoveryConfig {
     pub file: Option<PathBuf>,
     /// DNS names resolved periodically, each address one engine.
     pub dns: Vec<DnsSource>,
+    /// Pods of a namespace by label selector, watched through the API server.
+    pub kubernetes: Option<kubernetes::KubernetesSource>,
     /// Seconds between looks at the sources.
     pub interval_secs: f64,
     /// Most engines the sources may bring (more are left out, with a warning).
@@ -35,6 +40,7 @@ impl Default for DiscoveryConfig {
         Self {
             file: None,
             dns: Vec::new(),
+            kubernetes: None,
             interval_secs: 2.0,
             max_workers: 1024,
             max_file_bytes: 1 << 20,
@@ -83,7 +89,7 @@ impl Default for DnsSource {
 impl DiscoveryConfig {
     /// Whether any source besides the static list is set.
     pub fn enabled(&self) -> bool {
-        self.file.is_some() || !self.dns.is_empty()
+        self.file.is_some() || !self.dns.is_empty() || self.kubernetes.is_some()
     }
 
     /// Checks the settings.
@@ -111,6 +117,24 @@ impl DiscoveryConfig {
             }
             // Checks the templates' shape with a stand-in address.
             d.spec("10.0.0.1".parse().expect("an address")).check()?;
+        }
+        if let Some(k) = &self.kubernetes {
+            if k.namespace.is_empty()
+                || k.port_name.is_empty()
+                || !(k.scheme == "http" || k.scheme == "https")
+            {
+                return Err(ConfigError(
+                    "discovery.kubernetes needs a namespace, a port_name and scheme http or https"
+                        .into(),
+                ));
+            }
+            if let Some(u) = &k.api_url {
+                if reqwest::Url::parse(u).is_err() {
+                    return Err(ConfigError(format!(
+                        "discovery.kubernetes.api_url {u:?} is not a URL"
+                    )));
+                }
+            }
         }
         Ok(())
     }
@@ -225,6 +249,7 @@ pub async fn run(gw: Arc<Gateway>, configured: Vec<WorkerSpec>) {
     let mut last_file: Option<Vec<WorkerSpec>> = None;
     let mut last_dns: BTreeMap<String, Vec<WorkerSpec>> = BTreeMap::new();
     let mut applied: Option<Vec<WorkerSpec>> = None;
+    let pods = cfg.kubernetes.clone().map(kubernetes::watch_pods);
     loop {
         tick.tick().await;
         if let Some(path) = &cfg.file {
@@ -251,14 +276,17 @@ pub async fn run(gw: Arc<Gateway>, configured: Vec<WorkerSpec>) {
                 }
             }
         }
-        if cfg.file.is_some() && last_file.is_none() {
-            // Nothing read yet: removing the configured engines on a missing file would
-            // empty the fleet.
+        let from_pods = pods.as_ref().map(|p| p.borrow().clone());
+        if (cfg.file.is_some() && last_file.is_none())
+            || from_pods.as_ref().is_some_and(Option::is_none)
+        {
+            // A source not read yet: reconciling without it would take its engines out.
             continue;
         }
         let mut desired = configured.clone();
         desired.extend(last_file.iter().flatten().cloned());
         desired.extend(last_dns.values().flatten().cloned());
+        desired.extend(from_pods.flatten().into_iter().flatten());
         let mut seen = std::collections::BTreeSet::new();
         desired.retain(|w| seen.insert(w.display_name()));
         if desired.len() > cfg.max_workers {

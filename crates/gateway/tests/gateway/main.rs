@@ -8,6 +8,7 @@ mod events;
 mod explain;
 mod fleet;
 mod health;
+mod kubernetes;
 mod migration;
 mod plane;
 mod ranks;

@@ -1,0 +1,160 @@
+//! Kubernetes discovery against a stub API server on 127.0.0.1 (no cluster runs here): the
+//! Pod list, then watch events in the API's JSON form (ADDED not ready, MODIFIED ready,
+//! DELETED), each turned into workers joining and leaving the running gateway.
+
+use crate::support::*;
+use kvroute_gateway::discovery::kubernetes::KubernetesSource;
+use kvroute_gateway::discovery::DiscoveryConfig;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
+
+fn pod(name: &str, port: u16, ready: bool) -> serde_json::Value {
+    let ready = if ready { "True" } else { "False" };
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "inference", "uid": format!("uid-{name}"),
+            "resourceVersion": "101", "labels": {"app": "vllm"}},
+        "spec": {"containers": [{"name": "engine", "image": "kvroute",
+            "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}]}]},
+        "status": {"phase": "Running", "podIP": "127.0.0.1",
+            "conditions": [{"type": "Ready", "status": ready}]}
+    })
+}
+
+/// The stub: the list answers `items`; the first watch streams what the test sends.
+struct Stub {
+    url: String,
+    queries: Arc<Mutex<Vec<String>>>,
+    events: mpsc::Sender<serde_json::Value>,
+}
+
+async fn stub(items: Vec<serde_json::Value>) -> Stub {
+    use axum::extract::{RawQuery, State};
+    let (tx, rx) = mpsc::channel::<serde_json::Value>(16);
+    let queries = Arc::new(Mutex::new(Vec::new()));
+    type Shared = (
+        Vec<serde_json::Value>,
+        Arc<Mutex<Vec<String>>>,
+        Arc<Mutex<Option<mpsc::Receiver<serde_json::Value>>>>,
+    );
+    let state: Shared = (items, queries.clone(), Arc::new(Mutex::new(Some(rx))));
+    let app = axum::Router::new()
+        .route(
+            "/api/v1/namespaces/inference/pods",
+            axum::routing::get(
+                |State((items, queries, watch)): State<Shared>, RawQuery(q): RawQuery| async move {
+                    let q = q.unwrap_or_default();
+                    queries.lock().unwrap().push(q.clone());
+                    if !q.contains("watch=true") {
+                        let list = serde_json::json!({"kind": "PodList", "apiVersion": "v1",
+                        "metadata": {"resourceVersion": "100"}, "items": items});
+                        return axum::response::Response::builder()
+                            .header("content-type", "application/json")
+                            .body(axum::body::Body::from(list.to_string()))
+                            .unwrap();
+                    }
+                    let rx = watch.lock().unwrap().take();
+                    let body = match rx {
+                        Some(rx) => axum::body::Body::from_stream(
+                            tokio_stream::wrappers::ReceiverStream::new(rx)
+                                .map(|e| Ok::<_, std::io::Error>(format!("{e}\n"))),
+                        ),
+                        // Later watches stay open with nothing to say.
+                        None => axum::body::Body::from_stream(futures_util::stream::pending::<
+                            Result<String, std::io::Error>,
+                        >()),
+                    };
+                    axum::response::Response::builder()
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .unwrap()
+                },
+            ),
+        )
+        .with_state(state);
+    Stub {
+        url: kvroute_testkit::serve(app).await,
+        queries,
+        events: tx,
+    }
+}
+
+use futures_util::StreamExt;
+
+async fn names(url: &str) -> Vec<String> {
+    debug_workers(url).await["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["worker"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn port(w: &kvroute_worker::WorkerHandle) -> u16 {
+    w.url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_by_label_join_when_ready_and_leave_when_deleted() {
+    let a = worker("a").await;
+    let b = worker("b").await;
+    let api = stub(vec![pod("vllm-a", port(&a), true)]).await;
+    let mut cfg = config(&[], "round_robin");
+    cfg.discovery = DiscoveryConfig {
+        kubernetes: Some(KubernetesSource {
+            namespace: "inference".into(),
+            selector: "app=vllm".into(),
+            api_url: Some(api.url.clone()),
+            ..KubernetesSource::default()
+        }),
+        interval_secs: 0.1,
+        ..DiscoveryConfig::default()
+    };
+    let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
+    let url = gw.url();
+    assert!(
+        eventually(10, async || names(&url).await == ["vllm-a"]).await,
+        "{:?}",
+        names(&url).await
+    );
+    let q = api.queries.lock().unwrap().clone();
+    assert!(
+        q.iter().all(|q| q.contains("labelSelector=app%3Dvllm")),
+        "{q:?}"
+    );
+    // A Pod that is not Ready yet is no worker; once Ready it is.
+    api.events
+        .send(serde_json::json!({"type": "ADDED", "object": pod("vllm-b", port(&b), false)}))
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert_eq!(names(&url).await, ["vllm-a"]);
+    api.events
+        .send(serde_json::json!({"type": "MODIFIED", "object": pod("vllm-b", port(&b), true)}))
+        .await
+        .unwrap();
+    assert!(eventually(10, async || names(&url).await == ["vllm-a", "vllm-b"]).await);
+    // Deleted: it leaves; requests go to the one left.
+    api.events
+        .send(serde_json::json!({"type": "DELETED", "object": pod("vllm-a", port(&a), true)}))
+        .await
+        .unwrap();
+    assert!(eventually(10, async || names(&url).await == ["vllm-b"]).await);
+    let (status, w, _) = post(
+        &url,
+        "/v1/chat/completions",
+        &chat(&[("user", "hi")], false, 2),
+    )
+    .await;
+    assert_eq!((status, w.as_deref()), (200, Some("vllm-b")));
+    gw.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
