@@ -150,6 +150,33 @@ async fn hit_rate(urls: &[String], ids: std::ops::Range<usize>) -> f64 {
     cached as f64 / prompt as f64
 }
 
+/// The upper bounds of the buckets holding the median and the 99th percentile of
+/// `kvroute_peer_load_delay_seconds`, and the count.
+fn delay_quantiles(metrics: &str) -> (f64, f64, f64) {
+    let mut buckets: Vec<(f64, f64)> = metrics
+        .lines()
+        .filter(|l| l.starts_with("kvroute_peer_load_delay_seconds_bucket{"))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let n = buckets.last().map_or(0.0, |b| b.1);
+    let q = |f: f64| {
+        buckets
+            .iter()
+            .find(|b| b.1 >= f * n)
+            .map_or(f64::INFINITY, |b| b.0)
+    };
+    (q(0.5), q(0.99), n)
+}
+
 async fn workers(url: &str) -> Vec<serde_json::Value> {
     get_json(&client(), &format!("{url}/debug/workers")).await["workers"]
         .as_array()
@@ -219,6 +246,16 @@ async fn three_gateways_over_nats_route_as_one() {
     );
     for u in &urls {
         assert!(eventually(Duration::from_secs(15), async || mirrors(u, &engines).await).await);
+    }
+    // How late each gateway reads its peers' bookings (sent and read on this machine's clock).
+    for u in &urls {
+        let text = get_text(&client(), &format!("{u}/metrics")).await;
+        let (p50, p99, n) = delay_quantiles(&text);
+        eprintln!("peer load delay at {u}: p50 <= {p50} s, p99 <= {p99} s over {n} messages");
+        assert!(
+            n > 0.0 && p99 <= 0.1,
+            "bookings reach the peers late: p99 <= {p99} s"
+        );
     }
 
     // SIGKILL of gateway 2 while it serves a long stream: the others keep serving, and its

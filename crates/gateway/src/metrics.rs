@@ -82,6 +82,9 @@ pub struct Metrics {
     /// Load messages, by result (`applied`, `undecodable`, `gap`, `dropped`, `unknown_worker`,
     /// `refused`).
     pub peer_messages: IntCounterVec,
+    /// Seconds from a peer sending a load message to this gateway reading it (by the two
+    /// machines' clocks).
+    pub peer_load_delay: Histogram,
 }
 
 fn token_buckets() -> Vec<f64> {
@@ -305,6 +308,11 @@ impl Metrics {
                 "kvroute_peer_load_messages_total",
                 "Load sharing between gateway replicas: messages and operations, by result.",
                 &["result"],
+            )?,
+            peer_load_delay: histogram(
+                "kvroute_peer_load_delay_seconds",
+                "Seconds from a peer gateway sending its bookings to this one reading them.",
+                exponential_buckets(25e-6, 2.0, 16)?,
             )?,
             migrations: counter_vec(
                 "kvroute_migrations_total",

@@ -207,6 +207,10 @@ pub struct LoadMessage {
     pub ops: Vec<LoadOp>,
     /// The replica's requests in flight, when listed.
     pub inflight: Option<Vec<u64>>,
+    /// When it was sent, in nanoseconds since the Unix epoch (the sender's clock): the
+    /// receivers measure how late bookings reach them.
+    #[serde(default)]
+    pub sent_ns: u64,
 }
 
 /// One booking operation.
@@ -405,6 +409,7 @@ mod tests {
                 },
             ],
             inflight: Some(vec![2, 3]),
+            sent_ns: 1_790_000_000_000_000_000,
         };
         assert_eq!(LoadMessage::decode(&m.encode()).unwrap(), m);
         assert!(LoadMessage::decode(b"\x01").is_err());

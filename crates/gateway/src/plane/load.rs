@@ -130,6 +130,7 @@ async fn publish(
             n,
             ops,
             inflight: listing,
+            sent_ns: unix_ns(),
         };
         n += 1;
         if let Err(e) = client.publish(subject.clone(), m.encode().into()).await {
@@ -174,6 +175,10 @@ async fn receive(gw: Arc<Gateway>, client: async_nats::Client, subject: String, 
         };
         if m.replica == replica {
             continue;
+        }
+        if m.sent_ns > 0 {
+            let late = unix_ns().saturating_sub(m.sent_ns);
+            gw.metrics.peer_load_delay.observe(late as f64 / 1e9);
         }
         if last.len() > kvroute_core::router::MAX_PEERS * 2 {
             last.clear();
@@ -266,4 +271,11 @@ async fn expire(gw: Arc<Gateway>, ttl_secs: f64) {
             dropped.inc_by(s.dropped().saturating_sub(dropped.get()));
         }
     }
+}
+
+/// Now, in nanoseconds since the Unix epoch (0 if the clock is before it).
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
