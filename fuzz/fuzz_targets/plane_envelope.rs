@@ -4,7 +4,7 @@
 #![no_main]
 
 use kvroute_protocol::plane::{
-    batch_of, from_bytes, Envelope, Item, LoadMessage, ReplayPage, ReplayRequest,
+    batch_of, from_bytes, Envelope, Item, LoadMessage, ReplayPage, ReplayRequest, Snapshot,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -21,6 +21,9 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = from_bytes::<ReplayRequest>(data);
+    if let Ok(s) = Snapshot::decode(data) {
+        assert_eq!(s.pairs().map(|p| p.count()).ok(), Some(s.blocks.len() / 16));
+    }
     if let Ok(m) = LoadMessage::decode(data) {
         assert_eq!(LoadMessage::decode(&m.encode()).ok(), Some(m));
     }

@@ -589,6 +589,27 @@ impl PrefixIndex {
             .map_or(0, |s| s.held)
     }
 
+    /// Every block `worker` holds as `(engine hash, sequence hash)`, an engine hash held in
+    /// several copies once per copy: applied to an empty worker as one `StoredHashed`
+    /// event, they give it the same blocks (a snapshot).
+    pub fn export_worker(&self, worker: WorkerId) -> Vec<(EngineHash, SequenceHash)> {
+        let Some(slot) = self
+            .slot_of
+            .get(&worker)
+            .and_then(|&ix| self.slots[ix].as_ref())
+        else {
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(slot.blocks.len());
+        for (name, seq) in slot.blocks.iter() {
+            let copies = 1 + slot.copies.get(&name).copied().unwrap_or(0) as usize;
+            for _ in 0..copies {
+                out.push((EngineHash(name), SequenceHash(seq)));
+            }
+        }
+        out
+    }
+
     /// Total `(block, worker)` entries.
     pub fn entries(&self) -> usize {
         self.slots.iter().flatten().map(|s| s.held).sum()

@@ -592,6 +592,11 @@ impl Router {
         Ok(())
     }
 
+    /// Every block `worker` holds, as `PrefixIndex::export_worker` gives them (a snapshot).
+    pub fn export_worker(&self, worker: WorkerId) -> Vec<(crate::EngineHash, crate::SequenceHash)> {
+        self.index.export_worker(worker)
+    }
+
     /// The request's first token arrived at `now`.
     pub fn first_token(&mut self, request: RequestId, now: Time) -> Result<(), LedgerError> {
         self.ledger.first_token(request, now)

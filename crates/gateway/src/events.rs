@@ -40,7 +40,25 @@ pub trait Replay: Send + Sync {
         &self,
         from: u64,
     ) -> futures_util::future::BoxFuture<'_, Result<Vec<Arc<EventBatch>>, String>>;
+
+    /// The latest snapshot of the worker's index, when the source keeps one (the event
+    /// plane's object store): loaded at start, before the replay catches up from its batch.
+    fn snapshot(&self) -> futures_util::future::BoxFuture<'_, Option<Snapshot>> {
+        Box::pin(async { None })
+    }
 }
+
+/// A worker's index as another gateway held it: its blocks, and the batch applied last.
+pub struct Snapshot {
+    /// The batch applied last.
+    pub mark: Mark,
+    /// `(engine hash, sequence hash)` of every block.
+    pub blocks: Vec<(kvroute_core::EngineHash, kvroute_core::SequenceHash)>,
+}
+
+/// Blocks applied per hold of the router's lock when a snapshot loads (routing goes on in
+/// between).
+const SNAPSHOT_CHUNK: usize = 65_536;
 
 /// What a feed delivers.
 #[derive(Clone, Debug)]
@@ -116,6 +134,34 @@ impl EventFeed {
     }
 }
 
+/// Loads `snap` into the worker's (empty) index and takes its batch as the one applied last:
+/// the start's re-synchronisation then asks the replay service for what followed.
+fn load_snapshot(gw: &Gateway, entry: &WorkerEntry, t: &mut Tracker, snap: Snapshot) {
+    let n = snap.blocks.len();
+    for chunk in snap.blocks.chunks(SNAPSHOT_CHUNK) {
+        let (names, seqs): (Vec<_>, Vec<_>) = chunk.iter().copied().unzip();
+        let ev = kvroute_core::KvEvent::StoredHashed(kvroute_core::StoredHashed {
+            parent: None,
+            block_hashes: names,
+            sequence_hashes: seqs,
+        });
+        if let Err(e) = gw.router().apply_event(entry.id, &ev) {
+            tracing::warn!(worker = %entry.name, error = %e, "snapshot refused; the index rebuilds from the replay");
+            clear(gw, entry);
+            return;
+        }
+    }
+    *entry
+        .events
+        .last_mark
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = Some(snap.mark);
+    t.last = Some(snap.mark);
+    t.recent.push(snap.mark);
+    t.next = Some(snap.mark.seq.wrapping_add(1));
+    tracing::info!(worker = %entry.name, blocks = n, seq = snap.mark.seq, "KV index loaded from a snapshot");
+}
+
 /// One worker's ingestion state.
 #[derive(Default)]
 struct Tracker {
@@ -143,6 +189,11 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
     let mut t = Tracker::default();
     let replay = feed.replay.take();
     let replay = replay.as_deref();
+    if let Some(r) = replay {
+        if let Some(snap) = r.snapshot().await {
+            load_snapshot(&gw, entry, &mut t, snap);
+        }
+    }
     let _ = resync(&gw, entry, replay, &mut t, "start").await;
     loop {
         let item = tokio::select! {
@@ -450,7 +501,13 @@ fn finish_sync(entry: &WorkerEntry, t: &mut Tracker, next: u64) {
 /// Drops the worker's index entries (its engine lost its cache).
 fn clear(gw: &Gateway, entry: &WorkerEntry) {
     entry.events.degraded.store(false, Ordering::Relaxed);
-    gw.router().clear_worker(entry.id);
+    let mut r = gw.router();
+    r.clear_worker(entry.id);
+    *entry
+        .events
+        .last_mark
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = None;
 }
 
 /// Batches from `from` on, from the replay service within the configured time; None (and a
@@ -538,6 +595,12 @@ fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let mut router = gw.router();
+        // Under the router's lock: a snapshot taken under it pairs the index with its batch.
+        *entry
+            .events
+            .last_mark
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Mark::of(batch));
         for e in &batch.events {
             let result = if let Err(ignored) = groups.judge(e) {
                 ignored

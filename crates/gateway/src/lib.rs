@@ -220,6 +220,9 @@ pub async fn spawn(
             if p.share_load {
                 tasks.extend(plane::share_load(&gw, &conn, p, replica));
             }
+            if p.snapshot_secs > 0.0 {
+                tasks.push(plane::write_snapshots(&gw, &conn, p));
+            }
             let _ = gw.plane.set(conn);
         }
         _ => {}

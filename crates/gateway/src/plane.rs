@@ -18,10 +18,12 @@ mod feed;
 mod items;
 mod load;
 mod relay;
+mod snapshot;
 
 pub use feed::{connect, nats_feed, Connection};
 pub use load::{start as share_load, LoadShare};
 pub use relay::{run_relay, RelayOptions};
+pub use snapshot::start as write_snapshots;
 
 pub use kvroute_protocol::plane::subject_token;
 use serde::{Deserialize, Serialize};
@@ -57,6 +59,15 @@ pub struct PlaneConfig {
     pub load_heartbeat_secs: f64,
     /// Seconds of silence after which a replica's bookings are released.
     pub peer_ttl_secs: f64,
+    /// Seconds between snapshots of the indexes of workers whose events come from the
+    /// plane (0: none).
+    pub snapshot_secs: f64,
+    /// The object store bucket of the snapshots.
+    pub snapshot_bucket: String,
+    /// A snapshot older than this is not loaded.
+    pub snapshot_max_age_secs: f64,
+    /// Largest snapshot loaded, in bytes (16 per block).
+    pub max_snapshot_bytes: usize,
 }
 
 impl Default for PlaneConfig {
@@ -75,6 +86,10 @@ impl Default for PlaneConfig {
             share_load: true,
             load_heartbeat_secs: 1.0,
             peer_ttl_secs: 5.0,
+            snapshot_secs: 10.0,
+            snapshot_bucket: "KVROUTE_SNAPSHOTS".into(),
+            snapshot_max_age_secs: 600.0,
+            max_snapshot_bytes: 512 << 20,
         }
     }
 }
@@ -119,10 +134,25 @@ impl PlaneConfig {
             ("request_timeout_secs", self.request_timeout_secs),
             ("load_heartbeat_secs", self.load_heartbeat_secs),
             ("peer_ttl_secs", self.peer_ttl_secs),
+            ("snapshot_max_age_secs", self.snapshot_max_age_secs),
         ] {
             if !(v.is_finite() && v > 0.0 && v <= crate::config::MAX_TIMEOUT_SECS * 52.0) {
                 return bad(format!("{name} must be > 0 and at most a year, got {v}"));
             }
+        }
+        if !(self.snapshot_secs == 0.0
+            || (self.snapshot_secs >= 0.1 && self.snapshot_secs <= 86_400.0))
+        {
+            return bad(format!(
+                "snapshot_secs must be 0 (off) or within 0.1..=86400, got {}",
+                self.snapshot_secs
+            ));
+        }
+        if !token_ok(&self.snapshot_bucket) {
+            return bad(format!(
+                "snapshot_bucket {:?} must be letters, digits, '_' or '-'",
+                self.snapshot_bucket
+            ));
         }
         if self.peer_ttl_secs < 2.0 * self.load_heartbeat_secs {
             return bad("peer_ttl_secs must be at least twice load_heartbeat_secs".into());

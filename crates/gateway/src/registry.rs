@@ -127,6 +127,9 @@ pub struct EventStats {
     /// Set when events were lost for good or were refused (block size mismatch): the index
     /// may be wrong for this worker until its cache is cleared.
     pub degraded: AtomicBool,
+    /// The batch applied last to the index (set under the router's lock, with the batch), for
+    /// snapshots.
+    pub last_mark: Mutex<Option<crate::events::sync::Mark>>,
 }
 
 impl WorkerEntry {

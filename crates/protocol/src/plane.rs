@@ -263,6 +263,69 @@ impl LoadMessage {
     }
 }
 
+/// A worker's index as a gateway held it after applying batch `seq` (the event plane's
+/// object store keeps the latest per worker): a replica that starts loads it, then asks the
+/// relay for the batches after `seq`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// [`VERSION`].
+    pub v: u8,
+    /// The worker's name.
+    pub worker: String,
+    /// The engine's sequence number of the batch applied last.
+    pub seq: u64,
+    /// That batch's content digest (the gateway's `Mark`).
+    pub digest: u64,
+    /// When it was taken, nanoseconds since the Unix epoch.
+    pub taken_ns: u64,
+    /// The blocks: 16 bytes each, the engine's hash then the router's sequence hash, little
+    /// endian.
+    #[serde(with = "serde_bytes")]
+    pub blocks: Vec<u8>,
+}
+
+impl Snapshot {
+    /// Packs `(engine hash, sequence hash)` pairs.
+    pub fn pack(pairs: impl ExactSizeIterator<Item = (u64, u64)>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(pairs.len() * 16);
+        for (a, b) in pairs {
+            out.extend_from_slice(&a.to_le_bytes());
+            out.extend_from_slice(&b.to_le_bytes());
+        }
+        out
+    }
+
+    /// The pairs; an error when the bytes are not whole pairs.
+    pub fn pairs(&self) -> Result<impl Iterator<Item = (u64, u64)> + '_, String> {
+        if !self.blocks.len().is_multiple_of(16) {
+            return Err(format!(
+                "snapshot of {} bytes: not 16-byte pairs",
+                self.blocks.len()
+            ));
+        }
+        Ok(self.blocks.chunks_exact(16).map(|c| {
+            let (a, b) = c.split_at(8);
+            (
+                u64::from_le_bytes(a.try_into().unwrap_or_default()),
+                u64::from_le_bytes(b.try_into().unwrap_or_default()),
+            )
+        }))
+    }
+
+    /// Reads a snapshot.
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let s: Self = from_bytes(bytes).map_err(|e| format!("snapshot: {e}"))?;
+        if s.v != VERSION {
+            return Err(format!(
+                "snapshot version {} (this gateway reads {VERSION})",
+                s.v
+            ));
+        }
+        let _ = s.pairs()?;
+        Ok(s)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -417,5 +480,26 @@ mod tests {
         assert!(LoadMessage::decode(&other.encode())
             .unwrap_err()
             .contains("version"));
+    }
+
+    #[test]
+    fn snapshots_cross_the_wire_and_refuse_torn_pairs() {
+        let pairs = vec![(1u64, u64::MAX), (7, 9)];
+        let s = Snapshot {
+            v: VERSION,
+            worker: "w".into(),
+            seq: 41,
+            digest: 5,
+            taken_ns: 1,
+            blocks: Snapshot::pack(pairs.clone().into_iter()),
+        };
+        let back = Snapshot::decode(&to_bytes(&s)).unwrap();
+        assert_eq!(back.pairs().unwrap().collect::<Vec<_>>(), pairs);
+        let torn = Snapshot {
+            blocks: vec![0; 17],
+            ..s.clone()
+        };
+        assert!(Snapshot::decode(&to_bytes(&torn)).is_err());
+        assert!(Snapshot::decode(b"\x00").is_err());
     }
 }

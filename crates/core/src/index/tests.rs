@@ -457,3 +457,72 @@ fn the_eviction_order_stays_bounded_under_store_and_remove_churn() {
     // The block stored first is still the oldest held: it would go first.
     assert_eq!(slot.order.front(), Some(&1));
 }
+
+#[test]
+fn an_exported_worker_imports_as_the_same_blocks() {
+    let b = crate::BlockSize::new(4).unwrap();
+    let mut idx = PrefixIndex::new(b);
+    let w = WorkerId(1);
+    let tokens: Vec<u32> = (0..16).collect();
+    idx.apply(
+        w,
+        &KvEvent::Stored(StoredBlocks {
+            parent: None,
+            block_hashes: (1..=4).map(EngineHash).collect(),
+            token_ids: tokens.clone(),
+            block_size: 4,
+            namespace: Namespace::default(),
+            block_keys: Vec::new(),
+        }),
+    )
+    .unwrap();
+    // Block 2 stored a second time (a second physical copy), then removed once: still held.
+    idx.apply(
+        w,
+        &KvEvent::Stored(StoredBlocks {
+            parent: Some(EngineHash(1)),
+            block_hashes: vec![EngineHash(2)],
+            token_ids: tokens[4..8].to_vec(),
+            block_size: 4,
+            namespace: Namespace::default(),
+            block_keys: Vec::new(),
+        }),
+    )
+    .unwrap();
+    let exported = idx.export_worker(w);
+    assert_eq!(exported.len(), 5);
+    let mut copy = PrefixIndex::new(b);
+    let (names, seqs): (Vec<_>, Vec<_>) = exported.into_iter().unzip();
+    copy.apply(
+        w,
+        &KvEvent::StoredHashed(StoredHashed {
+            parent: None,
+            block_hashes: names,
+            sequence_hashes: seqs,
+        }),
+    )
+    .unwrap();
+    let prompt = crate::hashing::BlockedPrompt::new(&tokens, b, Namespace::default());
+    assert_eq!(copy.block_count(w), idx.block_count(w));
+    for seq in &prompt.sequence {
+        assert!(copy.contains(w, *seq) && idx.contains(w, *seq));
+    }
+    for i in [2u64, 2, 3] {
+        idx.apply(
+            w,
+            &KvEvent::Removed {
+                block_hashes: vec![EngineHash(i)],
+            },
+        )
+        .ok();
+        copy.apply(
+            w,
+            &KvEvent::Removed {
+                block_hashes: vec![EngineHash(i)],
+            },
+        )
+        .ok();
+        assert_eq!(copy.block_count(w), idx.block_count(w));
+    }
+    assert!(PrefixIndex::new(b).export_worker(w).is_empty());
+}

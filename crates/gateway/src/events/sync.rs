@@ -25,6 +25,16 @@ pub struct Mark {
 }
 
 impl Mark {
+    /// A mark from its parts (a snapshot's).
+    pub fn from_parts(seq: u64, digest: u64) -> Self {
+        Self { seq, digest }
+    }
+
+    /// The content digest.
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
     /// The mark of `b`.
     pub fn of(b: &EventBatch) -> Self {
         let mut h = DefaultHasher::new();

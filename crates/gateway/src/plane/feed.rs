@@ -78,6 +78,8 @@ pub fn nats_feed(conn: &Connection, plane: &PlaneConfig, worker: &str) -> EventF
         client: conn.client.clone(),
         subject: plane.replay_subject(worker),
         max_pages: plane.replay_max_pages,
+        plane: plane.clone(),
+        worker: worker.to_string(),
     };
     tokio::spawn(consume(conn.clone(), plane.clone(), worker.to_string(), tx));
     EventFeed {
@@ -176,9 +178,19 @@ struct NatsReplay {
     client: async_nats::Client,
     subject: String,
     max_pages: usize,
+    plane: PlaneConfig,
+    worker: String,
 }
 
 impl Replay for NatsReplay {
+    fn snapshot(&self) -> BoxFuture<'_, Option<crate::events::Snapshot>> {
+        Box::pin(super::snapshot::load(
+            &self.client,
+            &self.plane,
+            &self.worker,
+        ))
+    }
+
     fn replay_from(&self, from: u64) -> BoxFuture<'_, Result<Vec<Arc<EventBatch>>, String>> {
         Box::pin(async move {
             let mut out = Vec::new();

@@ -187,3 +187,75 @@ async fn a_nats_restart_loses_no_event() {
     g.shutdown().await;
     a.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_starts_warm_from_a_snapshot_when_the_engine_replay_no_longer_reaches_back() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    // A replay buffer of a few batches: the engine's early history is gone from it.
+    let a = zmq_worker_with("a", EventFormat::Vllm, |c| c.replay_buffer_bytes = 4096).await;
+    let ra = relay(&nats, &a, 11).await;
+    let with_snapshots = |bucket: &str| {
+        let mut cfg = config(&[&a], "kv");
+        cfg.workers[0].events = Some("nats".into());
+        cfg.plane = Some(PlaneConfig {
+            snapshot_secs: 0.2,
+            snapshot_bucket: bucket.into(),
+            ..plane_config(&nats)
+        });
+        cfg
+    };
+    let g1 = gateway_with_feeds(with_snapshots("SNAPS"), BTreeMap::new()).await;
+    for i in 0..12 {
+        let (status, _, _) = post(
+            &g1.url(),
+            "/v1/chat/completions",
+            &chat(&[("user", &topic(i))], false, 4),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    assert!(eventually(15, async || mirrors(&g1, &[&a]).await).await);
+    // Let g1 write the snapshot of what it holds now.
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    let held = engine_blocks(&a).await;
+    // Without a snapshot (another bucket), a new gateway gets only what the replay holds.
+    let cold = gateway_with_feeds(with_snapshots("NONE"), BTreeMap::new()).await;
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    let cold_blocks = index_blocks(&cold.url(), 0).await;
+    assert!(
+        cold_blocks < held,
+        "the replay buffer still held everything: {cold_blocks} of {held}"
+    );
+    // With it, the index mirrors the engine.
+    let warm = gateway_with_feeds(with_snapshots("SNAPS"), BTreeMap::new()).await;
+    assert!(
+        eventually(10, async || mirrors(&warm, &[&a]).await).await,
+        "warm gateway {} blocks, engine {held}: {}",
+        index_blocks(&warm.url(), 0).await,
+        debug_workers(&warm.url()).await
+    );
+    assert!(
+        eventually(10, async || debug_workers(&warm.url()).await["workers"][0]
+            ["worker"]["cache_state"]
+            == "exact")
+        .await,
+        "{}",
+        debug_workers(&warm.url()).await
+    );
+    assert!(mirrors(&warm, &[&a]).await);
+    // And it follows live events from there.
+    post(
+        &warm.url(),
+        "/v1/chat/completions",
+        &chat(&[("user", &topic(40))], false, 4),
+    )
+    .await;
+    assert!(eventually(10, async || mirrors(&warm, &[&a]).await).await);
+    ra.abort();
+    for g in [g1, cold, warm] {
+        g.shutdown().await;
+    }
+    a.shutdown().await;
+}
