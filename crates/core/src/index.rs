@@ -429,6 +429,20 @@ impl PrefixIndex {
     /// Every event is applied or rejected as by [`PrefixIndex::apply`].
     pub fn apply_batch(&mut self, worker: WorkerId, events: &[KvEvent]) -> BatchOutcome {
         let mut out = BatchOutcome::default();
+        self.apply_batch_with(worker, events, |_, r| match r {
+            Ok(()) => out.applied += 1,
+            Err(err) => out.rejected.push(err),
+        });
+        out
+    }
+
+    /// [`PrefixIndex::apply_batch`], telling `each` every event's result by its position.
+    pub fn apply_batch_with(
+        &mut self,
+        worker: WorkerId,
+        events: &[KvEvent],
+        mut each: impl FnMut(usize, Result<(), IndexError>),
+    ) {
         let mut i = 0;
         while i < events.len() {
             let run = events[i..]
@@ -445,15 +459,11 @@ impl PrefixIndex {
                     self.warm_removals(slot_ix, hashes.map(|h| h.0));
                 }
             }
-            for e in &events[i..i + run] {
-                match self.apply(worker, e) {
-                    Ok(()) => out.applied += 1,
-                    Err(err) => out.rejected.push(err),
-                }
+            for (k, e) in events[i..i + run].iter().enumerate() {
+                each(i + k, self.apply(worker, e));
             }
             i += run;
         }
-        out
     }
 
     /// Inserts a chain of blocks for `worker` without an engine event, using each block's

@@ -461,6 +461,26 @@ impl Router {
         self.index.apply_batch(worker, events)
     }
 
+    /// [`Router::apply_events`], telling `each` every event's result by its position (the
+    /// gateway counts them); a `Cleared` also drops what was just sent to the worker.
+    pub fn apply_events_with(
+        &mut self,
+        worker: WorkerId,
+        events: &[KvEvent],
+        mut each: impl FnMut(usize, Result<(), IndexError>),
+    ) {
+        if self.approximate.contains(&worker) {
+            (0..events.len()).for_each(|i| each(i, Ok(())));
+            return;
+        }
+        if let Some(p) = &mut self.pending {
+            if events.iter().any(|e| matches!(e, KvEvent::Cleared)) {
+                p.remove_worker(worker);
+            }
+        }
+        self.index.apply_batch_with(worker, events, each);
+    }
+
     /// Expires approximate guesses and idle sessions.
     pub fn prune(&mut self, now: Time) {
         if !self.approximate.is_empty() {

@@ -587,13 +587,51 @@ fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
         }
         return;
     }
-    let mut results: Vec<(&'static str, &'static str)> = Vec::with_capacity(batch.events.len());
+    // Which events count and their core form, outside the router's lock.
+    let mut results: Vec<(&'static str, &'static str)> = batch
+        .events
+        .iter()
+        .map(|e| (event_type(e), "applied"))
+        .collect();
+    let mut device: Vec<kvroute_core::KvEvent> = Vec::with_capacity(batch.events.len());
+    let mut device_at: Vec<usize> = Vec::with_capacity(batch.events.len());
+    let mut offloaded: Vec<(usize, kvroute_core::Tier, kvroute_core::KvEvent)> = Vec::new();
     {
         let mut groups = entry
             .events
             .groups
             .lock()
             .unwrap_or_else(|p| p.into_inner());
+        for (i, e) in batch.events.iter().enumerate() {
+            if let Err(ignored) = groups.judge(e) {
+                results[i].1 = ignored;
+                continue;
+            }
+            match e.to_kv_event() {
+                None => results[i].1 = "unknown",
+                Some(kv) if e.tier() == kvroute_core::Tier::Device => {
+                    device.push(kv);
+                    device_at.push(i);
+                }
+                Some(kv) => offloaded.push((i, e.tier(), kv)),
+            }
+        }
+    }
+    let mut judged = |i: usize, r: Result<(), IndexError>| {
+        results[i].1 = match r {
+            Ok(()) => "applied",
+            Err(IndexError::BlockSizeMismatch { expected, got, .. }) => {
+                entry.events.degraded.store(true, Ordering::Relaxed);
+                tracing::error!(worker = %name, expected, got, "KV event block size differs from the router's: events refused");
+                "block_size_mismatch"
+            }
+            Err(err) => {
+                tracing::debug!(worker = %name, error = %err, "KV event refused");
+                "refused"
+            }
+        };
+    };
+    {
         let mut router = gw.router();
         // Under the router's lock: a snapshot taken under it pairs the index with its batch.
         *entry
@@ -601,27 +639,21 @@ fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
             .last_mark
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(Mark::of(batch));
-        for e in &batch.events {
-            let result = if let Err(ignored) = groups.judge(e) {
-                ignored
-            } else {
-                match e.to_kv_event() {
-                    None => "unknown",
-                    Some(kv) => match router.apply_tier_event(entry.id, e.tier(), &kv) {
-                        Ok(()) => "applied",
-                        Err(IndexError::BlockSizeMismatch { expected, got, .. }) => {
-                            entry.events.degraded.store(true, Ordering::Relaxed);
-                            tracing::error!(worker = %name, expected, got, "KV event block size differs from the router's: events refused");
-                            "block_size_mismatch"
-                        }
-                        Err(err) => {
-                            tracing::debug!(worker = %name, error = %err, "KV event refused");
-                            "refused"
-                        }
-                    },
-                }
-            };
-            results.push((event_type(e), result));
+        if offloaded.is_empty() {
+            // The device's events in one pass (the index reads ahead across removals).
+            router.apply_events_with(entry.id, &device, |k, r| judged(device_at[k], r));
+        } else {
+            // Device and offloaded tiers interleaved: in the engine's order, one by one.
+            let mut all: Vec<(usize, kvroute_core::Tier, &kvroute_core::KvEvent)> = device_at
+                .iter()
+                .zip(&device)
+                .map(|(i, kv)| (*i, kvroute_core::Tier::Device, kv))
+                .chain(offloaded.iter().map(|(i, t, kv)| (*i, *t, kv)))
+                .collect();
+            all.sort_by_key(|(i, ..)| *i);
+            for (i, tier, kv) in all {
+                judged(i, router.apply_tier_event(entry.id, tier, kv));
+            }
         }
     }
     tracing::debug!(worker = %name, seq = batch.seq, events = batch.events.len(), ?results, "KV event batch applied");
