@@ -1,10 +1,10 @@
 //! `kvroute relay`: runs beside an engine, reads its KV events (ZMQ, with its replay
-//! service) and publishes them to the NATS event plane under the worker's name, so gateways
+//! service, or TensorRT-LLM's HTTP pull API) and publishes them to the NATS event plane under the worker's name, so gateways
 //! read them from JetStream instead of connecting to every engine (docs/scale-out.md).
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kvroute_gateway::events::{zmq_feed, ZmqSubscription};
+use kvroute_gateway::events::{poll_feeds, zmq_feed, PollSubscription, ZmqSubscription};
 use kvroute_gateway::plane::{self, PlaneConfig, RelayOptions};
 use kvroute_protocol::kv_events::EventFormat;
 use std::path::PathBuf;
@@ -17,7 +17,8 @@ pub struct RelayArgs {
     #[arg(long)]
     pub worker: String,
     /// The engine's KV event publisher: `tcp://host:port`, or `bind:tcp://host:port` (the
-    /// engine connects to the relay).
+    /// engine connects to the relay), or `poll:http://host:port/kv_cache_events`
+    /// (TensorRT-LLM's pull API; needs --block-size).
     #[arg(long)]
     pub events: String,
     /// The engine's replay endpoint (`tcp://host:port`), when it serves one.
@@ -36,6 +37,12 @@ pub struct RelayArgs {
     /// Largest KV event message accepted, in bytes.
     #[arg(long, default_value_t = 64 << 20)]
     pub max_message_bytes: usize,
+    /// The KV block size in tokens (a pull API's partial blocks are dropped by it).
+    #[arg(long)]
+    pub block_size: Option<u64>,
+    /// Seconds between calls to a pull API.
+    #[arg(long, default_value_t = 0.2)]
+    pub poll_secs: f64,
 }
 
 /// Runs the relay until Ctrl-C.
@@ -43,29 +50,73 @@ pub fn run(args: &RelayArgs) -> Result<()> {
     let mut plane: PlaneConfig = crate::read_toml(args.plane_config.as_deref())?;
     plane.url = args.nats.clone();
     plane.validate()?;
+    let poll = args.events.strip_prefix("poll:").map(str::to_string);
     let (endpoint, bind) = match args.events.strip_prefix("bind:") {
         Some(rest) => (rest.to_string(), true),
         None => (args.events.clone(), false),
     };
-    for ep in std::iter::once(&endpoint).chain(args.replay.as_ref()) {
-        let ok = ep
-            .strip_prefix("tcp://")
-            .and_then(|a| a.rsplit_once(':'))
-            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
-        anyhow::ensure!(ok, "endpoint {ep:?} must look like tcp://host:port");
+    match &poll {
+        Some(url) => {
+            anyhow::ensure!(
+                url.starts_with("http://") || url.starts_with("https://"),
+                "--events poll:URL needs an http(s) URL, got {url:?}"
+            );
+            anyhow::ensure!(args.replay.is_none(), "a pull API has no replay endpoint");
+            anyhow::ensure!(
+                args.block_size.is_some_and(|b| b > 0),
+                "--events poll:URL needs --block-size (the engine's tokens per block)"
+            );
+            anyhow::ensure!(
+                args.poll_secs.is_finite() && (0.01..=60.0).contains(&args.poll_secs),
+                "--poll-secs must be within 0.01..=60"
+            );
+        }
+        None => {
+            for ep in std::iter::once(&endpoint).chain(args.replay.as_ref()) {
+                let ok = ep
+                    .strip_prefix("tcp://")
+                    .and_then(|a| a.rsplit_once(':'))
+                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+                anyhow::ensure!(ok, "endpoint {ep:?} must look like tcp://host:port");
+            }
+        }
     }
     crate::runtime()?.block_on(async move {
-        let feed = zmq_feed(ZmqSubscription {
-            worker: args.worker.clone(),
-            endpoint,
-            bind,
-            replay: args.replay.clone(),
-            max_message_bytes: args.max_message_bytes,
-            heartbeat_secs: 5.0,
-            heartbeat_timeout_secs: 30.0,
-            replay_timeout_secs: plane.request_timeout_secs,
-        })
-        .context("subscribing to the engine's events")?;
+        let feed = match poll {
+            Some(url) => {
+                let client = reqwest::Client::builder()
+                    .no_proxy()
+                    .build()
+                    .context("an HTTP client")?;
+                poll_feeds(
+                    client,
+                    PollSubscription {
+                        worker: args.worker.clone(),
+                        url,
+                        api_key: std::env::var("KVROUTE_UPSTREAM_API_KEY").ok(),
+                        interval_secs: args.poll_secs,
+                        timeout_secs: 5.0,
+                        max_bytes: args.max_message_bytes,
+                        block_size: args.block_size.unwrap_or(0),
+                        ranks: 1,
+                    },
+                )
+                .into_iter()
+                .next()
+                .context("the pull API's feed")?
+            }
+            None => zmq_feed(ZmqSubscription {
+                worker: args.worker.clone(),
+                endpoint,
+                bind,
+                replay: args.replay.clone(),
+                max_message_bytes: args.max_message_bytes,
+                heartbeat_secs: 5.0,
+                heartbeat_timeout_secs: 30.0,
+                replay_timeout_secs: plane.request_timeout_secs,
+            })
+            .context("subscribing to the engine's events")?,
+        };
         let conn = plane::connect(&plane, &format!("kvroute-relay {}", args.worker))
             .await
             .with_context(|| format!("connecting to {}", plane.url))?;

@@ -367,3 +367,66 @@ async fn the_demo_runs_three_gateways_sharing_load() {
     assert!(hit_rate(&urls, 0..3).await > 0.5);
     assert!(demo.interrupt(), "the demo did not stop cleanly");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_polls_a_pull_api_of_events_onto_the_plane() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    // An engine with TensorRT-LLM's HTTP pull API of KV events.
+    let worker = Server::start(&[
+        "worker",
+        "--port",
+        "0",
+        "--name",
+        "trt",
+        "--speedup",
+        "20",
+        "--event-format",
+        "trtllm",
+    ]);
+    let url = worker.value_after("kvroute worker on ");
+    let name = url.trim_start_matches("http://").to_string();
+    let relay = Server::start(&[
+        "relay",
+        "--worker",
+        &name,
+        "--events",
+        &format!("poll:{url}/kv_cache_events"),
+        "--block-size",
+        "16",
+        "--nats",
+        &nats.url(),
+    ]);
+    relay.value_after("kvroute relay: ");
+    let gw = Server::start(&[
+        "serve",
+        "--port",
+        "0",
+        "--tokenizer",
+        "builtin",
+        "--block-size",
+        "16",
+        "--nats",
+        &nats.url(),
+        "--worker",
+        &format!("{url}=nats"),
+    ]);
+    let gw_url = gw.value_after("kvroute gateway on ");
+    let hit = hit_rate(std::slice::from_ref(&gw_url), 0..2).await;
+    assert!(hit > 0.5, "hit rate {hit}");
+    let engine = vec![Engine {
+        _worker: worker,
+        _relay: relay,
+        url,
+    }];
+    assert!(
+        eventually(Duration::from_secs(15), async || mirrors(&gw_url, &engine)
+            .await)
+        .await,
+        "index {:?}, engine {:?}",
+        index(&gw_url).await,
+        engine_blocks(&engine).await
+    );
+    drop(gw);
+}
