@@ -140,13 +140,18 @@ impl DiscoveryConfig {
     }
 }
 
+/// An address as a URL's host (IPv6 in brackets).
+pub fn url_host(addr: std::net::IpAddr) -> String {
+    match addr {
+        std::net::IpAddr::V4(a) => a.to_string(),
+        std::net::IpAddr::V6(a) => format!("[{a}]"),
+    }
+}
+
 impl DnsSource {
     /// The engine at `addr`.
     pub fn spec(&self, addr: std::net::IpAddr) -> WorkerSpec {
-        let host = match addr {
-            std::net::IpAddr::V4(a) => a.to_string(),
-            std::net::IpAddr::V6(a) => format!("[{a}]"),
-        };
+        let host = url_host(addr);
         let fill = |t: &Option<String>| t.as_ref().map(|t| t.replace("{host}", &host));
         WorkerSpec {
             url: format!("{}://{host}:{}", self.scheme, self.port),

@@ -213,6 +213,14 @@ impl PlaneConfig {
     }
 }
 
+/// Now, in nanoseconds since the Unix epoch (0 if the clock is before it): the time stamps
+/// of load messages and snapshots.
+pub(crate) fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -97,10 +97,7 @@ pub fn worker_of(pod: &Pod, src: &KubernetesSource) -> Option<WorkerSpec> {
     }
     let name = pod.metadata.name.clone()?;
     let ip: std::net::IpAddr = pod.status.as_ref()?.pod_ip.as_ref()?.parse().ok()?;
-    let host = match ip {
-        std::net::IpAddr::V4(a) => a.to_string(),
-        std::net::IpAddr::V6(a) => format!("[{a}]"),
-    };
+    let host = super::url_host(ip);
     let notes = pod.metadata.annotations.as_ref();
     let note = |k: &str| {
         notes

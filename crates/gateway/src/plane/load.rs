@@ -8,7 +8,7 @@
 //! `peer_ttl_secs` with all its bookings.
 
 use super::feed::Connection;
-use super::PlaneConfig;
+use super::{unix_ns, PlaneConfig};
 use crate::state::Gateway;
 use futures_util::StreamExt;
 use kvroute_core::{PeerBooking, SequenceHash, WorkerId};
@@ -271,11 +271,4 @@ async fn expire(gw: Arc<Gateway>, ttl_secs: f64) {
             dropped.inc_by(s.dropped().saturating_sub(dropped.get()));
         }
     }
-}
-
-/// Now, in nanoseconds since the Unix epoch (0 if the clock is before it).
-fn unix_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }

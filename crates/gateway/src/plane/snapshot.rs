@@ -8,7 +8,7 @@
 //! harmless: each writes a consistent one, and the loader catches up from whichever it reads.
 
 use super::feed::Connection;
-use super::PlaneConfig;
+use super::{unix_ns, PlaneConfig};
 use crate::events::sync::Mark;
 use crate::registry::CacheState;
 use crate::state::Gateway;
@@ -150,10 +150,4 @@ pub async fn load(
         mark: Mark::from_parts(snap.seq, snap.digest),
         blocks,
     })
-}
-
-fn unix_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
