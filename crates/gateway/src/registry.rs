@@ -187,6 +187,8 @@ pub struct Registry {
     workers: RwLock<Vec<Arc<WorkerEntry>>>,
     /// The next id given (ids are never used twice).
     next_id: AtomicU64,
+    /// Bumped whenever a worker joins or leaves (for caches of names to ids).
+    generation: AtomicU64,
 }
 
 /// A worker as `/debug/workers` shows it.
@@ -283,6 +285,7 @@ impl Registry {
         let r = Self {
             workers: RwLock::new(Vec::new()),
             next_id: AtomicU64::new(1),
+            generation: AtomicU64::new(0),
         };
         for spec in specs {
             r.insert(spec);
@@ -295,6 +298,7 @@ impl Registry {
         let id = WorkerId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let entry = Arc::new(WorkerEntry::new(id, spec));
         self.write().push(entry.clone());
+        self.generation.fetch_add(1, Ordering::Release);
         entry
     }
 
@@ -302,7 +306,13 @@ impl Registry {
     pub fn remove(&self, id: WorkerId) -> Option<Arc<WorkerEntry>> {
         let mut w = self.write();
         let i = w.binary_search_by_key(&id, |e| e.id).ok()?;
+        self.generation.fetch_add(1, Ordering::Release);
         Some(w.remove(i))
+    }
+
+    /// Changes with every worker that joins or leaves.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<WorkerEntry>>> {

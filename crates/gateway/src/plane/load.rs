@@ -151,12 +151,9 @@ async fn receive(gw: Arc<Gateway>, client: async_nats::Client, subject: String, 
             }
         }
     };
-    let names: HashMap<String, WorkerId> = gw
-        .registry
-        .all()
-        .iter()
-        .map(|w| (w.name.clone(), w.id))
-        .collect();
+    // Worker names to ids, made again whenever the fleet changed.
+    let mut names: HashMap<String, WorkerId> = HashMap::new();
+    let mut names_of = u64::MAX;
     let mut last: HashMap<u64, u64> = HashMap::new();
     let count = |result: &str, n: u64| {
         gw.metrics
@@ -187,6 +184,14 @@ async fn receive(gw: Arc<Gateway>, client: async_nats::Client, subject: String, 
             if m.n != prev.wrapping_add(1) {
                 count("gap", 1);
             }
+        }
+        if names_of != gw.registry.generation() {
+            names_of = gw.registry.generation();
+            names = gw
+                .workers()
+                .iter()
+                .map(|w| (w.name.clone(), w.id))
+                .collect();
         }
         let (mut applied, mut unknown, mut refused) = (0, 0, 0);
         let released = {

@@ -87,3 +87,37 @@ async fn every_replica_books_what_the_others_dispatch() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_joins_at_run_time_is_booked_on_every_replica() {
+    let Some(nats) = NatsServer::start() else {
+        return;
+    };
+    let a = worker("a").await;
+    let b = worker("b").await;
+    let g0 = replica(&nats, &[&a]).await;
+    let g1 = replica(&nats, &[&a]).await;
+    for g in [&g0, &g1] {
+        assert!(eventually(10, async || metric(g, "kvroute_peer_replicas").await == 1.0).await);
+        let spec = kvroute_gateway::WorkerSpec {
+            url: b.url(),
+            name: Some("b".into()),
+            ..kvroute_gateway::WorkerSpec::default()
+        };
+        kvroute_gateway::fleet::add(g.state(), spec).unwrap();
+    }
+    // Least loaded: one stream on each worker, both through replica 0.
+    let s1 = long_stream(&g0.url()).await;
+    let s2 = long_stream(&g0.url()).await;
+    assert!(
+        eventually(10, async || booked(&g1).await == [1, 1]).await,
+        "replica 1 books {:?}",
+        booked(&g1).await
+    );
+    drop((s1, s2));
+    assert!(eventually(10, async || booked(&g1).await == [0, 0]).await);
+    g0.shutdown().await;
+    g1.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
