@@ -122,10 +122,7 @@ pub fn run(args: &RelayArgs) -> Result<()> {
             .with_context(|| format!("connecting to {}", plane.url))?;
         // A new incarnation per start: the dedup ids of a restarted relay never collide
         // with its predecessor's.
-        let incarnation = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-            ^ u64::from(std::process::id());
+        let incarnation = plane::incarnation();
         println!(
             "kvroute relay: {} -> {} ({})",
             args.events,

@@ -202,9 +202,7 @@ pub fn reconcile(gw: &Arc<Gateway>, desired: &[WorkerSpec]) -> Changes {
         .map(|w| (w.display_name(), w))
         .collect();
     for entry in gw.registry.all() {
-        let keep = wanted
-            .get(&entry.name)
-            .is_some_and(|w| same(w, &entry.spec));
+        let keep = wanted.get(&entry.name).is_some_and(|w| *w == entry.spec);
         if !keep && fleet::remove(gw, entry.id) {
             changes.removed.push(entry.name.clone());
         }
@@ -230,19 +228,6 @@ pub fn reconcile(gw: &Arc<Gateway>, desired: &[WorkerSpec]) -> Changes {
         }
     }
     changes
-}
-
-/// Two specs of one worker describe the same engine (the key is compared as a secret:
-/// never printed).
-fn same(a: &WorkerSpec, b: &WorkerSpec) -> bool {
-    a.url == b.url
-        && a.events == b.events
-        && a.replay == b.replay
-        && a.dp_size == b.dp_size
-        && a.dp_rank == b.dp_rank
-        && a.kv_blocks == b.kv_blocks
-        && a.max_batch == b.max_batch
-        && a.api_key.as_ref().map(|k| &k.0) == b.api_key.as_ref().map(|k| &k.0)
 }
 
 /// Runs the configured sources until the gateway stops: the `configured` workers plus what

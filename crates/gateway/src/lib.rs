@@ -181,7 +181,7 @@ pub async fn spawn(
     let configured = config.workers.clone();
     let mut config = config.with_ranks_expanded();
     config.validate()?;
-    let replica = replica_id();
+    let replica = plane::incarnation();
     if config.plane.as_ref().is_some_and(|p| p.share_load) {
         // Replicas deciding at the same instant must not break ties alike (the same seed and
         // decision count would send them all to one worker): each mixes in its own id.
@@ -261,15 +261,6 @@ pub async fn spawn(
         shutdown: Some(tx),
         server: Some(server),
     })
-}
-
-/// A new id for this gateway replica (its bookings' name on the event plane): the clock and
-/// the process id mixed, so two starts never share one.
-fn replica_id() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    kvroute_core::hashing::splitmix64(nanos ^ u64::from(std::process::id()).rotate_left(32))
 }
 
 /// The listener's TLS setup from the configured PEM files (none when TLS is off).

@@ -221,6 +221,12 @@ pub(crate) fn unix_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// A new id for a relay or gateway replica that starts (dedup ids and bookings are named by
+/// it): the clock and the process id mixed, so two starts never share one.
+pub fn incarnation() -> u64 {
+    kvroute_core::hashing::splitmix64(unix_ns() ^ u64::from(std::process::id()).rotate_left(32))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

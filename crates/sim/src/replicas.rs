@@ -75,11 +75,7 @@ impl Replicas {
 
     /// A batch of a worker's device events, on every router; the first's outcome.
     pub fn apply_events(&mut self, worker: WorkerId, events: &[KvEvent]) -> BatchOutcome {
-        let (first, rest) = self.routers.split_at_mut(1);
-        for r in rest {
-            r.apply_events(worker, events);
-        }
-        first[0].apply_events(worker, events)
+        self.on_all(|r| r.apply_events(worker, events))
     }
 
     /// An offloaded tier's event, on every router; the first's outcome.
@@ -89,11 +85,16 @@ impl Replicas {
         tier: Tier,
         event: &KvEvent,
     ) -> Result<(), IndexError> {
+        self.on_all(|r| r.apply_tier_event(worker, tier, event))
+    }
+
+    /// `f` on every router (their indexes stay alike); the first's answer.
+    fn on_all<T>(&mut self, mut f: impl FnMut(&mut Router) -> T) -> T {
         let (first, rest) = self.routers.split_at_mut(1);
         for r in rest {
-            let _ = r.apply_tier_event(worker, tier, event);
+            f(r);
         }
-        first[0].apply_tier_event(worker, tier, event)
+        f(&mut first[0])
     }
 
     /// Applies the peer operations due by `now`.

@@ -8,16 +8,6 @@ use kvroute_gateway::{fleet, WorkerSpec};
 use kvroute_protocol::kv_events::EventFormat;
 use std::collections::BTreeMap;
 
-/// Names of the workers `/debug/workers` lists.
-async fn names(url: &str) -> Vec<String> {
-    debug_workers(url).await["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w["worker"]["name"].as_str().unwrap().to_string())
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_join_and_leave_while_the_gateway_runs() {
     let a = worker("a").await;
@@ -39,7 +29,7 @@ async fn workers_join_and_leave_while_the_gateway_runs() {
         fleet::add(gw.state(), spec.clone()),
         Err(fleet::FleetError::Duplicate(_))
     ));
-    assert_eq!(names(&url).await, ["a", "b"]);
+    assert_eq!(worker_names(&url).await, ["a", "b"]);
     // Round robin over both; b's events reach the index.
     let mut served = std::collections::BTreeSet::new();
     for i in 0..4 {
@@ -63,7 +53,7 @@ async fn workers_join_and_leave_while_the_gateway_runs() {
     // b leaves: its series go, every request goes to a.
     assert!(fleet::remove(gw.state(), ids[0]));
     assert!(!fleet::remove(gw.state(), ids[0]));
-    assert_eq!(names(&url).await, ["a"]);
+    assert_eq!(worker_names(&url).await, ["a"]);
     let metrics = crate::scrape(&url).await;
     assert!(!metrics.contains("worker=\"b\""), "{metrics}");
     for _ in 0..3 {
@@ -104,15 +94,15 @@ async fn a_watched_file_brings_and_takes_workers() {
     };
     let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
     let url = gw.url();
-    assert!(eventually(10, async || names(&url).await == ["a"]).await);
+    assert!(eventually(10, async || worker_names(&url).await == ["a"]).await);
     std::fs::write(&file, format!("{}\n{}", entry(&a), entry(&b))).unwrap();
-    assert!(eventually(10, async || names(&url).await == ["a", "b"]).await);
+    assert!(eventually(10, async || worker_names(&url).await == ["a", "b"]).await);
     std::fs::write(&file, entry(&b)).unwrap();
-    assert!(eventually(10, async || names(&url).await == ["b"]).await);
+    assert!(eventually(10, async || worker_names(&url).await == ["b"]).await);
     // A file that does not parse changes nothing.
     std::fs::write(&file, "[[workers]]\nurl = 7\n").unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-    assert_eq!(names(&url).await, ["b"]);
+    assert_eq!(worker_names(&url).await, ["b"]);
     let (status, w, _) = post(
         &url,
         "/v1/chat/completions",
@@ -135,14 +125,7 @@ async fn a_watched_file_brings_and_takes_workers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dns_name_brings_the_engines_it_resolves_to() {
     let a = worker("a").await;
-    let port: u16 = a
-        .url()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .trim_end_matches('/')
-        .parse()
-        .unwrap();
+    let port = worker_port(&a);
     let mut cfg = config(&[], "round_robin");
     cfg.discovery = DiscoveryConfig {
         dns: vec![DnsSource {
@@ -156,7 +139,7 @@ async fn a_dns_name_brings_the_engines_it_resolves_to() {
     let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
     let url = gw.url();
     let name = format!("127.0.0.1:{port}");
-    assert!(eventually(10, async || names(&url).await == [name.clone()]).await);
+    assert!(eventually(10, async || worker_names(&url).await == [name.clone()]).await);
     let (status, w, _) = post(
         &url,
         "/v1/chat/completions",

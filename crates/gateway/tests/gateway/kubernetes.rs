@@ -82,30 +82,11 @@ async fn stub(items: Vec<serde_json::Value>) -> Stub {
 
 use futures_util::StreamExt;
 
-async fn names(url: &str) -> Vec<String> {
-    debug_workers(url).await["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w["worker"]["name"].as_str().unwrap().to_string())
-        .collect()
-}
-
-fn port(w: &kvroute_worker::WorkerHandle) -> u16 {
-    w.url()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .trim_end_matches('/')
-        .parse()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_by_label_join_when_ready_and_leave_when_deleted() {
     let a = worker("a").await;
     let b = worker("b").await;
-    let api = stub(vec![pod("vllm-a", port(&a), true)]).await;
+    let api = stub(vec![pod("vllm-a", worker_port(&a), true)]).await;
     let mut cfg = config(&[], "round_robin");
     cfg.discovery = DiscoveryConfig {
         kubernetes: Some(KubernetesSource {
@@ -120,9 +101,9 @@ async fn pods_by_label_join_when_ready_and_leave_when_deleted() {
     let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
     let url = gw.url();
     assert!(
-        eventually(10, async || names(&url).await == ["vllm-a"]).await,
+        eventually(10, async || worker_names(&url).await == ["vllm-a"]).await,
         "{:?}",
-        names(&url).await
+        worker_names(&url).await
     );
     let q = api.queries.lock().unwrap().clone();
     assert!(
@@ -131,22 +112,30 @@ async fn pods_by_label_join_when_ready_and_leave_when_deleted() {
     );
     // A Pod that is not Ready yet is no worker; once Ready it is.
     api.events
-        .send(serde_json::json!({"type": "ADDED", "object": pod("vllm-b", port(&b), false)}))
+        .send(serde_json::json!({"type": "ADDED", "object": pod("vllm-b", worker_port(&b), false)}))
         .await
         .unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-    assert_eq!(names(&url).await, ["vllm-a"]);
+    assert_eq!(worker_names(&url).await, ["vllm-a"]);
     api.events
-        .send(serde_json::json!({"type": "MODIFIED", "object": pod("vllm-b", port(&b), true)}))
+        .send(
+            serde_json::json!({"type": "MODIFIED", "object": pod("vllm-b", worker_port(&b), true)}),
+        )
         .await
         .unwrap();
-    assert!(eventually(10, async || names(&url).await == ["vllm-a", "vllm-b"]).await);
+    assert!(
+        eventually(10, async || worker_names(&url).await
+            == ["vllm-a", "vllm-b"])
+        .await
+    );
     // Deleted: it leaves; requests go to the one left.
     api.events
-        .send(serde_json::json!({"type": "DELETED", "object": pod("vllm-a", port(&a), true)}))
+        .send(
+            serde_json::json!({"type": "DELETED", "object": pod("vllm-a", worker_port(&a), true)}),
+        )
         .await
         .unwrap();
-    assert!(eventually(10, async || names(&url).await == ["vllm-b"]).await);
+    assert!(eventually(10, async || worker_names(&url).await == ["vllm-b"]).await);
     let (status, w, _) = post(
         &url,
         "/v1/chat/completions",

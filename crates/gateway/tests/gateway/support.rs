@@ -237,3 +237,24 @@ pub async fn long_stream(
     assert!(stream.next().await.is_some());
     stream
 }
+
+/// Names of the workers the gateway's `/debug/workers` lists, in id order.
+pub async fn worker_names(url: &str) -> Vec<String> {
+    debug_workers(url).await["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["worker"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The port a worker listens on.
+pub fn worker_port(w: &WorkerHandle) -> u16 {
+    w.url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .parse()
+        .unwrap()
+}
