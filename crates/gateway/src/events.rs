@@ -194,9 +194,23 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
             load_snapshot(&gw, entry, &mut t, snap);
         }
     }
-    let _ = resync(&gw, entry, replay, &mut t, "start").await;
+    let mut retry = Retry::default();
+    let synced = resync(&gw, entry, replay, &mut t, "start").await;
+    retry.after(synced, replay.is_some());
     loop {
         let item = tokio::select! {
+            () = retry.due() => {
+                // The replay service did not answer when the publisher (re)connected (its
+                // relay may reconnect after the gateway): ask again, unless events came
+                // meanwhile and made the index whole.
+                if entry.cache_state() == CacheState::Unknown && !t.away && !t.lost {
+                    let synced = resync(&gw, entry, replay, &mut t, "replay asked again").await;
+                    retry.after(synced, true);
+                } else {
+                    retry.after(Synced::Same, true);
+                }
+                continue;
+            }
             item = feed.items.recv() => match item {
                 Some(i) => i,
                 None => break,
@@ -211,7 +225,8 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
                 // The worker answers again after failing: whether its engine restarted is
                 // for the replay service to say (even while the publisher is still away),
                 // before requests go there again.
-                let _ = resync(&gw, entry, replay, &mut t, "health check passed again").await;
+                let synced = resync(&gw, entry, replay, &mut t, "health check passed again").await;
+                retry.after(synced, replay.is_some());
                 gw.verified(entry.id);
                 continue;
             }
@@ -225,7 +240,8 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
                 t.away = false;
                 // What the engine published before this subscription held (at start, or
                 // while it was away) is in its replay buffer.
-                let _ = resync(&gw, entry, replay, &mut t, "publisher connected").await;
+                let synced = resync(&gw, entry, replay, &mut t, "publisher connected").await;
+                retry.after(synced, replay.is_some());
             }
             FeedItem::Disconnected => {
                 t.away = true;
@@ -257,6 +273,45 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
     entry.has_feed.store(false, Ordering::Release);
     gw.verified(entry.id);
     tracing::info!(worker = %entry.name, "KV event feed ended");
+}
+
+/// When to ask an unanswering replay service again: after 1 s, doubling up to 30 s, until
+/// it answers.
+#[derive(Default)]
+struct Retry {
+    at: Option<tokio::time::Instant>,
+    backoff: std::time::Duration,
+}
+
+impl Retry {
+    const FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+    const MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+    /// Notes what a re-synchronisation found.
+    fn after(&mut self, synced: Synced, has_replay: bool) {
+        if synced == Synced::NoAnswer && has_replay {
+            self.backoff = if self.backoff.is_zero() {
+                Self::FIRST
+            } else {
+                (self.backoff * 2).min(Self::MAX)
+            };
+            self.at = Some(tokio::time::Instant::now() + self.backoff);
+        } else {
+            self.at = None;
+            self.backoff = std::time::Duration::ZERO;
+        }
+    }
+
+    /// Resolves when a retry is due; never when none is pending.
+    async fn due(&mut self) {
+        match self.at {
+            Some(at) => {
+                tokio::time::sleep_until(at).await;
+                self.at = None;
+            }
+            None => std::future::pending().await,
+        }
+    }
 }
 
 impl Tracker {

@@ -69,7 +69,7 @@ pub async fn connect(
 
 /// A worker's events from the plane. The consumer starts at the stream's end (what came
 /// before is the replay's, as for a direct feed) and resumes after the last message it
-/// delivered when it is made again. NATS connection changes are reported as the
+/// delivered when it is made again: after an error and after every reconnection. NATS connection changes are reported as the
 /// publisher's ([`FeedItem::Disconnected`] / [`FeedItem::Connected`]), so the worker's
 /// cache state is `unknown` while events cannot arrive and is checked when they can.
 pub fn nats_feed(conn: &Connection, plane: &PlaneConfig, worker: &str) -> EventFeed {
@@ -105,25 +105,28 @@ async fn consume(conn: Connection, plane: PlaneConfig, worker: String, tx: mpsc:
                 .get_or_create_stream(plane.stream_config())
                 .await
                 .map_err(|e| e.to_string())?;
-            let deliver_policy = match last {
-                None => DeliverPolicy::New,
-                Some(s) => DeliverPolicy::ByStartSequence {
-                    start_sequence: s + 1,
-                },
-            };
+            let start = resume_at(last, stream.cached_info().state.last_sequence);
             let consumer = stream
                 .create_consumer(OrderedConfig {
                     filter_subject: subject.clone(),
-                    deliver_policy,
+                    deliver_policy: DeliverPolicy::ByStartSequence {
+                        start_sequence: start,
+                    },
                     ..Default::default()
                 })
                 .await
                 .map_err(|e| e.to_string())?;
-            consumer.messages().await.map_err(|e| e.to_string())
+            let messages = consumer.messages().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((messages, start))
         };
         let mut messages = tokio::select! {
             m = made => match m {
-                Ok(m) => m,
+                Ok((m, start)) => {
+                    // What comes next is read from `start` on, whatever this consumer
+                    // delivers (a remade consumer resumes there too).
+                    last = Some(start - 1);
+                    m
+                }
                 Err(e) => {
                     tracing::warn!(%worker, error = %e, "event plane: consumer not made; trying again");
                     tokio::time::sleep(backoff).await;
@@ -134,6 +137,7 @@ async fn consume(conn: Connection, plane: PlaneConfig, worker: String, tx: mpsc:
             () = tx.closed() => return,
         };
         backoff = Duration::from_millis(100);
+        let mut remake = false;
         loop {
             let item = tokio::select! {
                 m = messages.next() => match m {
@@ -162,14 +166,36 @@ async fn consume(conn: Connection, plane: PlaneConfig, worker: String, tx: mpsc:
                         continue;
                     }
                     was_up = now;
-                    if now { FeedItem::Connected } else { FeedItem::Disconnected }
+                    if now {
+                        // The server may have restarted and forgotten the consumer (the
+                        // library notices only after missing heartbeats for seconds):
+                        // make it again from the last message read.
+                        remake = true;
+                        FeedItem::Connected
+                    } else {
+                        FeedItem::Disconnected
+                    }
                 }
                 () = tx.closed() => return,
             };
             if tx.send(item).await.is_err() {
                 return;
             }
+            if std::mem::take(&mut remake) {
+                break;
+            }
         }
+    }
+}
+
+/// The stream sequence to read from: after the last message read, or after the stream's
+/// end when nothing was read yet (what came before is the replay's) or when the stream
+/// ends before it (the server lost its tail or the stream was made again: what it stores
+/// from now on is new).
+fn resume_at(last: Option<u64>, stream_last: u64) -> u64 {
+    match last {
+        Some(l) if l <= stream_last => l + 1,
+        _ => stream_last + 1,
     }
 }
 
@@ -219,5 +245,24 @@ impl Replay for NatsReplay {
             tracing::warn!(subject = %self.subject, pages = self.max_pages, "replay cut at its page limit");
             Ok(out)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resume_at;
+
+    #[test]
+    fn a_consumer_resumes_after_what_it_read_or_at_the_streams_end() {
+        // Nothing read yet: the stream's end (an empty stream's first sequence is 1).
+        assert_eq!(resume_at(None, 0), 1);
+        assert_eq!(resume_at(None, 41), 42);
+        // After the last message read, even when more was stored since.
+        assert_eq!(resume_at(Some(7), 7), 8);
+        assert_eq!(resume_at(Some(7), 30), 8);
+        // The stream ends before it (its tail lost in a crash, or made again): what it
+        // stores next is new.
+        assert_eq!(resume_at(Some(30), 7), 8);
+        assert_eq!(resume_at(Some(30), 0), 1);
     }
 }

@@ -321,3 +321,72 @@ async fn a_worker_reporting_more_blocks_than_the_limit_keeps_its_newest() {
     gw.shutdown().await;
     a.shutdown().await;
 }
+
+/// A replay service that fails while `failing` is above 0 (counting down per call), then
+/// answers from `held`.
+struct FlakyReplay {
+    failing: std::sync::atomic::AtomicUsize,
+    held: Vec<Arc<EventBatch>>,
+}
+
+impl kvroute_gateway::events::Replay for FlakyReplay {
+    fn replay_from(
+        &self,
+        from: u64,
+    ) -> futures_util::future::BoxFuture<'_, Result<Vec<Arc<EventBatch>>, String>> {
+        use std::sync::atomic::Ordering;
+        let failed = self
+            .failing
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        let got: Vec<_> = self
+            .held
+            .iter()
+            .filter(|b| b.seq >= from)
+            .cloned()
+            .collect();
+        Box::pin(async move {
+            if failed {
+                Err("no responders".to_string())
+            } else {
+                Ok(got)
+            }
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_service_that_did_not_answer_is_asked_again_until_it_does() {
+    use kvroute_gateway::events::FeedItem;
+    let a = worker("a").await;
+    let held: Vec<_> = (0..3).map(|s| one_block(s, 100 * (s as u32 + 1))).collect();
+    let (tx, items) = tokio::sync::mpsc::channel(8);
+    // The replay service does not answer at start (its relay not connected yet) nor when
+    // asked again a second later; no live batch follows. The index is built all the same.
+    let feed = EventFeed {
+        items,
+        replay: Some(Box::new(FlakyReplay {
+            failing: 2.into(),
+            held,
+        })),
+    };
+    let gw = gateway_with_feeds(config(&[&a], "kv"), BTreeMap::from([(0, feed)])).await;
+    let url = gw.url();
+    let exact = async || {
+        let w = &debug_workers(&url).await["workers"][0];
+        w["index_blocks"] == 3 && w["worker"]["cache_state"] == "exact"
+    };
+    assert!(eventually(15, exact).await, "{}", debug_workers(&url).await);
+    // The publisher goes away and comes back; the replay (answering now) catches up.
+    tx.send(FeedItem::Disconnected).await.unwrap();
+    assert!(
+        eventually(10, async || debug_workers(&url).await["workers"][0]
+            ["worker"]["cache_state"]
+            == "unknown")
+        .await
+    );
+    tx.send(FeedItem::Connected).await.unwrap();
+    assert!(eventually(10, exact).await, "{}", debug_workers(&url).await);
+    gw.shutdown().await;
+    a.shutdown().await;
+}

@@ -173,7 +173,7 @@ async fn a_nats_restart_loses_no_event() {
     }
     nats.restart();
     assert!(
-        eventually(20, async || mirrors(&g, &[&a]).await).await,
+        eventually(10, async || mirrors(&g, &[&a]).await).await,
         "after the restart the index holds {} blocks, the engine {}: {}\n{}",
         index_blocks(&g.url(), 0).await,
         engine_blocks(&a).await,
@@ -183,6 +183,20 @@ async fn a_nats_restart_loses_no_event() {
     assert!(index_blocks(&g.url(), 0).await > before);
     let w = &debug_workers(&g.url()).await["workers"][0]["worker"];
     assert_eq!(w["cache_state"], "exact", "{w}");
+    // Live events flow again at once: the gateway's consumer, which the restarted server
+    // forgot, was made again on reconnection (not seconds later, after missed heartbeats).
+    post(
+        &g.url(),
+        "/v1/chat/completions",
+        &chat(&[("user", &topic(5))], false, 4),
+    )
+    .await;
+    assert!(
+        eventually(5, async || mirrors(&g, &[&a]).await).await,
+        "live events after the restart: the index holds {} blocks, the engine {}",
+        index_blocks(&g.url(), 0).await,
+        engine_blocks(&a).await,
+    );
     ra.abort();
     g.shutdown().await;
     a.shutdown().await;
