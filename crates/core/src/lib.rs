@@ -33,7 +33,7 @@
 //! }))?;
 //! // A request with that prefix goes there.
 //! let prompt = BlockedPrompt::new(&tokens, router.block_size(), Namespace::default());
-//! let req = RouteRequest { prompt: &prompt, session: None, queue: QueueState::default(), exclude: None };
+//! let req = RouteRequest { prompt: &prompt, session: None, queue: QueueState::default(), eligible: &ANY_WORKER };
 //! let RouteOutcome::Dispatch(choice) = router.route(&req) else { unreachable!() };
 //! assert_eq!((choice.worker, choice.cached_tokens), (WorkerId(2), 8));
 //! // Book it, then release it as the stream progresses.
@@ -67,4 +67,4 @@ pub use router::{
     Router, RouterConfig, Selection, Tracking,
 };
 pub use tiers::{Loadable, Tier, TierConfig};
-pub use types::{BlockSize, InvalidBlockSize, RequestId, Time, WorkerId};
+pub use types::{BlockSize, Eligible, InvalidBlockSize, RequestId, Time, WorkerId, ANY_WORKER};

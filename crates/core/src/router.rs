@@ -25,7 +25,7 @@ use crate::index::{
 use crate::ledger::{Booking, LedgerError, LoadLedger, WorkerCapacity};
 use crate::policy::{Candidate, Choice, Policy, PolicyConfig, PolicyInput};
 use crate::tiers::{Loadable, OffloadedTiers, Tier, TierConfig};
-use crate::types::{BlockSize, RequestId, Time, WorkerId};
+use crate::types::{BlockSize, Eligible, RequestId, Time, WorkerId, ANY_WORKER};
 use serde::{Deserialize, Serialize};
 
 /// Router settings.
@@ -146,18 +146,19 @@ pub struct RouteRequest<'a> {
     pub session: Option<u64>,
     /// The gateway's queue now (not counting this request).
     pub queue: QueueState,
-    /// A worker not to choose (the one a retried request just failed on).
-    pub exclude: Option<WorkerId>,
+    /// The workers it may go to (all but the one a retried request just failed on; the
+    /// subset a data plane allows).
+    pub eligible: &'a Eligible,
 }
 
 impl<'a> RouteRequest<'a> {
-    /// A request for `prompt` with no session, an empty queue, no worker excluded.
+    /// A request for `prompt` with no session, an empty queue, any worker eligible.
     pub fn new(prompt: &'a BlockedPrompt) -> Self {
         Self {
             prompt,
             session: None,
             queue: QueueState::default(),
-            exclude: None,
+            eligible: &ANY_WORKER,
         }
     }
 }
@@ -675,7 +676,7 @@ impl Router {
         let candidates: Vec<Candidate> = self
             .ledger
             .views()
-            .filter(|v| Some(v.worker) != req.exclude && !self.unavailable.contains(&v.worker))
+            .filter(|v| req.eligible.allows(v.worker) && !self.unavailable.contains(&v.worker))
             .map(|v| {
                 let matched_blocks = matches.depth(v.worker).min(max_hit);
                 let loadable = if offloaded {

@@ -14,6 +14,54 @@ impl fmt::Display for WorkerId {
     }
 }
 
+/// The workers a request may go to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Eligible {
+    /// Any worker.
+    #[default]
+    Any,
+    /// Any but this one (a retry after it failed there).
+    Except(WorkerId),
+    /// Only these, sorted and without repeats (a data plane's subset of endpoints).
+    Only(std::sync::Arc<[WorkerId]>),
+}
+
+/// [`Eligible::Any`], for requests that borrow it.
+pub static ANY_WORKER: Eligible = Eligible::Any;
+
+impl Eligible {
+    /// Any worker but `worker`, when one is given.
+    pub fn except(worker: Option<WorkerId>) -> Self {
+        worker.map_or(Self::Any, Self::Except)
+    }
+
+    /// Only `workers` (an empty set allows none).
+    pub fn only(workers: impl IntoIterator<Item = WorkerId>) -> Self {
+        let mut v: Vec<WorkerId> = workers.into_iter().collect();
+        v.sort_unstable();
+        v.dedup();
+        Self::Only(v.into())
+    }
+
+    /// Whether `worker` may be chosen.
+    pub fn allows(&self, worker: WorkerId) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Except(w) => *w != worker,
+            Self::Only(ws) => ws.binary_search(&worker).is_ok(),
+        }
+    }
+
+    /// The set for a retry after `worker` failed: a subset loses it; otherwise every worker
+    /// but it (only the worker that failed last is avoided).
+    pub fn after_failure(&self, worker: WorkerId) -> Self {
+        match self {
+            Self::Any | Self::Except(_) => Self::Except(worker),
+            Self::Only(ws) => Self::Only(ws.iter().copied().filter(|w| *w != worker).collect()),
+        }
+    }
+}
+
 /// A request, named by the caller; unique among requests in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct RequestId(pub u64);

@@ -221,7 +221,7 @@ async fn debug_explain(State(gw): State<Arc<Gateway>>, req: Request) -> Response
             prompt: &prep.prompt,
             session: prep.session,
             queue: gw.queue_state(),
-            exclude: None,
+            eligible: &kvroute_core::ANY_WORKER,
         });
         Ok::<_, GatewayError>(explanation)
     }

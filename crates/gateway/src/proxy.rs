@@ -63,12 +63,12 @@ pub async fn forward(
     call: Arc<Call>,
     prep: Arc<Prepared>,
 ) -> Result<Response, GatewayError> {
-    let mut exclude = None;
+    let mut eligible = kvroute_core::Eligible::Any;
     let attempts = if gw.config.upstream.retry { 2 } else { 1 };
     let mut last_error = None;
     for attempt in 0..attempts {
         let (sel, guard, explanation) =
-            match admit(gw, &prep, exclude, call.explain, call.started).await {
+            match admit(gw, &prep, &eligible, call.explain, call.started).await {
                 Ok(x) => x,
                 // A retry that finds no other worker reports the first failure.
                 Err(e) if attempt > 0 => return Err(last_error.unwrap_or(e)),
@@ -148,7 +148,7 @@ pub async fn forward(
         }
         drop(guard);
         gw.metrics.retries.inc();
-        exclude = Some(worker);
+        eligible = eligible.after_failure(worker);
     }
     Err(last_error.unwrap_or_else(|| GatewayError::Internal("no attempt was made".into())))
 }

@@ -8,7 +8,8 @@ pub mod queue;
 use crate::error::GatewayError;
 use crate::state::Gateway;
 use kvroute_core::{
-    BlockedPrompt, Explanation, Namespace, RequestId, RouteRequest, Selection, Time, WorkerId,
+    BlockedPrompt, Eligible, Explanation, Namespace, RequestId, RouteRequest, Selection, Time,
+    WorkerId,
 };
 use kvroute_protocol::openai::{ApiError, RequestView};
 use kvroute_protocol::plane::LoadOp;
@@ -118,12 +119,12 @@ impl Drop for LedgerGuard {
 
 /// Routes `prep` and books the chosen worker, waiting in the admission queue (in arrival
 /// order, until its deadline) when every eligible worker is busy or earlier requests of its
-/// kind wait there; with the decision's explanation when `explain`. `exclude` is a worker
-/// the request just failed on; `started` is when the request came (for the routing time).
+/// kind wait there; with the decision's explanation when `explain`. `eligible` are the
+/// workers it may go to (not one it just failed on; a data plane's subset); `started` is when the request came (for the routing time).
 pub async fn admit(
     gw: &Arc<Gateway>,
     prep: &Prepared,
-    exclude: Option<WorkerId>,
+    eligible: &Eligible,
     explain: bool,
     started: Time,
 ) -> Result<(Selection, LedgerGuard, Option<Explanation>), GatewayError> {
@@ -134,10 +135,10 @@ pub async fn admit(
             prompt: &prep.prompt,
             session: prep.session,
             queue: q.state(),
-            exclude,
+            eligible,
         };
         // Behind the requests of its kind already waiting, without overtaking them.
-        let routed = if q.holds(exclude) {
+        let routed = if q.holds(eligible) {
             Ok(None)
         } else {
             queue::route_and_book(gw, &mut r, &request, explain)

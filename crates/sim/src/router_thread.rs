@@ -266,7 +266,7 @@ fn route(
         prompt: &prompt,
         session: call.session,
         queue: call.queue,
-        exclude: None,
+        eligible: &kvroute_core::ANY_WORKER,
     };
     let outcome = router.route(call.replica, &req, call.now);
     let booking = match &outcome {

@@ -7,8 +7,8 @@ use crate::trace_prompts::TracePrompts;
 use crate::{SimConfig, SimError, SimResult, Workload};
 use kvroute_core::router::RouteOutcome;
 use kvroute_core::{
-    AdmissionQueue, BlockSize, KvEvent, Namespace, QueueState, Queued, RejectReason, RequestId,
-    Tier, Time, Tracking, WorkerCapacity, WorkerId,
+    AdmissionQueue, BlockSize, Eligible, KvEvent, Namespace, QueueState, Queued, RejectReason,
+    RequestId, Tier, Time, Tracking, WorkerCapacity, WorkerId,
 };
 use kvroute_engine::{Engine, EnginePrompt, EngineRequest, StepOutput};
 use kvroute_workload::{BlockHashCache, ConversationId, RequestRecord, Status, Summary};
@@ -389,14 +389,17 @@ impl<'a> Sim<'a> {
             session: r.session,
         };
         // Behind the requests already waiting, without overtaking them (as in the gateway).
-        let waits = if self.queue.holds(None) {
+        let waits = if self.queue.holds(&Eligible::Any) {
             Some(q)
         } else {
             self.try_dispatch(t, q, self.queue.state())
         };
         if let Some(q) = waits {
             let admission = &self.cfg.router.admission;
-            match self.queue.push(admission, t, None, q.tokens as u64, q) {
+            match self
+                .queue
+                .push(admission, t, Eligible::Any, q.tokens as u64, q)
+            {
                 Ok(_) => {
                     self.queued_total += 1;
                     let wait = Duration::from_secs_f64(admission.max_queue_wait_secs);

@@ -3,14 +3,14 @@
 //! implementation, driven by the fleet simulator and by the live gateway alike.
 //!
 //! Order: entries wait in arrival order and are tried in that order ([`Drain`]); a request
-//! never goes ahead of an earlier one with the same eligible workers (the same excluded
-//! worker, `exclude`): an arrival finds them waiting ([`AdmissionQueue::holds`]) and queues
-//! behind, and a pass that finds one waiting skips the later ones of its kind. Requests that
-//! exclude a worker (a retry after it failed) form their own kind and may go ahead of the
-//! others, and the others ahead of them, when only the worker they differ on is free.
+//! never goes ahead of an earlier one with the same eligible workers ([`Eligible`], its
+//! kind): an arrival finds them waiting ([`AdmissionQueue::holds`]) and queues behind, and a
+//! pass that finds one waiting skips the later ones of its kind. Requests of another kind (a
+//! retry that excludes the worker it failed on, a data plane's subset) may go ahead of the
+//! others, and the others ahead of them, when only workers they differ on are free.
 
 use super::{AdmissionConfig, QueueState, RejectReason};
-use crate::types::{Time, WorkerId};
+use crate::types::{Eligible, Time};
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -23,8 +23,8 @@ pub struct Ticket(u64);
 pub struct Queued<T> {
     /// Its place.
     pub ticket: Ticket,
-    /// The worker it must not go to (its kind, for ordering).
-    pub exclude: Option<WorkerId>,
+    /// The workers it may go to (its kind, for ordering).
+    pub eligible: Eligible,
     /// Its prompt's tokens (counted against the token budget).
     pub tokens: u64,
     /// When it stops waiting: rejected with [`RejectReason::QueueTimeout`].
@@ -75,10 +75,10 @@ impl<T> AdmissionQueue<T> {
         self.entries.is_empty()
     }
 
-    /// Whether a request excluding `exclude` must wait behind one already here (of the same
+    /// Whether a request for `eligible` must wait behind one already here (of the same
     /// kind), instead of being routed at once.
-    pub fn holds(&self, exclude: Option<WorkerId>) -> bool {
-        self.entries.iter().any(|e| e.exclude == exclude)
+    pub fn holds(&self, eligible: &Eligible) -> bool {
+        self.entries.iter().any(|e| e.eligible == *eligible)
     }
 
     /// Queues a request at `now`, until `now` plus the configured wait; refused (and given
@@ -87,7 +87,7 @@ impl<T> AdmissionQueue<T> {
         &mut self,
         config: &AdmissionConfig,
         now: Time,
-        exclude: Option<WorkerId>,
+        eligible: Eligible,
         tokens: u64,
         item: T,
     ) -> Result<Ticket, (RejectReason, T)> {
@@ -99,7 +99,7 @@ impl<T> AdmissionQueue<T> {
         self.tokens = self.tokens.saturating_add(tokens);
         self.entries.push_back(Queued {
             ticket,
-            exclude,
+            eligible,
             tokens,
             deadline: now.plus(Duration::from_secs_f64(config.max_queue_wait_secs)),
             item,
@@ -157,7 +157,7 @@ impl<T> AdmissionQueue<T> {
 pub struct Drain<'q, T> {
     queue: &'q mut AdmissionQueue<T>,
     cursor: usize,
-    blocked: Vec<Option<WorkerId>>,
+    blocked: Vec<Eligible>,
 }
 
 impl<T> Drain<'_, T> {
@@ -167,7 +167,7 @@ impl<T> Drain<'_, T> {
     pub fn next(&mut self) -> Option<Queued<T>> {
         let q = &mut *self.queue;
         while self.cursor < q.entries.len() {
-            if self.blocked.contains(&q.entries[self.cursor].exclude) {
+            if self.blocked.contains(&q.entries[self.cursor].eligible) {
                 self.cursor += 1;
                 continue;
             }
@@ -182,8 +182,8 @@ impl<T> Drain<'_, T> {
     pub fn wait(&mut self, e: Queued<T>) {
         let q = &mut *self.queue;
         q.tokens = q.tokens.saturating_add(e.tokens);
-        if !self.blocked.contains(&e.exclude) {
-            self.blocked.push(e.exclude);
+        if !self.blocked.contains(&e.eligible) {
+            self.blocked.push(e.eligible.clone());
         }
         let at = q.entries.partition_point(|x| x.ticket < e.ticket);
         q.entries.insert(at, e);
@@ -199,6 +199,7 @@ impl<T> Drain<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::WorkerId;
 
     fn cfg(requests: usize, tokens: u64, wait: f64) -> AdmissionConfig {
         AdmissionConfig {
@@ -217,14 +218,14 @@ mod tests {
     fn budgets_refuse_and_give_the_request_back() {
         let c = cfg(2, 100, 1.0);
         let mut q = AdmissionQueue::new();
-        q.push(&c, t(0), None, 60, "a").unwrap();
+        q.push(&c, t(0), Eligible::Any, 60, "a").unwrap();
         assert_eq!(
-            q.push(&c, t(0), None, 41, "b"),
+            q.push(&c, t(0), Eligible::Any, 41, "b"),
             Err((RejectReason::QueueFull, "b"))
         );
-        q.push(&c, t(0), None, 40, "c").unwrap();
+        q.push(&c, t(0), Eligible::Any, 40, "c").unwrap();
         assert_eq!(
-            q.push(&c, t(0), None, 0, "d"),
+            q.push(&c, t(0), Eligible::Any, 0, "d"),
             Err((RejectReason::QueueFull, "d"))
         );
         assert_eq!(
@@ -240,9 +241,10 @@ mod tests {
     fn a_pass_goes_in_order_and_stops_a_kind_at_its_first_waiter() {
         let c = cfg(10, 1_000, 1.0);
         let mut q = AdmissionQueue::new();
-        let x = Some(WorkerId(7));
-        for (name, ex) in [("a", None), ("b", x), ("c", None), ("d", x), ("e", None)] {
-            q.push(&c, t(0), ex, 10, name).unwrap();
+        let x = Eligible::Except(WorkerId(7));
+        let any = Eligible::Any;
+        for (name, ex) in [("a", &any), ("b", &x), ("c", &any), ("d", &x), ("e", &any)] {
+            q.push(&c, t(0), ex.clone(), 10, name).unwrap();
         }
         let mut tried = Vec::new();
         let mut d = q.drain();
@@ -258,15 +260,16 @@ mod tests {
         let left: Vec<_> = q.entries.iter().map(|e| e.item).collect();
         assert_eq!(left, ["a", "c", "d", "e"]);
         assert_eq!(q.state().tokens, 40);
-        assert!(q.holds(None) && q.holds(x) && !q.holds(Some(WorkerId(1))));
+        assert!(q.holds(&any) && q.holds(&x) && !q.holds(&Eligible::Except(WorkerId(1))));
+        assert!(!q.holds(&Eligible::only([WorkerId(7)])));
     }
 
     #[test]
     fn deadlines_expire_at_the_configured_wait_and_removal_is_once() {
         let c = cfg(10, 1_000, 2.0);
         let mut q = AdmissionQueue::new();
-        let a = q.push(&c, t(1_000), None, 5, "a").unwrap();
-        let b = q.push(&c, t(1_500), None, 5, "b").unwrap();
+        let a = q.push(&c, t(1_000), Eligible::Any, 5, "a").unwrap();
+        let b = q.push(&c, t(1_500), Eligible::Any, 5, "b").unwrap();
         assert_eq!(q.next_deadline(), Some(t(3_000)));
         assert!(q.expire(t(2_999)).is_empty());
         let gone: Vec<_> = q.expire(t(3_000)).into_iter().map(|e| e.item).collect();

@@ -355,8 +355,9 @@ fn an_excluded_worker_is_never_chosen() {
         panic!("expected dispatch")
     };
     assert_eq!(best.worker, WorkerId(2));
+    let except = Eligible::Except(WorkerId(2));
     let retry = RouteRequest {
-        exclude: Some(WorkerId(2)),
+        eligible: &except,
         ..req(&p)
     };
     let RouteOutcome::Dispatch(other) = r.route(&retry) else {
@@ -364,6 +365,41 @@ fn an_excluded_worker_is_never_chosen() {
     };
     assert_ne!(other.worker, WorkerId(2));
     assert_eq!(other.matched_blocks, 0);
+    // A subset: only its workers are chosen, the best among them; an empty one allows none.
+    for subset in [[WorkerId(1)], [WorkerId(2)]] {
+        let only = Eligible::only(subset);
+        let RouteOutcome::Dispatch(s) = r.route(&RouteRequest {
+            eligible: &only,
+            ..req(&p)
+        }) else {
+            panic!("expected dispatch")
+        };
+        assert_eq!(s.worker, subset[0]);
+    }
+    let none = Eligible::only([]);
+    assert!(!matches!(
+        r.route(&RouteRequest {
+            eligible: &none,
+            ..req(&p)
+        }),
+        RouteOutcome::Dispatch(_)
+    ));
+}
+
+#[test]
+fn eligible_sets_allow_what_they_name() {
+    let only = Eligible::only([WorkerId(3), WorkerId(1), WorkerId(3)]);
+    assert_eq!(only, Eligible::only([WorkerId(1), WorkerId(3)]));
+    assert!(only.allows(WorkerId(1)) && only.allows(WorkerId(3)) && !only.allows(WorkerId(2)));
+    assert_eq!(
+        only.after_failure(WorkerId(3)),
+        Eligible::only([WorkerId(1)])
+    );
+    assert!(Eligible::Any.allows(WorkerId(9)));
+    assert_eq!(Eligible::except(None), Eligible::Any);
+    let ex = Eligible::except(Some(WorkerId(2)));
+    assert!(!ex.allows(WorkerId(2)) && ex.allows(WorkerId(1)));
+    assert_eq!(ex.after_failure(WorkerId(1)), Eligible::Except(WorkerId(1)));
 }
 
 /// `check_dispatch` says no exactly when `dispatch` would fail, and changes nothing.

@@ -318,10 +318,10 @@ async fn migrate(
         explain: false,
         ..(**call).clone()
     };
-    let mut exclude = failed;
+    let mut eligible = kvroute_core::Eligible::except(failed);
     while m.left > 0 {
         m.left -= 1;
-        let Ok((_, guard, _)) = admit(gw, &m.prep, exclude, false, next.started).await else {
+        let Ok((_, guard, _)) = admit(gw, &m.prep, &eligible, false, next.started).await else {
             return Err("failed");
         };
         let worker = guard.worker;
@@ -356,7 +356,7 @@ async fn migrate(
                     .with_label_values(&[&name, "migration"])
                     .inc();
                 tracing::warn!(request_id = %call.request_id, worker = %name, error = %e, "a continuation failed");
-                exclude = Some(worker);
+                eligible = eligible.after_failure(worker);
             }
         }
     }

@@ -78,7 +78,13 @@ pub fn enqueue(
     let tokens = request.prompt.tokens as u64;
     let first = queue.is_empty();
     let ticket = queue
-        .push(admission, gw.now(), request.exclude, tokens, waiter)
+        .push(
+            admission,
+            gw.now(),
+            request.eligible.clone(),
+            tokens,
+            waiter,
+        )
         .map_err(|(reason, _)| reason)?;
     gw.queue_changed(queue);
     if first {
@@ -162,7 +168,7 @@ pub fn drain(gw: &Arc<Gateway>) -> Option<Time> {
                     prompt: &e.item.prompt,
                     session: e.item.session,
                     queue: pass.state(),
-                    exclude: e.exclude,
+                    eligible: &e.eligible,
                 };
                 match route_and_book(gw, &mut r, &request, e.item.explain) {
                     Ok(None) => pass.wait(e),

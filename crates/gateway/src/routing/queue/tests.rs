@@ -63,7 +63,9 @@ type Admission = Result<(Selection, LedgerGuard, Option<Explanation>), GatewayEr
 /// Admits prompt `n` on a task of its own.
 fn spawn_admit(gw: &Arc<Gateway>, n: u32) -> tokio::task::JoinHandle<Admission> {
     let gw = gw.clone();
-    tokio::spawn(async move { admit(&gw, &prompt(n), None, false, gw.now()).await })
+    tokio::spawn(
+        async move { admit(&gw, &prompt(n), &kvroute_core::ANY_WORKER, false, gw.now()).await },
+    )
 }
 
 /// Lets every other task run until the queue holds `n` requests.
@@ -87,7 +89,9 @@ async fn settle() {
 #[tokio::test(start_paused = true)]
 async fn requests_go_in_arrival_order_and_a_new_one_waits_behind_them() {
     let gw = gateway(60.0);
-    let (_, first, _) = admit(&gw, &prompt(0), None, false, gw.now()).await.unwrap();
+    let (_, first, _) = admit(&gw, &prompt(0), &kvroute_core::ANY_WORKER, false, gw.now())
+        .await
+        .unwrap();
     let waiting: Vec<_> = (1..=3)
         .map(|n| {
             let h = spawn_admit(&gw, n);
@@ -99,7 +103,13 @@ async fn requests_go_in_arrival_order_and_a_new_one_waits_behind_them() {
     // take the free worker ahead of the three waiting.
     drop(first);
     let late_prompt = prompt(9);
-    let mut late = Box::pin(admit(&gw, &late_prompt, None, false, gw.now()));
+    let mut late = Box::pin(admit(
+        &gw,
+        &late_prompt,
+        &kvroute_core::ANY_WORKER,
+        false,
+        gw.now(),
+    ));
     let polled = std::future::poll_fn(|cx| Poll::Ready(late.as_mut().poll(cx).is_ready())).await;
     assert!(!polled, "the new request overtook the queue");
     assert_eq!(gw.queue_state().requests, 4);
@@ -126,7 +136,9 @@ async fn requests_go_in_arrival_order_and_a_new_one_waits_behind_them() {
 #[tokio::test(start_paused = true)]
 async fn a_waiting_request_is_refused_at_its_deadline_to_the_millisecond() {
     let gw = gateway(2.0);
-    let (_, _busy, _) = admit(&gw, &prompt(0), None, false, gw.now()).await.unwrap();
+    let (_, _busy, _) = admit(&gw, &prompt(0), &kvroute_core::ANY_WORKER, false, gw.now())
+        .await
+        .unwrap();
     let t0 = gw.now();
     let waiting = spawn_admit(&gw, 1);
     until_queued(&gw, 1).await;
@@ -152,7 +164,9 @@ async fn a_waiting_request_is_refused_at_its_deadline_to_the_millisecond() {
 #[tokio::test(start_paused = true)]
 async fn a_client_that_leaves_gives_its_place_back_and_the_next_one_goes() {
     let gw = gateway(60.0);
-    let (_, busy, _) = admit(&gw, &prompt(0), None, false, gw.now()).await.unwrap();
+    let (_, busy, _) = admit(&gw, &prompt(0), &kvroute_core::ANY_WORKER, false, gw.now())
+        .await
+        .unwrap();
     let leaving = spawn_admit(&gw, 1);
     until_queued(&gw, 1).await;
     let staying = spawn_admit(&gw, 2);
@@ -178,9 +192,17 @@ async fn a_request_that_left_while_it_was_being_booked_is_released() {
     // The queue's task books the head and sends it its worker; the head's client has left
     // in between (the booking lands in a closed channel): the booking must not leak.
     let gw = gateway(60.0);
-    let (_, busy, _) = admit(&gw, &prompt(0), None, false, gw.now()).await.unwrap();
+    let (_, busy, _) = admit(&gw, &prompt(0), &kvroute_core::ANY_WORKER, false, gw.now())
+        .await
+        .unwrap();
     let head_prompt = prompt(1);
-    let mut head = Box::pin(admit(&gw, &head_prompt, None, false, gw.now()));
+    let mut head = Box::pin(admit(
+        &gw,
+        &head_prompt,
+        &kvroute_core::ANY_WORKER,
+        false,
+        gw.now(),
+    ));
     let polled = std::future::poll_fn(|cx| Poll::Ready(head.as_mut().poll(cx).is_ready())).await;
     assert!(!polled);
     drop(busy);
@@ -191,6 +213,8 @@ async fn a_request_that_left_while_it_was_being_booked_is_released() {
     drop(head);
     assert_eq!(gw.router().ledger().inflight(), 0);
     assert_eq!(gw.queue_state().requests, 0);
-    let (_, again, _) = admit(&gw, &prompt(2), None, false, gw.now()).await.unwrap();
+    let (_, again, _) = admit(&gw, &prompt(2), &kvroute_core::ANY_WORKER, false, gw.now())
+        .await
+        .unwrap();
     drop(again);
 }
