@@ -4,6 +4,7 @@
 //! carried on by another worker when its own fails mid-way).
 
 mod stream;
+pub(crate) mod watch;
 
 use crate::error::GatewayError;
 use crate::routing::{admit, LedgerGuard, Prepared};
@@ -22,19 +23,19 @@ use std::time::Duration;
 
 /// What the gateway reads of an answer or stream chunk.
 #[derive(Deserialize)]
-struct Peek {
+pub(crate) struct Peek {
     #[serde(default)]
-    choices: Vec<IgnoredAny>,
+    pub(crate) choices: Vec<IgnoredAny>,
     #[serde(default)]
-    usage: Option<Usage>,
+    pub(crate) usage: Option<Usage>,
 }
 
 /// What the router expected of a request's worker, checked against the engine's usage.
 #[derive(Clone, Copy, Debug)]
-struct Prediction {
-    worker: kvroute_core::WorkerId,
-    predicted: u64,
-    prompt_tokens: u64,
+pub(crate) struct Prediction {
+    pub(crate) worker: kvroute_core::WorkerId,
+    pub(crate) predicted: u64,
+    pub(crate) prompt_tokens: u64,
 }
 
 /// One request on its way through the gateway.
@@ -359,7 +360,7 @@ async fn read_body(gw: &Gateway, mut resp: reqwest::Response) -> (Option<&'stati
 
 /// Records a finished request; a successful one whose usage reports cached tokens is a
 /// sample of the worker's prediction accuracy (`prediction`; none for a migrated stream).
-fn finish(
+pub(crate) fn finish(
     gw: &Gateway,
     model: &str,
     status: StatusCode,

@@ -36,6 +36,22 @@ pub fn free_low_port() -> u16 {
     }
 }
 
+/// Binds `socket` to `endpoint`. An engine restarting on the same port may find it still
+/// held for a moment by the socket it closed (ZMQ closes sockets on its own I/O thread):
+/// tried again for up to 5 s.
+fn bind(socket: &zmq::Socket, endpoint: &str, kind: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match socket.bind(endpoint) {
+            Ok(()) => return,
+            Err(zmq::Error::EADDRINUSE) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => panic!("bind {kind} to {endpoint}: {e}"),
+        }
+    }
+}
+
 /// A PUB socket playing an engine's KV event publisher.
 pub struct Publisher {
     socket: Mutex<zmq::Socket>,
@@ -48,7 +64,7 @@ impl Publisher {
     pub fn bind(endpoint: &str) -> Self {
         let socket = context().socket(zmq::PUB).expect("PUB socket");
         socket.set_linger(0).expect("linger");
-        socket.bind(endpoint).expect("bind PUB");
+        bind(&socket, endpoint, "PUB");
         Self {
             endpoint: endpoint_of(&socket),
             socket: Mutex::new(socket),
@@ -162,7 +178,7 @@ impl ReplayServer {
     pub fn bind(endpoint: &str) -> Self {
         let socket = context().socket(zmq::ROUTER).expect("ROUTER socket");
         socket.set_linger(0).expect("linger");
-        socket.bind(endpoint).expect("bind ROUTER");
+        bind(&socket, endpoint, "ROUTER");
         let endpoint = endpoint_of(&socket);
         let history: History = Arc::default();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
