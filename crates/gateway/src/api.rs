@@ -42,9 +42,15 @@ pub fn routes(gw: Arc<Gateway>, policy: &Arc<AccessPolicy>) -> Router {
 }
 
 fn request_id(gw: &Gateway, headers: &HeaderMap) -> String {
-    headers
-        .get(REQUEST_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
+    request_id_of(
+        gw,
+        headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()),
+    )
+}
+
+/// The request's id: the one it came with (up to 128 bytes), or a new one.
+pub(crate) fn request_id_of(gw: &Gateway, given: Option<&str>) -> String {
+    given
         .filter(|s| !s.is_empty() && s.len() <= 128)
         .map_or_else(
             || format!("kvr-{:016x}", gw.next_request().0),

@@ -48,6 +48,8 @@ pub struct GatewayConfig {
     pub plane: Option<crate::plane::PlaneConfig>,
     /// Workers found while running (a watched file, DNS names) besides `workers`.
     pub discovery: crate::discovery::DiscoveryConfig,
+    /// The endpoint picker (`kvroute epp`): its ports and limits.
+    pub epp: crate::epp::EppConfig,
 }
 
 /// TLS for the listener: off unless both files are given.
@@ -113,6 +115,7 @@ impl Default for GatewayConfig {
             tls: TlsConfig::default(),
             plane: None,
             discovery: crate::discovery::DiscoveryConfig::default(),
+            epp: crate::epp::EppConfig::default(),
         }
     }
 }

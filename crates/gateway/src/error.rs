@@ -82,6 +82,21 @@ impl GatewayError {
 }
 
 /// An OpenAI error answer, carrying the request id.
+impl GatewayError {
+    /// The error as the endpoint picker answers it: a request shed for load (every worker
+    /// busy, the queue full, or its wait over) is 429, as the Gateway API's endpoint picker
+    /// protocol has it; 503 stays for no eligible worker at all.
+    pub fn to_picker_api(&self) -> ApiError {
+        let mut api = self.to_api();
+        if let GatewayError::Rejected(r) = self {
+            if *r != RejectReason::NoWorkers {
+                api.kind = ErrorKind::Overloaded;
+            }
+        }
+        api
+    }
+}
+
 pub fn error_response(e: &ApiError, request_id: &str) -> Response {
     let mut resp = kvroute_protocol::openai::http::error_response(e);
     if let Ok(v) = HeaderValue::from_str(request_id) {
@@ -124,6 +139,17 @@ mod tests {
             ),
             (GatewayError::Internal("x".into()), 500),
         ];
+        // The endpoint picker: shed requests are 429, no worker at all 503.
+        for (reason, status) in [
+            (RejectReason::NoWorkers, 503),
+            (RejectReason::AllWorkersBusy, 429),
+            (RejectReason::QueueFull, 429),
+            (RejectReason::QueueTimeout, 429),
+        ] {
+            let api = GatewayError::Rejected(reason).to_picker_api();
+            assert_eq!(api.status(), status, "{reason:?}");
+            assert!(api.retry_after_secs.is_some() || status == 503);
+        }
         for (e, status) in cases {
             let api = e.to_api();
             assert_eq!(api.status(), status, "{e}");

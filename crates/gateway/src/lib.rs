@@ -14,6 +14,7 @@ pub mod capacity;
 pub mod clock;
 pub mod config;
 pub mod discovery;
+pub mod epp;
 mod error;
 pub mod events;
 mod explanation;

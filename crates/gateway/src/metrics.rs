@@ -72,6 +72,9 @@ pub struct Metrics {
     pub retries: IntCounter,
     /// Failed calls to workers, by worker and kind.
     pub upstream_errors: IntCounterVec,
+    /// The endpoint picker's streams (one per request), by result (`routed`, `refused`,
+    /// `other` for requests it does not route, `busy` over `epp.max_streams`).
+    pub epp_streams: IntCounterVec,
     /// Streams that broke off after their first byte, by what became of them (`migrated`,
     /// `failed`, `limit`, `off`, `unsupported`, `complete`).
     pub migrations: IntCounterVec,
@@ -295,6 +298,11 @@ impl Metrics {
                 "kvroute_upstream_errors_total",
                 "Failed calls to workers, by worker and kind.",
                 &["worker", "kind"],
+            )?,
+            epp_streams: counter_vec(
+                "kvroute_epp_streams_total",
+                "The endpoint picker's ext_proc streams (one per request), by result.",
+                &["result"],
             )?,
             peer_replicas: gauge(
                 "kvroute_peer_replicas",

@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod envoy;
 pub mod nats;
 pub mod zmq;
 

