@@ -380,12 +380,7 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
         println!("Ctrl-C stops.");
         // SIGTERM too (a service manager's stop): the gateways, workers and the NATS server
         // the demo started are all ended.
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("listening for SIGTERM")?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
-            _ = term.recv() => {}
-        }
+        crate::stop_signal().await?;
         println!("stopping");
         fleet.shutdown().await;
         Ok(())

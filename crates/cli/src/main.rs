@@ -5,6 +5,7 @@
 
 mod bench;
 mod demo;
+mod epp;
 mod loadgen;
 mod relay;
 mod serve;
@@ -47,6 +48,8 @@ enum Command {
     Loadgen(loadgen::LoadgenArgs),
     /// Run the gateway in front of engine replicas.
     Serve(serve::ServeArgs),
+    /// The gateway as the endpoint picker of a Gateway API gateway (Envoy ext_proc).
+    Epp(epp::EppArgs),
     /// Run one simulated engine replica (OpenAI API, vLLM-style KV events over ZMQ).
     Worker(worker::WorkerArgs),
     /// Publish one engine's KV events to the NATS event plane (runs beside the engine).
@@ -97,12 +100,26 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`).
 fn init_logs() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only on a terminal: a container's log collector would keep the escapes.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
+}
+
+/// Resolves at Ctrl-C or SIGTERM (how Kubernetes and service managers stop a process).
+pub async fn stop_signal() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("listening for SIGTERM")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+        _ = term.recv() => {}
+    }
+    Ok(())
 }
 
 fn main() -> Result<()> {
@@ -126,6 +143,10 @@ fn main() -> Result<()> {
         Command::Serve(a) => {
             init_logs();
             serve::run(&a)?
+        }
+        Command::Epp(a) => {
+            init_logs();
+            epp::run(&a)?
         }
         Command::Simulate(a) => simulate::run(&a)?,
         Command::Bench(a) => bench::run(&a)?,

@@ -154,7 +154,7 @@ pub fn keys_from_env(c: &mut GatewayConfig, var: impl Fn(&str) -> Option<String>
     }
 }
 
-/// Runs the gateway until Ctrl-C.
+/// Runs the gateway until Ctrl-C or SIGTERM.
 pub fn run(args: &ServeArgs) -> Result<()> {
     let config = args.config()?;
     let pre = kvroute_gateway::load_preprocessor(&config)?;
@@ -165,9 +165,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .with_context(|| format!("listening on {addr}"))?;
         let handle = kvroute_gateway::spawn(config, pre, listener, BTreeMap::new()).await?;
         println!("kvroute gateway on {}", handle.url());
-        tokio::signal::ctrl_c()
-            .await
-            .context("waiting for Ctrl-C")?;
+        crate::stop_signal().await?;
         println!("stopping");
         handle.shutdown().await;
         Ok(())

@@ -9,6 +9,28 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The shipped Envoy configuration with the picker failing closed
+/// (`deploy/envoy/picker-fail-closed.yaml`).
+pub const FAIL_CLOSED: &str = include_str!("../../../deploy/envoy/picker-fail-closed.yaml");
+/// The shipped Envoy configuration with the picker failing open
+/// (`deploy/envoy/picker-fail-open.yaml`).
+pub const FAIL_OPEN: &str = include_str!("../../../deploy/envoy/picker-fail-open.yaml");
+
+/// A shipped configuration for a picker on 127.0.0.1:`picker_port` and engines on
+/// 127.0.0.1 at `engine_ports` (`{port}` and `{admin_port}` are [`Envoy::start`]'s).
+pub fn picker_config(template: &str, picker_port: u16, engine_ports: &[u16]) -> String {
+    let engines: Vec<String> = engine_ports
+        .iter()
+        .map(|p| {
+            format!("{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {p}}}}}}}}}")
+        })
+        .collect();
+    template
+        .replace("{picker_host}", "127.0.0.1")
+        .replace("{picker_port}", &picker_port.to_string())
+        .replace("{engine_endpoints}", &engines.join(", "))
+}
+
 /// A running Envoy.
 pub struct Envoy {
     child: Child,

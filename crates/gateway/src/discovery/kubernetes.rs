@@ -3,10 +3,13 @@
 //! breaks). A Pod is an engine while it is Ready and not terminating and has an IP; its HTTP
 //! port, KV event and replay ports come from container port names (or annotations). The
 //! gateway needs `get`, `list` and `watch` on `pods` in that namespace (docs/gateway.md).
+//! An InferencePool can choose the Pods instead ([`pool`]).
 //!
 //! The mapping from a Pod to a worker is a pure function ([`worker_of`]); the watch is
 //! tested against a stub API server serving watch events written in the API's JSON form
 //! (no cluster runs here).
+
+pub mod pool;
 
 use crate::config::WorkerSpec;
 use futures_util::StreamExt;
@@ -34,6 +37,11 @@ pub struct KubernetesSource {
     pub selector: String,
     /// The name of the container port serving the OpenAI API.
     pub port_name: String,
+    /// The HTTP port by number, instead of `port_name` (an InferencePool's target port).
+    pub port: Option<u16>,
+    /// An InferencePool (`inference.networking.k8s.io/v1`) of the namespace whose selector
+    /// and target port choose the Pods (instead of `selector` and the port settings).
+    pub inference_pool: Option<String>,
     /// The name of the container port of the KV event publisher (ZMQ), if any.
     pub events_port_name: Option<String>,
     /// The name of the container port of the replay service, if any.
@@ -57,6 +65,8 @@ impl Default for KubernetesSource {
             namespace: "default".into(),
             selector: String::new(),
             port_name: "http".into(),
+            port: None,
+            inference_pool: None,
             events_port_name: None,
             replay_port_name: None,
             scheme: "http".into(),
@@ -104,9 +114,10 @@ pub fn worker_of(pod: &Pod, src: &KubernetesSource) -> Option<WorkerSpec> {
             .and_then(|a| a.get(k))
             .map(|v| v.replace("{host}", &host))
     };
-    let port = match note(PORT_ANNOTATION) {
-        Some(p) => p.parse::<u16>().ok()?,
-        None => named_port(pod, &src.port_name)?,
+    let port = match (note(PORT_ANNOTATION), src.port) {
+        (Some(p), _) => p.parse::<u16>().ok()?,
+        (None, Some(p)) => p,
+        (None, None) => named_port(pod, &src.port_name)?,
     };
     let endpoint = |port_name: &Option<String>| {
         port_name
@@ -147,44 +158,101 @@ pub fn watch_pods(src: KubernetesSource) -> watch::Receiver<Option<Vec<WorkerSpe
                 }
             }
         };
-        let api: kube::Api<Pod> = kube::Api::namespaced(client, &src.namespace);
-        let cfg = watcher::Config::default().labels(&src.selector);
-        let mut events = watcher(api, cfg).default_backoff().boxed();
-        let mut pods: BTreeMap<String, Pod> = BTreeMap::new();
-        let mut listing: Option<BTreeMap<String, Pod>> = None;
-        while let Some(ev) = events.next().await {
-            let ev = match ev {
-                Ok(ev) => ev,
-                Err(e) => {
-                    tracing::warn!(error = %e, "Kubernetes discovery: watch failed; it starts again");
-                    continue;
-                }
-            };
-            let key = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
-            match ev {
-                watcher::Event::Init => listing = Some(BTreeMap::new()),
-                watcher::Event::InitApply(p) => {
-                    listing.get_or_insert_with(BTreeMap::new).insert(key(&p), p);
-                }
-                watcher::Event::InitDone => pods = listing.take().unwrap_or_default(),
-                watcher::Event::Apply(p) => {
-                    pods.insert(key(&p), p);
-                }
-                watcher::Event::Delete(p) => {
-                    pods.remove(&key(&p));
-                }
-            }
-            if listing.is_some() {
-                continue;
-            }
-            let workers: Vec<WorkerSpec> =
-                pods.values().filter_map(|p| worker_of(p, &src)).collect();
-            if tx.send(Some(workers)).is_err() {
+        loop {
+            let src = with_pool(&client, &src).await;
+            if !watch_once(&client, &src, &tx).await {
                 return;
             }
+            tracing::info!(selector = %src.selector, "Kubernetes discovery: the InferencePool changed; watching its Pods again");
         }
     });
     rx
+}
+
+/// `src` with its InferencePool's selector and port, read until the API server gives them.
+async fn with_pool(client: &kube::Client, src: &KubernetesSource) -> KubernetesSource {
+    let Some(name) = &src.inference_pool else {
+        return src.clone();
+    };
+    loop {
+        match pool::read(client, &src.namespace, name).await {
+            Ok(t) => {
+                return KubernetesSource {
+                    selector: t.selector,
+                    port: Some(t.port),
+                    ..src.clone()
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "Kubernetes discovery: cannot read the InferencePool; trying again in 5 s");
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            }
+        }
+    }
+}
+
+/// How often the InferencePool is read again.
+const POOL_RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Watches the Pods of `src` until the gateway stops listening (false) or its InferencePool
+/// changes (true).
+async fn watch_once(
+    client: &kube::Client,
+    src: &KubernetesSource,
+    tx: &watch::Sender<Option<Vec<WorkerSpec>>>,
+) -> bool {
+    let api: kube::Api<Pod> = kube::Api::namespaced(client.clone(), &src.namespace);
+    let cfg = watcher::Config::default().labels(&src.selector);
+    let mut events = watcher(api, cfg).default_backoff().boxed();
+    let mut pods: BTreeMap<String, Pod> = BTreeMap::new();
+    let mut listing: Option<BTreeMap<String, Pod>> = None;
+    let mut recheck =
+        tokio::time::interval_at(tokio::time::Instant::now() + POOL_RECHECK, POOL_RECHECK);
+    loop {
+        let ev = tokio::select! {
+            ev = events.next() => match ev {
+                Some(ev) => ev,
+                None => return true,
+            },
+            _ = recheck.tick(), if src.inference_pool.is_some() => {
+                let name = src.inference_pool.as_deref().unwrap_or_default();
+                match pool::read(client, &src.namespace, name).await {
+                    Ok(t) if t.selector != src.selector || Some(t.port) != src.port => return true,
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "Kubernetes discovery: cannot read the InferencePool again; keeping its Pods"),
+                }
+                continue;
+            }
+        };
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(e) => {
+                tracing::warn!(error = %e, "Kubernetes discovery: watch failed; it starts again");
+                continue;
+            }
+        };
+        let key = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
+        match ev {
+            watcher::Event::Init => listing = Some(BTreeMap::new()),
+            watcher::Event::InitApply(p) => {
+                listing.get_or_insert_with(BTreeMap::new).insert(key(&p), p);
+            }
+            watcher::Event::InitDone => pods = listing.take().unwrap_or_default(),
+            watcher::Event::Apply(p) => {
+                pods.insert(key(&p), p);
+            }
+            watcher::Event::Delete(p) => {
+                pods.remove(&key(&p));
+            }
+        }
+        if listing.is_some() {
+            continue;
+        }
+        let workers: Vec<WorkerSpec> = pods.values().filter_map(|p| worker_of(p, src)).collect();
+        if tx.send(Some(workers)).is_err() {
+            return false;
+        }
+    }
 }
 
 async fn client(src: &KubernetesSource) -> Result<kube::Client, String> {

@@ -8,139 +8,19 @@
 use crate::support::*;
 use kvroute_gateway::epp::{self, EppHandle};
 use kvroute_gateway::GatewayHandle;
-use kvroute_testkit::envoy::Envoy;
+use kvroute_testkit::envoy::{self, Envoy};
 use kvroute_worker::WorkerHandle;
 
-/// Envoy's `ext_proc` filter as the Gateway API's endpoint picker protocol wants it
-/// (request bodies `FULL_DUPLEX_STREAMED`), or with the request body `BUFFERED` (where
-/// `failure_mode_allow` can work: Envoy still holds the body when the picker fails).
-fn ext_proc_filter(failure_mode_allow: bool) -> String {
-    let request_body_mode = if failure_mode_allow {
-        "BUFFERED"
+/// The shipped Envoy configuration (`deploy/envoy/`) in front of the picker on
+/// `grpc_port`: failing closed (`ORIGINAL_DST`, bodies `FULL_DUPLEX_STREAMED`) or open
+/// (`override_host` over `engines`, the request body `BUFFERED`).
+fn envoy_config(grpc_port: u16, fail_open: bool, engines: &[u16]) -> String {
+    let template = if fail_open {
+        envoy::FAIL_OPEN
     } else {
-        "FULL_DUPLEX_STREAMED"
+        envoy::FAIL_CLOSED
     };
-    format!(
-        r#"
-          - name: envoy.filters.http.ext_proc
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-              grpc_service:
-                envoy_grpc: {{cluster_name: picker}}
-                timeout: 30s
-              failure_mode_allow: {failure_mode_allow}
-              processing_mode:
-                request_header_mode: SEND
-                request_body_mode: {request_body_mode}
-                request_trailer_mode: SEND
-                response_header_mode: SEND
-                response_body_mode: FULL_DUPLEX_STREAMED
-                response_trailer_mode: SEND
-              metadata_options:
-                receiving_namespaces: {{untyped: ["envoy.lb"]}}
-"#
-    )
-}
-
-fn endpoint(port: u16) -> String {
-    format!(
-        "{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}"
-    )
-}
-
-/// The engines' cluster: `ORIGINAL_DST` on the destination header (one endpoint, fail
-/// closed), or the workers behind `override_host` (the picker's choice, else round robin).
-fn engines_cluster(override_host: Option<&[u16]>) -> String {
-    match override_host {
-        None => r#"
-  - name: engines
-    type: ORIGINAL_DST
-    lb_policy: CLUSTER_PROVIDED
-    connect_timeout: 2s
-    original_dst_lb_config:
-      use_http_header: true
-      http_header_name: x-gateway-destination-endpoint
-"#
-        .to_string(),
-        Some(ports) => {
-            let eps: Vec<String> = ports.iter().map(|p| endpoint(*p)).collect();
-            format!(
-                r#"
-  - name: engines
-    type: STATIC
-    connect_timeout: 2s
-    load_assignment:
-      cluster_name: engines
-      endpoints: [{{lb_endpoints: [{}]}}]
-    load_balancing_policy:
-      policies:
-      - typed_extension_config:
-          name: envoy.load_balancing_policies.override_host
-          typed_config:
-            "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost
-            override_host_sources:
-            - metadata: {{key: envoy.lb, path: [{{key: x-gateway-destination-endpoint}}]}}
-            - header: x-gateway-destination-endpoint
-            fallback_policy:
-              policies:
-              - typed_extension_config:
-                  name: envoy.load_balancing_policies.round_robin
-                  typed_config:
-                    "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin
-"#,
-                eps.join(", ")
-            )
-        }
-    }
-}
-
-/// A whole Envoy configuration in front of the picker on `grpc_port`.
-pub fn envoy_config(
-    grpc_port: u16,
-    failure_mode_allow: bool,
-    override_host: Option<&[u16]>,
-) -> String {
-    format!(
-        r#"
-admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {{admin_port}}}}}}
-static_resources:
-  listeners:
-  - name: main
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {{port}}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: http
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                route: {{cluster: engines, timeout: 300s}}
-          http_filters:{ext_proc}
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:{engines}
-  - name: picker
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment:
-      cluster_name: picker
-      endpoints: [{{lb_endpoints: [{picker}]}}]
-"#,
-        ext_proc = ext_proc_filter(failure_mode_allow),
-        engines = engines_cluster(override_host),
-        picker = endpoint(grpc_port),
-    )
+    envoy::picker_config(template, grpc_port, engines)
 }
 
 /// Workers, a gateway over them and its picker.
@@ -189,7 +69,7 @@ async fn requests_through_envoy_land_where_the_picker_said_and_release_their_boo
     let workers = [&a, &b, &c];
     let names = ["a", "b", "c"];
     let (gw, epp) = picker(&workers).await;
-    let Some(envoy) = Envoy::start(&envoy_config(epp.addr.port(), false, None)) else {
+    let Some(envoy) = Envoy::start(&envoy_config(epp.addr.port(), false, &[])) else {
         return;
     };
     let url = envoy.url();
@@ -272,7 +152,7 @@ async fn requests_through_envoy_land_where_the_picker_said_and_release_their_boo
 async fn refusals_are_the_pickers_own_answers() {
     let a = worker("a").await;
     let (gw, epp) = picker(&[&a]).await;
-    let Some(envoy) = Envoy::start(&envoy_config(epp.addr.port(), false, None)) else {
+    let Some(envoy) = Envoy::start(&envoy_config(epp.addr.port(), false, &[])) else {
         return;
     };
     let url = envoy.url();
@@ -317,8 +197,8 @@ async fn with_the_picker_down_envoy_fails_closed_or_open_as_configured() {
     let (a, b) = (worker("a").await, worker("b").await);
     let (gw, epp) = picker(&[&a, &b]).await;
     let ports = [worker_port(&a), worker_port(&b)];
-    let closed = Envoy::start(&envoy_config(epp.addr.port(), false, None));
-    let open = Envoy::start(&envoy_config(epp.addr.port(), true, Some(&ports)));
+    let closed = Envoy::start(&envoy_config(epp.addr.port(), false, &[]));
+    let open = Envoy::start(&envoy_config(epp.addr.port(), true, &ports));
     let (Some(closed), Some(open)) = (closed, open) else {
         return;
     };

@@ -30,6 +30,11 @@ struct Stub {
 }
 
 async fn stub(items: Vec<serde_json::Value>) -> Stub {
+    stub_with_pool(items, None).await
+}
+
+/// The stub, also serving `pool` as InferencePool `llama` of the namespace.
+async fn stub_with_pool(items: Vec<serde_json::Value>, pool: Option<serde_json::Value>) -> Stub {
     use axum::extract::{RawQuery, State};
     let (tx, rx) = mpsc::channel::<serde_json::Value>(16);
     let queries = Arc::new(Mutex::new(Vec::new()));
@@ -71,6 +76,24 @@ async fn stub(items: Vec<serde_json::Value>) -> Stub {
                         .unwrap()
                 },
             ),
+        )
+        .route(
+            "/apis/inference.networking.k8s.io/v1/namespaces/inference/inferencepools/llama",
+            axum::routing::get(move || async move {
+                match pool {
+                    Some(p) => axum::response::Response::builder()
+                        .header("content-type", "application/json")
+                        .body(axum::body::Body::from(p.to_string()))
+                        .unwrap(),
+                    None => axum::response::Response::builder()
+                        .status(404)
+                        .header("content-type", "application/json")
+                        .body(axum::body::Body::from(
+                            r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#,
+                        ))
+                        .unwrap(),
+                }
+            }),
         )
         .with_state(state);
     Stub {
@@ -146,4 +169,53 @@ async fn pods_by_label_join_when_ready_and_leave_when_deleted() {
     gw.shutdown().await;
     a.shutdown().await;
     b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inference_pool_chooses_the_pods_and_their_port() {
+    let a = worker("a").await;
+    // The Pod's container port is not named `http`: the pool's target port decides.
+    let mut p = pod("llama-0", 1, true);
+    p["metadata"]["labels"] = serde_json::json!({"app": "vllm", "model": "llama"});
+    let pool = serde_json::json!({
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": "llama", "namespace": "inference", "resourceVersion": "7"},
+        "spec": {"selector": {"matchLabels": {"model": "llama", "app": "vllm"}},
+                 "targetPorts": [{"number": worker_port(&a)}],
+                 "endpointPickerRef": {"name": "kvroute-epp", "port": {"number": 9002}}}
+    });
+    let api = stub_with_pool(vec![p], Some(pool)).await;
+    let mut cfg = config(&[], "kv");
+    cfg.discovery = DiscoveryConfig {
+        kubernetes: Some(KubernetesSource {
+            namespace: "inference".into(),
+            inference_pool: Some("llama".into()),
+            api_url: Some(api.url.clone()),
+            ..KubernetesSource::default()
+        }),
+        interval_secs: 0.1,
+        ..DiscoveryConfig::default()
+    };
+    let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
+    let url = gw.url();
+    assert!(
+        eventually(10, async || worker_names(&url).await == ["llama-0"]).await,
+        "{:?}",
+        worker_names(&url).await
+    );
+    let q = api.queries.lock().unwrap().clone();
+    assert!(
+        q.iter()
+            .all(|q| q.contains("labelSelector=app%3Dvllm%2Cmodel%3Dllama")),
+        "{q:?}"
+    );
+    let (status, w, _) = post(
+        &url,
+        "/v1/chat/completions",
+        &chat(&[("user", "hi")], false, 2),
+    )
+    .await;
+    assert_eq!((status, w.as_deref()), (200, Some("llama-0")));
+    gw.shutdown().await;
+    a.shutdown().await;
 }
