@@ -13,6 +13,8 @@ cd "$(dirname "$0")/.."
 bash scripts/tools.sh
 cargo test --workspace --locked
 cargo bench --workspace --locked -- --test
+# The container image: the Dockerfile linted, its runtime stage built and run (buildah/podman).
+bash scripts/container.sh
 if [ ! -x "${CHROMIUM:-/usr/bin/chromium}" ]; then
   echo "the dashboard's end-to-end test needs Chromium: apt-get install chromium chromium-driver" >&2
   exit 1
