@@ -204,7 +204,10 @@ fn sample_names(text: &str) -> std::collections::BTreeSet<String> {
 async fn every_metric_the_grafana_board_queries_is_exported() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let board: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("deploy/grafana/kvroute-dashboard.json")).unwrap(),
+        &std::fs::read_to_string(
+            root.join("deploy/kubernetes/base/monitoring/kvroute-dashboard.json"),
+        )
+        .unwrap(),
     )
     .unwrap();
     let mut wanted = std::collections::BTreeSet::new();

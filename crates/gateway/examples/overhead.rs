@@ -9,8 +9,13 @@
 //! cores: the price of each hand-over the gateway adds to a request's path. It ends with the
 //! CPU the gateway costs per streamed token (streams of 1,000 chunks, one per write).
 //!
-//! `cargo run --release -p kvroute-gateway --example overhead -- [REQUESTS] [SECONDS] [WORDS,...] [own-runtime|same-thread] [GATEWAY_THREADS]`
+//! `cargo run --release -p kvroute-gateway --example overhead -- [REQUESTS] [SECONDS] [WORDS,...] [own-runtime|same-thread|epp] [GATEWAY_THREADS]`
 //! (`bench/gateway-overhead.sh` runs it). Prints a Markdown table.
+//!
+//! `epp`: the endpoint picker's cost instead. Two real Envoys (`target/tools-venv`, from
+//! `scripts/tools.sh`) in front of the stub: one routing to it directly, one asking the
+//! picker (`deploy/envoy/picker-fail-closed.yaml`), requests alternating between them
+//! (`bench/epp-overhead.sh`).
 
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
@@ -392,7 +397,9 @@ async fn main() {
         .next()
         .map(|a| a.split(',').filter_map(|w| w.parse().ok()).collect())
         .unwrap_or_else(|| vec![30, 2000]);
-    let same_thread = args.next().as_deref() == Some("same-thread");
+    let mode = args.next().unwrap_or_default();
+    let same_thread = mode == "same-thread";
+    let picker = mode == "epp";
     let gateway_threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
     print_wake_costs();
     let stub = start_stub(same_thread).await;
@@ -421,8 +428,19 @@ async fn main() {
         let gw = kvroute_gateway::spawn(config, pre, listener, BTreeMap::new())
             .await
             .unwrap();
-        let _ = tx.send(gw.url());
+        let mut epp = None;
+        if picker {
+            let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
+            let (grpc, health) = (bind().await.unwrap(), bind().await.unwrap());
+            epp = Some(
+                kvroute_gateway::epp::spawn(gw.state().clone(), grpc, health)
+                    .await
+                    .unwrap(),
+            );
+        }
+        let _ = tx.send((gw.url(), epp.as_ref().map(|e| e.addr.port())));
         let _ = stop_rx.await;
+        drop(epp);
         gw.shutdown().await;
     };
     let gateway_thread = if same_thread {
@@ -438,7 +456,15 @@ async fn main() {
                 .block_on(serve)
         }))
     };
-    let via = rx.await.unwrap();
+    let (via, grpc_port) = rx.await.unwrap();
+    if let Some(port) = grpc_port {
+        epp_overhead(&stub, port, requests, secs, gateway_threads).await;
+        let _ = stop_tx.send(());
+        if let Some(t) = gateway_thread {
+            let _ = t.join();
+        }
+        return;
+    }
     if same_thread {
         println!("gateway on the client's thread");
     } else {
@@ -509,4 +535,81 @@ async fn main() {
     if let Some(t) = gateway_thread {
         let _ = t.join();
     }
+}
+
+/// Envoy routing everything to `upstream` (host:port), no filter but the router.
+fn plain_envoy(upstream: &str) -> String {
+    let (host, port) = upstream.rsplit_once(':').unwrap();
+    format!(
+        r#"
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {{admin_port}}}}}}
+static_resources:
+  listeners:
+  - name: plain
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {{port}}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: plain
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes: [{{match: {{prefix: "/"}}, route: {{cluster: engine, timeout: 600s}}}}]
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: engine
+    type: STATIC
+    connect_timeout: 2s
+    load_assignment:
+      cluster_name: engine
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: {host}, port_value: {port}}}}}}}}}]}}]
+"#
+    )
+}
+
+/// The picker's cost: TTFT through Envoy asking the picker against Envoy alone, and the
+/// closed-loop rate of both.
+async fn epp_overhead(stub: &str, grpc_port: u16, requests: usize, secs: f64, threads: usize) {
+    use kvroute_testkit::envoy::{self, Envoy};
+    let upstream = stub.trim_start_matches("http://");
+    let plain = Envoy::start(&plain_envoy(upstream)).expect("Envoy (bash scripts/tools.sh)");
+    let picked = Envoy::start(&envoy::picker_config(envoy::FAIL_CLOSED, grpc_port, &[]))
+        .expect("Envoy (bash scripts/tools.sh)");
+    println!("endpoint picker on the gateway's runtime, {threads} thread(s); two Envoys (--concurrency 1)");
+    println!();
+    println!("| prompt | concurrency | Envoy alone TTFT p50 / p99 (ms) | Envoy + picker p50 / p99 (ms) | added p50 / p99 (ms) |");
+    println!("| --- | --- | --- | --- | --- |");
+    const CHAT: &str = "/v1/chat/completions";
+    for words in [30, 2000] {
+        let bodies = chat_bodies(words, true);
+        let (direct, via) = (
+            format!("{}{CHAT}", plain.url()),
+            format!("{}{CHAT}", picked.url()),
+        );
+        for c in [1, 16] {
+            let (d, g) = interleaved(&direct, &via, bodies.clone(), requests, c).await;
+            let ms = |x: f64| x * 1e3;
+            println!(
+                "| ~{words} words, unique | {c} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} |",
+                ms(pct(&d, 0.5)),
+                ms(pct(&d, 0.99)),
+                ms(pct(&g, 0.5)),
+                ms(pct(&g, 0.99)),
+                ms(pct(&g, 0.5) - pct(&d, 0.5)),
+                ms(pct(&g, 0.99) - pct(&d, 0.99)),
+            );
+        }
+    }
+    let b = chat_bodies(30, true);
+    let alone = rate(&format!("{}{CHAT}", plain.url()), b.clone(), 16, secs).await;
+    let with = rate(&format!("{}{CHAT}", picked.url()), b, 16, secs).await;
+    println!();
+    println!("closed loop, concurrency 16, {secs} s: Envoy alone {alone:.0} req/s, Envoy + picker {with:.0} req/s");
 }

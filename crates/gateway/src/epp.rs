@@ -118,7 +118,7 @@ pub async fn spawn(
     let grpc_server = tonic::transport::Server::builder()
         .add_service(ExternalProcessorServer::new(picker))
         .add_service(health_service.clone())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), signal(stopped.clone()));
+        .serve_with_incoming_shutdown(no_delay(grpc), signal(stopped.clone()));
     let health_server = tonic::transport::Server::builder()
         .add_service(health_service)
         .serve_with_incoming_shutdown(TcpListenerStream::new(health), signal(stopped));
@@ -142,6 +142,22 @@ pub async fn spawn(
         health_addr,
         stop,
         tasks,
+    })
+}
+
+/// The connections of `listener` with Nagle's algorithm off: the picker's answers are small
+/// messages, and held back for the peer's delayed ACK each waited 40 ms (measured with
+/// `bench/epp-overhead.sh` before this).
+fn no_delay(
+    listener: tokio::net::TcpListener,
+) -> impl futures_util::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use futures_util::StreamExt;
+    TcpListenerStream::new(listener).map(|conn| {
+        let conn = conn?;
+        if let Err(e) = conn.set_nodelay(true) {
+            tracing::debug!(error = %e, "endpoint picker: TCP_NODELAY not set");
+        }
+        Ok(conn)
     })
 }
 
