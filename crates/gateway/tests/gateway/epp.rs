@@ -277,3 +277,66 @@ async fn the_health_port_says_whether_a_worker_is_up() {
     drop(epp);
     gw.shutdown().await;
 }
+
+/// The fail-closed configuration with a filter before the picker setting the subset hint to
+/// `subset` (as a data plane that knows which endpoints may serve does).
+fn with_subset_hint(config: &str, subset: &[String]) -> String {
+    let list: Vec<String> = subset.iter().map(|e| format!("\"{e}\"")).collect();
+    let set_metadata = format!(
+        r#"http_filters:
+          - name: envoy.filters.http.set_metadata
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config
+              metadata:
+              - metadata_namespace: envoy.lb.subset_hint
+                value: {{x-gateway-destination-endpoint-subset: [{}]}}"#,
+        list.join(", ")
+    );
+    config.replacen("http_filters:", &set_metadata, 1).replacen(
+        r#"receiving_namespaces: {untyped: ["envoy.lb"]}"#,
+        r#"receiving_namespaces: {untyped: ["envoy.lb"]}
+                forwarding_namespaces: {untyped: ["envoy.lb.subset_hint"]}"#,
+        1,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_subset_hint_limits_the_choice() {
+    let (a, b, c) = (worker("a").await, worker("b").await, worker("c").await);
+    let (gw, epp) = picker(&[&a, &b, &c]).await;
+    let only_b = with_subset_hint(
+        &envoy_config(epp.addr.port(), false, &[]),
+        &[format!("127.0.0.1:{}", worker_port(&b))],
+    );
+    let Some(envoy) = Envoy::start(&only_b) else {
+        return;
+    };
+    for i in 0..6 {
+        let (status, w, json) = post(
+            &envoy.url(),
+            "/v1/chat/completions",
+            &chat(&[("user", &format!("subset question {i}"))], false, 4),
+        )
+        .await;
+        assert_eq!((status, w.as_deref()), (200, Some("b")), "{json}");
+    }
+    // A hint naming no engine the picker knows: nothing is eligible.
+    let nowhere = with_subset_hint(
+        &envoy_config(epp.addr.port(), false, &[]),
+        &["10.255.0.1:8000".to_string()],
+    );
+    let envoy2 = Envoy::start(&nowhere).unwrap();
+    let (status, _, json) = post(
+        &envoy2.url(),
+        "/v1/chat/completions",
+        &chat(&[("user", "anyone?")], false, 4),
+    )
+    .await;
+    assert_eq!(status, 503, "{json}");
+    assert_eq!(json["error"]["code"], "no_eligible_endpoint");
+    drop((envoy, envoy2, epp));
+    gw.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+    c.shutdown().await;
+}
