@@ -40,6 +40,10 @@ checker="$root/check_manifests.py"
 [ -f "$checker" ] || checker=deploy/kubernetes/check_manifests.py
 
 bin="${KVROUTE_BIN:-}"
+if [ -n "$bin" ] && [ ! -x "$bin" ]; then
+  echo "KVROUTE_BIN=$bin is not an executable" >&2
+  exit 1
+fi
 if [ -z "$bin" ]; then
   # shellcheck disable=SC2012
   bin=$(ls -t target/release/kvroute target/debug/kvroute 2>/dev/null | head -1 || true)
@@ -119,7 +123,10 @@ for dir in "${dirs[@]}"; do
   if [ ${#skipped[@]} -gt 0 ]; then
     kinds=$(printf '%s\n' "${skipped[@]}" | sort | uniq -c | awk '{printf "%s%s x%s", sep, $2, $1; sep=", "}')
   fi
-  started=$(grep -c 'started: ' "$tmp/$name.chk" || true)
+  started="not run (no binary)"
+  if [ ${#run_args[@]} -gt 0 ]; then
+    started=$(grep -c 'started: ' "$tmp/$name.chk" || true)
+  fi
   if [ "$bad" = 0 ]; then
     echo "ok   $name: $objects objects, $valid valid against Kubernetes $k8s_version, not in the schemas (checked offline): $kinds; cross-checks passed; configs started: $started"
   else

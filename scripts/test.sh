@@ -15,6 +15,8 @@ cargo test --workspace --locked
 cargo bench --workspace --locked -- --test
 # The container image: the Dockerfile linted, its runtime stage built and run (buildah/podman).
 bash scripts/container.sh
+# The Kubernetes manifests rendered, validated against the 1.34 schemas and cross-checked.
+bash scripts/manifests.sh
 if [ ! -x "${CHROMIUM:-/usr/bin/chromium}" ]; then
   echo "the dashboard's end-to-end test needs Chromium: apt-get install chromium chromium-driver" >&2
   exit 1

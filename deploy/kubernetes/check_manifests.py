@@ -47,6 +47,14 @@ CUSTOM_KINDS = {
     "InferencePool": ("inference.networking.k8s.io", {"v1"}),
 }
 
+# API groups of Kubernetes itself (kubernetes-validate has their schemas).
+BUILTIN_GROUPS = {
+    "", "apps", "batch", "policy", "autoscaling", "rbac.authorization.k8s.io",
+    "networking.k8s.io", "discovery.k8s.io", "storage.k8s.io", "scheduling.k8s.io",
+    "coordination.k8s.io", "node.k8s.io", "certificates.k8s.io", "admissionregistration.k8s.io",
+    "apiextensions.k8s.io", "apiregistration.k8s.io", "flowcontrol.apiserver.k8s.io",
+    "resource.k8s.io", "events.k8s.io",
+}
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
 DURATION = re.compile(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$")  # Gateway API's Duration
 PROM_DURATION = re.compile(r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$")
@@ -156,7 +164,7 @@ def check_custom_kinds(r):
                 continue
             {"ServiceMonitor": check_servicemonitor, "Gateway": check_gateway,
              "HTTPRoute": check_httproute, "InferencePool": check_inferencepool}[kind](r, o)
-        elif "." in group and not group.endswith(".k8s.io"):
+        elif group not in BUILTIN_GROUPS:
             r.error(o, f"custom kind {kind} ({api}) has no check: add it to CUSTOM_KINDS")
 
 
