@@ -23,8 +23,8 @@ pub struct EppArgs {
     /// from the API server); the Pods are watched as `[discovery.kubernetes]` does.
     #[arg(long)]
     pub pool_name: Option<String>,
-    /// The InferencePool's namespace (default: the Pod's own, from `NAMESPACE`, else
-    /// `default`).
+    /// The InferencePool's namespace (default: `NAMESPACE` when set, else the picker's own:
+    /// its service account's).
     #[arg(long)]
     pub pool_namespace: Option<String>,
 }
@@ -32,7 +32,7 @@ pub struct EppArgs {
 impl EppArgs {
     /// The config file (if any) with the flags applied.
     pub fn config(&self) -> Result<kvroute_gateway::GatewayConfig> {
-        let mut c = self.serve.config()?;
+        let mut c = self.serve.unchecked_config()?;
         if let Some(p) = self.grpc_port {
             c.epp.port = p;
         }
@@ -44,7 +44,7 @@ impl EppArgs {
                 .pool_namespace
                 .clone()
                 .or_else(|| std::env::var("NAMESPACE").ok())
-                .unwrap_or_else(|| "default".into());
+                .unwrap_or_default();
             let k = c.discovery.kubernetes.get_or_insert_with(Default::default);
             k.namespace = namespace;
             k.inference_pool = Some(pool.clone());

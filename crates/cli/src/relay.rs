@@ -27,11 +27,13 @@ pub struct RelayArgs {
     /// The engine's wire form (vllm, sglang, trtllm): payloads are passed on in it.
     #[arg(long, default_value = "vllm")]
     pub event_format: EventFormat,
-    /// The NATS server(s), comma-separated.
-    #[arg(long, default_value = "nats://127.0.0.1:4222")]
-    pub nats: String,
-    /// A TOML file with the plane's settings (the gateway's `[plane]` table: stream, prefix,
-    /// limits); --nats overrides its url.
+    /// The NATS server(s), comma-separated (default: the file's url, else
+    /// nats://127.0.0.1:4222).
+    #[arg(long)]
+    pub nats: Option<String>,
+    /// A TOML file with the plane's settings: the gateway's own config file (its `[plane]`
+    /// table: stream, prefix, limits, so relays and gateways agree), or those keys alone;
+    /// --nats overrides its url.
     #[arg(long)]
     pub plane_config: Option<PathBuf>,
     /// Largest KV event message accepted, in bytes.
@@ -47,8 +49,10 @@ pub struct RelayArgs {
 
 /// Runs the relay until Ctrl-C.
 pub fn run(args: &RelayArgs) -> Result<()> {
-    let mut plane: PlaneConfig = crate::read_toml(args.plane_config.as_deref())?;
-    plane.url = args.nats.clone();
+    let mut plane = plane_config(args.plane_config.as_deref())?;
+    if let Some(url) = &args.nats {
+        plane.url = url.clone();
+    }
     plane.validate()?;
     let poll = args.events.strip_prefix("poll:").map(str::to_string);
     let (endpoint, bind) = match args.events.strip_prefix("bind:") {
@@ -141,4 +145,53 @@ pub fn run(args: &RelayArgs) -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// The plane's settings from `path`: its `[plane]` table when it has one (a gateway's
+/// config file), else the whole file; the defaults without a file.
+fn plane_config(path: Option<&std::path::Path>) -> Result<PlaneConfig> {
+    let Some(path) = path else {
+        return Ok(PlaneConfig::default());
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let value: toml::Table = toml::from_str(&text).with_context(|| path.display().to_string())?;
+    let table = match value.get("plane") {
+        Some(toml::Value::Table(t)) => t.clone(),
+        Some(_) => anyhow::bail!("{}: `plane` is not a table", path.display()),
+        None => value,
+    };
+    table
+        .try_into()
+        .with_context(|| format!("{}: the plane's settings", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plane_settings_come_from_a_gateway_file_or_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let gateway = dir.path().join("gateway.toml");
+        std::fs::write(
+            &gateway,
+            "port = 8000\n[router]\nblock_size = 32\n[plane]\nurl = \"nats://nats:4222\"\nprefix = \"fleet\"\n",
+        )
+        .unwrap();
+        let p = plane_config(Some(&gateway)).unwrap();
+        assert_eq!(
+            (p.url.as_str(), p.prefix.as_str()),
+            ("nats://nats:4222", "fleet")
+        );
+        let alone = dir.path().join("plane.toml");
+        std::fs::write(&alone, "stream = \"EVENTS\"\n").unwrap();
+        assert_eq!(plane_config(Some(&alone)).unwrap().stream, "EVENTS");
+        std::fs::write(&alone, "strem = \"EVENTS\"\n").unwrap();
+        assert!(
+            plane_config(Some(&alone)).is_err(),
+            "unknown keys are refused"
+        );
+        assert_eq!(plane_config(None).unwrap(), PlaneConfig::default());
+    }
 }

@@ -74,8 +74,16 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// The config file (if any) with the flags applied.
+    /// The config file (if any) with the flags applied, checked.
     pub fn config(&self) -> Result<GatewayConfig> {
+        let c = self.unchecked_config()?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The config file (if any) with the flags applied, for a caller that applies more
+    /// before checking it.
+    pub fn unchecked_config(&self) -> Result<GatewayConfig> {
         let mut c: GatewayConfig = crate::read_toml(self.config.as_deref())?;
         if let Some(h) = &self.host {
             c.host = h.clone();
@@ -132,7 +140,6 @@ impl ServeArgs {
             c.plane.get_or_insert_with(Default::default).url = url.clone();
         }
         keys_from_env(&mut c, |name| std::env::var(name).ok());
-        c.validate()?;
         Ok(c)
     }
 }

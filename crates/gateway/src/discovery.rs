@@ -119,12 +119,17 @@ impl DiscoveryConfig {
             d.spec("10.0.0.1".parse().expect("an address")).check()?;
         }
         if let Some(k) = &self.kubernetes {
-            if k.namespace.is_empty()
-                || k.port_name.is_empty()
+            if (k.port_name.is_empty() && k.port.is_none())
                 || !(k.scheme == "http" || k.scheme == "https")
             {
                 return Err(ConfigError(
-                    "discovery.kubernetes needs a namespace, a port_name and scheme http or https"
+                    "discovery.kubernetes needs a port_name (or port) and scheme http or https"
+                        .into(),
+                ));
+            }
+            if k.selector.trim().is_empty() && k.inference_pool.is_none() {
+                return Err(ConfigError(
+                    "discovery.kubernetes needs a selector (or an inference_pool): without one every Pod of the namespace, the gateway's own included, would be an engine"
                         .into(),
                 ));
             }

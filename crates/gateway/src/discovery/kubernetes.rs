@@ -31,7 +31,8 @@ pub const REPLAY_ANNOTATION: &str = "kvroute.io/replay";
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KubernetesSource {
-    /// The namespace of the Pods.
+    /// The namespace of the Pods; empty: the gateway's own (its service account's in the
+    /// cluster, the kubeconfig context's outside).
     pub namespace: String,
     /// Their label selector, e.g. `app=vllm`.
     pub selector: String,
@@ -62,7 +63,7 @@ pub struct KubernetesSource {
 impl Default for KubernetesSource {
     fn default() -> Self {
         Self {
-            namespace: "default".into(),
+            namespace: String::new(),
             selector: String::new(),
             port_name: "http".into(),
             port: None,
@@ -157,6 +158,14 @@ pub fn watch_pods(src: KubernetesSource) -> watch::Receiver<Option<Vec<WorkerSpe
                     tokio::time::sleep(std::time::Duration::from_secs(5)).await;
                 }
             }
+        };
+        let src = KubernetesSource {
+            namespace: if src.namespace.is_empty() {
+                client.default_namespace().to_string()
+            } else {
+                src.namespace.clone()
+            },
+            ..src
         };
         loop {
             let src = with_pool(&client, &src).await;
