@@ -52,6 +52,19 @@ impl Eligible {
         }
     }
 
+    /// Whether the two sets may share a worker (`Except` sets are taken to: the fleet has
+    /// more than two workers as far as this can tell).
+    pub fn overlaps(&self, other: &Eligible) -> bool {
+        match (self, other) {
+            (Self::Only(a), Self::Only(b)) => a.iter().any(|w| b.binary_search(w).is_ok()),
+            (Self::Only(s), Self::Any) | (Self::Any, Self::Only(s)) => !s.is_empty(),
+            (Self::Only(s), Self::Except(x)) | (Self::Except(x), Self::Only(s)) => {
+                s.iter().any(|w| w != x)
+            }
+            _ => true,
+        }
+    }
+
     /// The set for a retry after `worker` failed: a subset loses it; otherwise every worker
     /// but it (only the worker that failed last is avoided).
     pub fn after_failure(&self, worker: WorkerId) -> Self {

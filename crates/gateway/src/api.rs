@@ -83,7 +83,11 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
         let (_, view) =
             parse_request(endpoint, &body, gw.config.limits.max_prompt_tokens).map_err(unknown)?;
         if !gw.serves(&view.model) {
-            return Err((ApiError::model_not_found(&view.model).into(), view.model));
+            // Counted under one label: a client's names must not grow the metric's series.
+            return Err((
+                ApiError::model_not_found(&view.model).into(),
+                "unknown".into(),
+            ));
         }
         let session = headers.get("x-session-id").and_then(|v| v.to_str().ok());
         let prep = prepare(&gw, &view, session)

@@ -11,7 +11,8 @@
 //! (first token, usage, end), which releases the booking; so does the stream's end when the
 //! client goes away. Refusals are answered by the picker itself: 503 when no worker is
 //! eligible, 429 when shed, 4xx for a bad request. gRPC health (`grpc.health.v1`) is served
-//! on a port of its own for probes and Envoy's health checks. Wire forms in [`wire`].
+//! on a port of its own for probes and Envoy's health checks: serving while the picker is
+//! (`engines` says whether an engine is up). Wire forms in [`wire`].
 
 mod session;
 pub mod wire;
@@ -56,9 +57,18 @@ impl Default for EppConfig {
     }
 }
 
-/// The gRPC service names the health port answers for: `liveness` always serving, the
-/// others while at least one worker is up.
-pub const HEALTH_SERVICES: [&str; 3] = ["", "readiness", wire::EXT_PROC_SERVICE];
+/// The gRPC service names the health port answers for, serving while the picker serves
+/// (whether engines are up is answered request by request: 503 with `Retry-After`, which a
+/// proxy marking the picker down would turn into its own 500).
+pub const HEALTH_SERVICES: [&str; 4] = ["", "liveness", "readiness", wire::EXT_PROC_SERVICE];
+
+/// The health service name that says whether an engine is up (for dashboards and probes
+/// that want it; not the picker's readiness).
+pub const ENGINES_SERVICE: &str = "engines";
+
+/// Messages kept while one is being handled (Envoy sends none before an answer in the
+/// modes the picker takes; a peer that floods is cut off).
+const MAX_HELD: usize = 64;
 
 /// A running picker.
 pub struct EppHandle {
@@ -102,9 +112,11 @@ pub async fn spawn(
 ) -> std::io::Result<EppHandle> {
     let (addr, health_addr) = (grpc.local_addr()?, health.local_addr()?);
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    reporter
-        .set_service_status("liveness", ServingStatus::Serving)
-        .await;
+    for name in HEALTH_SERVICES {
+        reporter
+            .set_service_status(name, ServingStatus::Serving)
+            .await;
+    }
     let picker = Picker {
         gw: gw.clone(),
         streams: Arc::new(tokio::sync::Semaphore::new(
@@ -161,7 +173,7 @@ fn no_delay(
     })
 }
 
-/// Keeps the readiness services in step with the fleet: serving while a worker is up.
+/// Keeps [`ENGINES_SERVICE`] in step with the fleet: serving while a worker is up.
 async fn report_health(gw: Arc<Gateway>, reporter: tonic_health::server::HealthReporter) {
     let mut last = None;
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
@@ -175,9 +187,7 @@ async fn report_health(gw: Arc<Gateway>, reporter: tonic_health::server::HealthR
             } else {
                 ServingStatus::NotServing
             };
-            for name in HEALTH_SERVICES {
-                reporter.set_service_status(name, status).await;
-            }
+            reporter.set_service_status(ENGINES_SERVICE, status).await;
             last = Some(up);
         }
     }
@@ -208,28 +218,49 @@ impl ExternalProcessor for Picker {
                 return;
             };
             let mut s = session::Session::new(gw);
-            loop {
-                let next = tokio::select! {
-                    m = inbound.message() => m,
-                    () = tx.closed() => break,
-                };
-                let msg = match next {
-                    Ok(Some(m)) => m,
-                    // Envoy ended the stream (the request is over, or its client left).
-                    Ok(None) | Err(_) => break,
+            // Messages that came while one was being handled, in order.
+            let mut held = std::collections::VecDeque::new();
+            'stream: loop {
+                let msg = match held.pop_front() {
+                    Some(m) => m,
+                    None => match tokio::select! {
+                        m = inbound.message() => m,
+                        () = tx.closed() => break,
+                    } {
+                        Ok(Some(m)) => m,
+                        // Envoy ended the stream (the request is over, or its client left).
+                        Ok(None) | Err(_) => break,
+                    },
                 };
                 // Routing may wait in the admission queue: the client leaving meanwhile
-                // (Envoy cancels the stream) takes the request out of it.
-                let out = tokio::select! {
-                    out = s.on(msg) => out,
-                    () = tx.closed() => break,
+                // (Envoy resets the stream, or half-closes it) takes the request out (the
+                // routing future is dropped with its place in the queue).
+                let mut open = true;
+                let out = {
+                    let handling = s.on(msg);
+                    tokio::pin!(handling);
+                    loop {
+                        tokio::select! {
+                            out = &mut handling => break out,
+                            () = tx.closed() => break 'stream,
+                            m = inbound.message(), if open => match m {
+                                Ok(Some(m)) if held.len() < MAX_HELD => held.push_back(m),
+                                // A flood, or the stream broken: the request is over.
+                                Ok(Some(_)) | Err(_) => break 'stream,
+                                // Envoy sends no more: this message is still answered,
+                                // then the stream ends (a booking made meanwhile is
+                                // released with the session).
+                                Ok(None) => open = false,
+                            },
+                        }
+                    }
                 };
                 for r in out {
                     if tx.send(Ok(r)).await.is_err() {
                         return;
                     }
                 }
-                if s.is_over() {
+                if s.is_over() || (!open && held.is_empty()) {
                     break;
                 }
             }

@@ -203,7 +203,7 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
                 // The replay service did not answer when the publisher (re)connected (its
                 // relay may reconnect after the gateway): ask again, unless events came
                 // meanwhile and made the index whole.
-                if entry.cache_state() == CacheState::Unknown && !t.away && !t.lost {
+                if entry.cache_state() == CacheState::Unknown && !t.away {
                     let synced = resync(&gw, entry, replay, &mut t, "replay asked again").await;
                     retry.after(synced, true);
                 } else {

@@ -77,6 +77,19 @@ impl Envoy {
             eprintln!("SKIPPED: Envoy is not installed (bash scripts/tools.sh installs it)");
             return None;
         };
+        // A port taken between choosing it and Envoy binding it (tests run in parallel)
+        // makes Envoy exit at start: tried again on other ports.
+        let mut last = String::new();
+        for _ in 0..3 {
+            match Self::try_start(&bin, config) {
+                Ok(envoy) => return Some(envoy),
+                Err(log) => last = log,
+            }
+        }
+        panic!("envoy did not start: {last}");
+    }
+
+    fn try_start(bin: &std::path::Path, config: &str) -> Result<Self, String> {
         let (port, admin_port) = (free_port(), free_port());
         let dir = tempfile::tempdir().expect("a temporary directory");
         let path = dir.path().join("envoy.yaml");
@@ -88,9 +101,13 @@ impl Envoy {
         let child = Command::new(bin)
             .arg("-c")
             .arg(&path)
-            .args(["--concurrency", "1", "--log-level", "info"])
-            .arg("--base-id")
-            .arg(port.to_string())
+            .args([
+                "--concurrency",
+                "1",
+                "--log-level",
+                "info",
+                "--disable-hot-restart",
+            ])
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -104,10 +121,12 @@ impl Envoy {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = envoy.child.try_wait() {
-                panic!("envoy exited at start ({status}): {}", envoy.log());
+                return Err(format!("envoy exited at start ({status}): {}", envoy.log()));
             }
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Some(envoy);
+            // Listening once its admin says it is ready (not merely a port open).
+            if admin_ready(admin_port) && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+            {
+                return Ok(envoy);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -126,6 +145,23 @@ impl Envoy {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
     }
+}
+
+/// Whether Envoy's admin on `port` reports it ready (`GET /ready` answers `LIVE`).
+fn admin_ready(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    if s.write_all(b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    answer.starts_with("HTTP/1.1 200") && answer.contains("LIVE")
 }
 
 impl Drop for Envoy {

@@ -3,11 +3,12 @@
 //! implementation, driven by the fleet simulator and by the live gateway alike.
 //!
 //! Order: entries wait in arrival order and are tried in that order ([`Drain`]); a request
-//! never goes ahead of an earlier one with the same eligible workers ([`Eligible`], its
-//! kind): an arrival finds them waiting ([`AdmissionQueue::holds`]) and queues behind, and a
-//! pass that finds one waiting skips the later ones of its kind. Requests of another kind (a
-//! retry that excludes the worker it failed on, a data plane's subset) may go ahead of the
-//! others, and the others ahead of them, when only workers they differ on are free.
+//! never takes a worker from an earlier one: an arrival that finds a request waiting whose
+//! eligible workers ([`Eligible`]) overlap its own queues behind ([`AdmissionQueue::holds`]),
+//! and a pass tries them in arrival order, skipping the later ones of a kind whose first
+//! waiter could not go. Requests of another kind (a retry that excludes the worker it failed
+//! on, a data plane's subset) may go ahead of the others in a pass, and the others ahead of
+//! them, when only workers they differ on are free.
 
 use super::{AdmissionConfig, QueueState, RejectReason};
 use crate::types::{Eligible, Time};
@@ -75,10 +76,10 @@ impl<T> AdmissionQueue<T> {
         self.entries.is_empty()
     }
 
-    /// Whether a request for `eligible` must wait behind one already here (of the same
-    /// kind), instead of being routed at once.
+    /// Whether a request for `eligible` must wait behind one already here that could take
+    /// the same worker, instead of being routed at once.
     pub fn holds(&self, eligible: &Eligible) -> bool {
-        self.entries.iter().any(|e| e.eligible == *eligible)
+        self.entries.iter().any(|e| e.eligible.overlaps(eligible))
     }
 
     /// Queues a request at `now`, until `now` plus the configured wait; refused (and given
@@ -260,8 +261,25 @@ mod tests {
         let left: Vec<_> = q.entries.iter().map(|e| e.item).collect();
         assert_eq!(left, ["a", "c", "d", "e"]);
         assert_eq!(q.state().tokens, 40);
-        assert!(q.holds(&any) && q.holds(&x) && !q.holds(&Eligible::Except(WorkerId(1))));
-        assert!(!q.holds(&Eligible::only([WorkerId(7)])));
+        // Arrivals that could take a waiting request's worker queue behind it.
+        assert!(q.holds(&any) && q.holds(&x) && q.holds(&Eligible::Except(WorkerId(1))));
+        assert!(
+            q.holds(&Eligible::only([WorkerId(7)])),
+            "the Any waiters could use 7"
+        );
+        let mut subset = AdmissionQueue::new();
+        subset
+            .push(&c, t(0), Eligible::only([WorkerId(2)]), 10, "b-only")
+            .unwrap();
+        assert!(
+            subset.holds(&any),
+            "an arrival for any worker waits behind a subset's"
+        );
+        assert!(
+            !subset.holds(&Eligible::only([WorkerId(3)])),
+            "disjoint subsets do not"
+        );
+        assert!(!subset.holds(&Eligible::only([])));
     }
 
     #[test]

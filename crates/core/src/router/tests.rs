@@ -400,6 +400,11 @@ fn eligible_sets_allow_what_they_name() {
     let ex = Eligible::except(Some(WorkerId(2)));
     assert!(!ex.allows(WorkerId(2)) && ex.allows(WorkerId(1)));
     assert_eq!(ex.after_failure(WorkerId(1)), Eligible::Except(WorkerId(1)));
+    let (one, two) = (Eligible::only([WorkerId(1)]), Eligible::only([WorkerId(2)]));
+    assert!(!one.overlaps(&two) && one.overlaps(&only) && Eligible::Any.overlaps(&two));
+    assert!(!Eligible::Except(WorkerId(1)).overlaps(&one));
+    assert!(Eligible::Except(WorkerId(1)).overlaps(&two));
+    assert!(!Eligible::Any.overlaps(&Eligible::only([])));
 }
 
 /// `check_dispatch` says no exactly when `dispatch` would fail, and changes nothing.

@@ -115,7 +115,9 @@ pub fn worker_of(pod: &Pod, src: &KubernetesSource) -> Option<WorkerSpec> {
             .and_then(|a| a.get(k))
             .map(|v| v.replace("{host}", &host))
     };
+    // An InferencePool's target port is the data plane's: it wins over the annotation.
     let port = match (note(PORT_ANNOTATION), src.port) {
+        (_, Some(p)) if src.inference_pool.is_some() => p,
         (Some(p), _) => p.parse::<u16>().ok()?,
         (None, Some(p)) => p,
         (None, None) => named_port(pod, &src.port_name)?,
@@ -168,8 +170,16 @@ pub fn watch_pods(src: KubernetesSource) -> watch::Receiver<Option<Vec<WorkerSpe
             ..src
         };
         loop {
-            let src = with_pool(&client, &src).await;
-            if !watch_once(&client, &src, &tx).await {
+            // The gateway gone (nobody listens): the task ends, whatever it waits for.
+            let src = tokio::select! {
+                s = with_pool(&client, &src) => s,
+                () = tx.closed() => return,
+            };
+            let changed = tokio::select! {
+                c = watch_once(&client, &src, &tx) => c,
+                () = tx.closed() => return,
+            };
+            if !changed {
                 return;
             }
             tracing::info!(selector = %src.selector, "Kubernetes discovery: the InferencePool changed; watching its Pods again");

@@ -8,7 +8,8 @@
 //! by the body given back in chunks. `BUFFERED` (the mode in which Envoy's fail-open works,
 //! the body held by Envoy): the headers are let through at once and the destination is set
 //! in the answer to the whole body. A refusal is an immediate answer to the client. Requests
-//! the picker does not route (other paths, no body) go to any worker up, unbooked.
+//! the picker does not route (paths other than chat and completions, or no body) go to any
+//! worker up, unbooked, decided at their headers (their bodies are passed on, never held).
 //!
 //! Response path: the headers are answered at once (the worker's name and the predicted
 //! cached tokens added); a streamed answer goes through the gateway's [`Watch`] (first
@@ -30,6 +31,22 @@ use kvroute_core::{Eligible, Time, WorkerId};
 use kvroute_protocol::openai::{parse_request, ApiError, Endpoint, ErrorKind};
 use std::sync::Arc;
 
+/// The largest whole (unstreamed) answer copied to read its usage: past it the answer is
+/// counted without (the whole-answer copies of many streams at once stay bounded).
+const MAX_WHOLE_COPY: usize = 1 << 20;
+
+/// The OpenAI endpoint of a request path (a gateway may have put a prefix before it).
+fn inference_endpoint(path: &str) -> Option<Endpoint> {
+    let path = path.split('?').next().unwrap_or("");
+    if path.ends_with("/v1/chat/completions") {
+        Some(Endpoint::Chat)
+    } else if path.ends_with("/v1/completions") {
+        Some(Endpoint::Completions)
+    } else {
+        None
+    }
+}
+
 /// A request routed and booked.
 struct Pick {
     model: String,
@@ -43,8 +60,8 @@ struct Pick {
 enum Answer {
     /// Its headers have not come yet.
     Awaited,
-    /// A stream, watched.
-    Stream(Box<Watch>),
+    /// A stream, watched (until it turns out unreadable: `readable` false).
+    Stream { watch: Box<Watch>, readable: bool },
     /// A whole answer: its status and a copy of its body (for the usage), while it fits.
     Whole { status: StatusCode, copy: Vec<u8> },
     /// Over (counted).
@@ -122,8 +139,12 @@ impl Session {
             Some(Request::RequestHeaders(h)) => self.on_request_headers(&h).await,
             Some(Request::RequestBody(b)) => {
                 if self.decided {
-                    // Body after the decision: cannot happen in this mode; given back as is.
-                    return vec![wire::body_chunk(true, b.body, b.end_of_stream)];
+                    // A request routed at its headers: its body passes on unchanged.
+                    return vec![if self.buffered {
+                        wire::request_body_unchanged()
+                    } else {
+                        wire::body_chunk(true, b.body, b.end_of_stream)
+                    }];
                 }
                 let limit = self.gw.config().limits.max_body_bytes;
                 if self.body.len() + b.body.len() > limit {
@@ -178,8 +199,8 @@ impl Session {
             crate::api::request_id_of(&self.gw, wire::header(h, crate::REQUEST_ID_HEADER));
         self.path = wire::header(h, ":path").unwrap_or("/").to_string();
         self.session_header = wire::header(h, "x-session-id").map(str::to_string);
-        if h.end_of_stream {
-            // No body (a GET): nothing to route on.
+        if h.end_of_stream || inference_endpoint(&self.path).is_none() {
+            // No body (a GET), or not a request the picker routes: any worker, at once.
             return self.pass_to_any();
         }
         if self.buffered {
@@ -201,17 +222,9 @@ impl Session {
     /// Routes the request whose body is whole; `end_of_stream` marks the last chunk given
     /// back (false when trailers follow).
     async fn decide(&mut self, end_of_stream: bool) -> Vec<ProcessingResponse> {
-        let path = self.path.split('?').next().unwrap_or("");
-        let endpoint = match path {
-            "/v1/chat/completions" => Endpoint::Chat,
-            "/v1/completions" => Endpoint::Completions,
-            _ => {
-                let mut out = self.pass_to_any();
-                if !self.over {
-                    out.extend(self.body_back(&self.body, end_of_stream));
-                }
-                return out;
-            }
+        let Some(endpoint) = inference_endpoint(&self.path) else {
+            // Routed at its headers already (`on_request_headers`).
+            return Vec::new();
         };
         match self.route(endpoint).await {
             Ok(headers) => {
@@ -227,14 +240,8 @@ impl Session {
                 out
             }
             Err((e, model)) => {
+                // (Rejections were counted by `admit`.)
                 let api = e.to_picker_api();
-                if let GatewayError::Rejected(reason) = &e {
-                    self.gw
-                        .metrics
-                        .rejected
-                        .with_label_values(&[reason.as_str()])
-                        .inc();
-                }
                 self.gw
                     .metrics
                     .requests
@@ -257,7 +264,11 @@ impl Session {
             .map_err(unknown)?;
         let model = view.model.clone();
         if !gw.serves(&view.model) {
-            return Err((ApiError::model_not_found(&view.model).into(), model));
+            // Counted under one label: a client's names must not grow the metric's series.
+            return Err((
+                ApiError::model_not_found(&view.model).into(),
+                "unknown".into(),
+            ));
         }
         let with_model = |e: GatewayError| (e, model.clone());
         let eligible = self.eligible().map_err(with_model)?;
@@ -296,23 +307,21 @@ impl Session {
         Ok(wire::routed(&endpoint, &more, self.buffered))
     }
 
-    /// The workers the data plane allows: all, or those its subset hint names (by
-    /// `ip:port`, or by address alone when the hint gives no port).
+    /// The workers the data plane allows: all, or those its subset hint names (by address
+    /// and port, or by address alone when an entry gives no port; addresses compared as
+    /// addresses, so `[::1]:80` and `::1` name the same engine).
     fn eligible(&self) -> Result<Eligible, GatewayError> {
         let Some(subset) = &self.subset else {
             return Ok(Eligible::Any);
         };
+        let hints: Vec<Hint> = subset.iter().map(|s| Hint::parse(s)).collect();
         let ids: Vec<WorkerId> = self
             .gw
             .registry
             .all()
             .iter()
             .filter(|w| {
-                wire::endpoint_of(&w.spec.url).is_some_and(|e| {
-                    subset
-                        .iter()
-                        .any(|s| *s == e || e.rsplit_once(':').is_some_and(|(ip, _)| ip == s))
-                })
+                wire::endpoint_of(&w.spec.url).is_some_and(|e| hints.iter().any(|h| h.names(&e)))
             })
             .map(|w| w.id)
             .collect();
@@ -327,7 +336,7 @@ impl Session {
     }
 
     /// Sends a request the picker does not route to a worker up (round robin over the
-    /// subset allowed), unbooked; 503 when none is.
+    /// subset allowed), unbooked, answering its headers; 503 when none is.
     fn pass_to_any(&mut self) -> Vec<ProcessingResponse> {
         let eligible = self.eligible().unwrap_or(Eligible::only([]));
         let up: Vec<_> = self
@@ -357,12 +366,10 @@ impl Session {
             .epp_streams
             .with_label_values(&["other"])
             .inc();
-        // Without a body the headers carry the destination; with a buffered one, its answer.
-        let on_body = self.buffered && !self.body.is_empty();
         vec![wire::routed(
             &endpoint,
             &[(crate::REQUEST_ID_HEADER, self.request_id.clone())],
-            on_body,
+            false,
         )]
     }
 
@@ -400,13 +407,16 @@ impl Session {
         let stream = status.is_success()
             && wire::header(h, "content-type").is_some_and(|c| c.starts_with("text/event-stream"));
         self.answer = match (stream, pick.guard.take()) {
-            (true, Some(guard)) => Answer::Stream(Box::new(Watch::new(
-                self.gw.clone(),
-                guard,
-                pick.model.clone(),
-                self.started,
-                pick.prediction,
-            ))),
+            (true, Some(guard)) => Answer::Stream {
+                watch: Box::new(Watch::new(
+                    self.gw.clone(),
+                    guard,
+                    pick.model.clone(),
+                    self.started,
+                    pick.prediction,
+                )),
+                readable: true,
+            },
             (_, guard) => {
                 pick.guard = guard;
                 Answer::Whole {
@@ -432,10 +442,13 @@ impl Session {
 
     /// A chunk of the answer went by.
     fn observe(&mut self, chunk: &[u8]) {
-        let limit = self.gw.config().limits.max_response_bytes;
+        let limit = MAX_WHOLE_COPY.min(self.gw.config().limits.max_response_bytes);
         match &mut self.answer {
-            Answer::Stream(w) => {
-                w.observe(chunk, |_| {});
+            Answer::Stream { watch, readable } => {
+                // A stream that turned out unreadable is passed on unwatched.
+                if *readable {
+                    *readable = watch.observe(chunk, |_| {});
+                }
             }
             Answer::Whole { copy, .. } => {
                 if copy.len() + chunk.len() <= limit {
@@ -454,7 +467,15 @@ impl Session {
     fn end_answer(&mut self) {
         self.over = true;
         match std::mem::replace(&mut self.answer, Answer::Done) {
-            Answer::Stream(mut w) => w.end(StatusCode::OK),
+            Answer::Stream {
+                mut watch,
+                readable,
+            } => {
+                if readable {
+                    watch.observe_end();
+                }
+                watch.end(StatusCode::OK);
+            }
             Answer::Whole { status, copy } => self.finish_whole(status, &copy),
             Answer::Awaited | Answer::Done => {}
         }
@@ -495,5 +516,75 @@ impl Drop for Session {
                 self.finish_whole(gone, &[]);
             }
         }
+    }
+}
+
+/// One entry of a subset hint: an address with or without a port (or, failing that, the
+/// text as given).
+enum Hint {
+    Socket(std::net::SocketAddr),
+    Ip(std::net::IpAddr),
+    Text(String),
+}
+
+impl Hint {
+    fn parse(s: &str) -> Self {
+        let s = s.trim();
+        if let Ok(a) = s.parse::<std::net::SocketAddr>() {
+            return Self::Socket(a);
+        }
+        let bare = s.trim_start_matches('[').trim_end_matches(']');
+        match bare.parse::<std::net::IpAddr>() {
+            Ok(ip) => Self::Ip(ip),
+            Err(_) => Self::Text(s.to_string()),
+        }
+    }
+
+    /// Whether it names the engine at `endpoint` (`host:port`).
+    fn names(&self, endpoint: &str) -> bool {
+        match (self, endpoint.parse::<std::net::SocketAddr>()) {
+            (Self::Socket(a), Ok(e)) => *a == e,
+            (Self::Ip(ip), Ok(e)) => *ip == e.ip(),
+            (Self::Text(t), _) => {
+                t == endpoint || endpoint.rsplit_once(':').is_some_and(|(h, _)| h == t)
+            }
+            (_, Err(_)) => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hints_name_engines_by_address() {
+        let names = |hint: &str, endpoint: &str| Hint::parse(hint).names(endpoint);
+        assert!(names("10.0.0.7:8000", "10.0.0.7:8000"));
+        assert!(!names("10.0.0.7:8001", "10.0.0.7:8000"));
+        assert!(names("10.0.0.7", "10.0.0.7:8000"));
+        assert!(names("[fd00::7]:8000", "[fd00::7]:8000"));
+        assert!(names("fd00::7", "[fd00::7]:8000"));
+        assert!(names("[fd00:0::7]", "[fd00::7]:8000"));
+        assert!(names("engine-0", "engine-0:8000"));
+        assert!(!names("10.0.0.8", "10.0.0.7:8000"));
+    }
+
+    #[test]
+    fn paths_with_a_prefix_are_still_inference_requests() {
+        assert!(matches!(
+            inference_endpoint("/v1/chat/completions"),
+            Some(Endpoint::Chat)
+        ));
+        assert!(matches!(
+            inference_endpoint("/llama/v1/chat/completions?x=1"),
+            Some(Endpoint::Chat)
+        ));
+        assert!(matches!(
+            inference_endpoint("/v1/completions"),
+            Some(Endpoint::Completions)
+        ));
+        assert!(inference_endpoint("/v1/models").is_none());
+        assert!(inference_endpoint("/v1/embeddings").is_none());
     }
 }

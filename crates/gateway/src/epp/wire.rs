@@ -144,6 +144,17 @@ pub fn headers_unchanged() -> ProcessingResponse {
     }
 }
 
+/// The answer to a buffered request body passed on unchanged (a request routed at its
+/// headers).
+pub fn request_body_unchanged() -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(processing_response::Response::RequestBody(BodyResponse {
+            response: Some(CommonResponse::default()),
+        })),
+        ..ProcessingResponse::default()
+    }
+}
+
 /// The answer to a response body chunk that is shown, not streamed back (modes other than
 /// `FULL_DUPLEX_STREAMED`): no change.
 pub fn response_body_unchanged() -> ProcessingResponse {

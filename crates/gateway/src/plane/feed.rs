@@ -95,6 +95,8 @@ async fn consume(conn: Connection, plane: PlaneConfig, worker: String, tx: mpsc:
     let mut up = conn.up.clone();
     let mut was_up = *up.borrow_and_update();
     let mut last: Option<u64> = None;
+    // When the stream read was made: another time means it was deleted and made again.
+    let mut created_at: Option<i128> = None;
     let mut backoff = Duration::from_millis(100);
     loop {
         if tx.is_closed() {
@@ -105,7 +107,15 @@ async fn consume(conn: Connection, plane: PlaneConfig, worker: String, tx: mpsc:
                 .get_or_create_stream(plane.stream_config())
                 .await
                 .map_err(|e| e.to_string())?;
-            let start = resume_at(last, stream.cached_info().state.last_sequence);
+            let info = stream.cached_info();
+            let created = info.created.unix_timestamp_nanos();
+            let same = created_at.is_none_or(|c| c == created);
+            let start = resume_at(
+                last,
+                same,
+                info.state.first_sequence,
+                info.state.last_sequence,
+            );
             let consumer = stream
                 .create_consumer(OrderedConfig {
                     filter_subject: subject.clone(),
@@ -117,14 +127,15 @@ async fn consume(conn: Connection, plane: PlaneConfig, worker: String, tx: mpsc:
                 .await
                 .map_err(|e| e.to_string())?;
             let messages = consumer.messages().await.map_err(|e| e.to_string())?;
-            Ok::<_, String>((messages, start))
+            Ok::<_, String>((messages, start, created))
         };
         let mut messages = tokio::select! {
             m = made => match m {
-                Ok((m, start)) => {
+                Ok((m, start, created)) => {
                     // What comes next is read from `start` on, whatever this consumer
                     // delivers (a remade consumer resumes there too).
-                    last = Some(start - 1);
+                    last = Some(start.saturating_sub(1));
+                    created_at = Some(created);
                     m
                 }
                 Err(e) => {
@@ -188,14 +199,16 @@ async fn consume(conn: Connection, plane: PlaneConfig, worker: String, tx: mpsc:
     }
 }
 
-/// The stream sequence to read from: after the last message read, or after the stream's
-/// end when nothing was read yet (what came before is the replay's) or when the stream
-/// ends before it (the server lost its tail or the stream was made again: what it stores
-/// from now on is new).
-fn resume_at(last: Option<u64>, stream_last: u64) -> u64 {
+/// The stream sequence to read from: after the last message read; after the stream's end
+/// when nothing was read yet (what came before is the replay's) or when the same stream now
+/// ends before it (the server lost its tail: what it stores from now on is new); from the
+/// first message of a stream made again since (all of it is new).
+fn resume_at(last: Option<u64>, same_stream: bool, stream_first: u64, stream_last: u64) -> u64 {
     match last {
+        None => stream_last + 1,
+        Some(_) if !same_stream => stream_first.max(1),
         Some(l) if l <= stream_last => l + 1,
-        _ => stream_last + 1,
+        Some(_) => stream_last + 1,
     }
 }
 
@@ -255,14 +268,18 @@ mod tests {
     #[test]
     fn a_consumer_resumes_after_what_it_read_or_at_the_streams_end() {
         // Nothing read yet: the stream's end (an empty stream's first sequence is 1).
-        assert_eq!(resume_at(None, 0), 1);
-        assert_eq!(resume_at(None, 41), 42);
+        assert_eq!(resume_at(None, true, 0, 0), 1);
+        assert_eq!(resume_at(None, true, 1, 41), 42);
         // After the last message read, even when more was stored since.
-        assert_eq!(resume_at(Some(7), 7), 8);
-        assert_eq!(resume_at(Some(7), 30), 8);
-        // The stream ends before it (its tail lost in a crash, or made again): what it
-        // stores next is new.
-        assert_eq!(resume_at(Some(30), 7), 8);
-        assert_eq!(resume_at(Some(30), 0), 1);
+        assert_eq!(resume_at(Some(7), true, 1, 7), 8);
+        assert_eq!(resume_at(Some(7), true, 1, 30), 8);
+        // The same stream ends before it (its tail lost in a crash): what it stores next
+        // is new.
+        assert_eq!(resume_at(Some(30), true, 1, 7), 8);
+        assert_eq!(resume_at(Some(30), true, 0, 0), 1);
+        // A stream made again: all of it is new, from its first message.
+        assert_eq!(resume_at(Some(30), false, 1, 7), 1);
+        assert_eq!(resume_at(Some(3), false, 1, 7), 1);
+        assert_eq!(resume_at(Some(30), false, 0, 0), 1);
     }
 }

@@ -63,11 +63,26 @@ impl Watch {
 
     /// Reads a chunk, handing each event to `each`; false when the stream is not one the
     /// gateway can read (it then stops watching).
-    pub(crate) fn observe(&mut self, chunk: &[u8], mut each: impl FnMut(&SseEvent)) -> bool {
+    pub(crate) fn observe(&mut self, chunk: &[u8], each: impl FnMut(&SseEvent)) -> bool {
         if self.parser.feed(chunk, &mut self.events).is_err() {
             self.events.clear();
             return false;
         }
+        self.take_events(each);
+        true
+    }
+
+    /// The stream ended: an event it did not close with a blank line is read too (a last
+    /// usage chunk).
+    pub(crate) fn observe_end(&mut self) {
+        if self.parser.finish(&mut self.events).is_ok() {
+            self.take_events(|_| {});
+        }
+        self.events.clear();
+    }
+
+    /// Handles the events parsed so far.
+    fn take_events(&mut self, mut each: impl FnMut(&SseEvent)) {
         let mut events = std::mem::take(&mut self.events);
         for ev in events.drain(..) {
             each(&ev);
@@ -97,7 +112,6 @@ impl Watch {
             self.token();
         }
         self.events = events;
-        true
     }
 
     /// A token chunk went by.

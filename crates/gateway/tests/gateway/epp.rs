@@ -25,7 +25,15 @@ fn envoy_config(grpc_port: u16, fail_open: bool, engines: &[u16]) -> String {
 
 /// Workers, a gateway over them and its picker.
 async fn picker(workers: &[&WorkerHandle]) -> (GatewayHandle, EppHandle) {
-    let gw = gateway(workers, config(workers, "kv")).await;
+    picker_with(workers, config(workers, "kv")).await
+}
+
+/// [`picker`] with a config of the test's.
+async fn picker_with(
+    workers: &[&WorkerHandle],
+    cfg: kvroute_gateway::GatewayConfig,
+) -> (GatewayHandle, EppHandle) {
+    let gw = gateway(workers, cfg).await;
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let epp = epp::spawn(gw.state().clone(), grpc, health).await.unwrap();
@@ -129,7 +137,9 @@ async fn requests_through_envoy_land_where_the_picker_said_and_release_their_boo
     );
     let metrics = crate::scrape(&gw.url()).await;
     assert!(
-        metrics.contains("kvroute_requests_total{model=\"kvroute-sim\",status=\"499\"} 1"),
+        metrics
+            .lines()
+            .any(|l| l == "kvroute_requests_total{model=\"kvroute-sim\",status=\"499\"} 1"),
         "{metrics}"
     );
     assert!(metrics.contains("kvroute_epp_streams_total{result=\"routed\"}"));
@@ -151,7 +161,11 @@ async fn requests_through_envoy_land_where_the_picker_said_and_release_their_boo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_are_the_pickers_own_answers() {
     let a = worker("a").await;
-    let (gw, epp) = picker(&[&a]).await;
+    let mut cfg = config(&[&a], "kv");
+    cfg.limits.max_body_bytes = 4 << 10;
+    cfg.router.admission.mode = kvroute_core::AdmissionMode::Shed;
+    cfg.workers[0].max_batch = Some(1);
+    let (gw, epp) = picker_with(&[&a], cfg).await;
     let Some(envoy) = Envoy::start(&envoy_config(epp.addr.port(), false, &[])) else {
         return;
     };
@@ -171,6 +185,21 @@ async fn refusals_are_the_pickers_own_answers() {
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
+    // A body past limits.max_body_bytes: 413 (the picker's limit: 4 KiB here).
+    let big = chat(&[("user", &"x".repeat(8 << 10))], false, 4);
+    let (status, _, json) = post(&url, "/v1/chat/completions", &big).await;
+    assert_eq!(status, 413, "{json}");
+    // Shed: the one worker busy with a long stream, admission `shed`: 429 with Retry-After.
+    let stream = long_stream(&url).await;
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat(&[("user", "one more")], false, 4))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    drop(stream);
     // No worker up: 503 with Retry-After.
     a.shutdown().await;
     assert!(
@@ -239,7 +268,7 @@ async fn with_the_picker_down_envoy_fails_closed_or_open_as_configured() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_health_port_says_whether_a_worker_is_up() {
+async fn the_health_port_serves_while_the_picker_does_and_says_whether_an_engine_is_up() {
     let a = worker("a").await;
     let (gw, epp) = picker(&[&a]).await;
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", epp.health_addr))
@@ -256,24 +285,29 @@ async fn the_health_port_says_whether_a_worker_is_up() {
         .map(|r| r.into_inner().status)
         .unwrap_or(-1)
     };
-    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let (serving, not_serving) = (
+        ServingStatus::Serving as i32,
+        ServingStatus::NotServing as i32,
+    );
+    for name in epp::HEALTH_SERVICES {
+        assert_eq!(status(&mut client, name).await, serving, "{name:?}");
+    }
     assert!(
-        eventually(5, async || status(&mut client, "readiness").await
+        eventually(5, async || status(&mut client, epp::ENGINES_SERVICE).await
             == serving)
         .await
     );
-    assert_eq!(status(&mut client, "liveness").await, serving);
-    assert_eq!(
-        status(&mut client, epp::wire::EXT_PROC_SERVICE).await,
-        serving
-    );
+    // No engine up: the picker stays ready (it answers 503 itself); `engines` says so.
     a.shutdown().await;
     assert!(
-        eventually(10, async || status(&mut client, "readiness").await
-            != serving)
+        eventually(10, async || status(&mut client, epp::ENGINES_SERVICE).await
+            == not_serving)
         .await
     );
-    assert_eq!(status(&mut client, "liveness").await, serving);
+    for name in epp::HEALTH_SERVICES {
+        assert_eq!(status(&mut client, name).await, serving, "{name:?}");
+    }
     drop(epp);
     gw.shutdown().await;
 }
@@ -304,21 +338,23 @@ fn with_subset_hint(config: &str, subset: &[String]) -> String {
 async fn the_subset_hint_limits_the_choice() {
     let (a, b, c) = (worker("a").await, worker("b").await, worker("c").await);
     let (gw, epp) = picker(&[&a, &b, &c]).await;
-    let only_b = with_subset_hint(
-        &envoy_config(epp.addr.port(), false, &[]),
-        &[format!("127.0.0.1:{}", worker_port(&b))],
-    );
-    let Some(envoy) = Envoy::start(&only_b) else {
-        return;
-    };
-    for i in 0..6 {
-        let (status, w, json) = post(
-            &envoy.url(),
-            "/v1/chat/completions",
-            &chat(&[("user", &format!("subset question {i}"))], false, 4),
-        )
-        .await;
-        assert_eq!((status, w.as_deref()), (200, Some("b")), "{json}");
+    // Each hint alone: every request goes to the engine it names.
+    for w in [&b, &c] {
+        let Some(envoy) = Envoy::start(&with_subset_hint(
+            &envoy_config(epp.addr.port(), false, &[]),
+            &[format!("127.0.0.1:{}", worker_port(w))],
+        )) else {
+            return;
+        };
+        for i in 0..6 {
+            let (status, got, json) = post(
+                &envoy.url(),
+                "/v1/chat/completions",
+                &chat(&[("user", &format!("subset question {i}"))], false, 4),
+            )
+            .await;
+            assert_eq!((status, got.as_deref()), (200, Some(w.name())), "{json}");
+        }
     }
     // A hint naming no engine the picker knows: nothing is eligible.
     let nowhere = with_subset_hint(
@@ -334,7 +370,7 @@ async fn the_subset_hint_limits_the_choice() {
     .await;
     assert_eq!(status, 503, "{json}");
     assert_eq!(json["error"]["code"], "no_eligible_endpoint");
-    drop((envoy, envoy2, epp));
+    drop((envoy2, epp));
     gw.shutdown().await;
     a.shutdown().await;
     b.shutdown().await;

@@ -16,8 +16,8 @@ pub enum SseEvent {
 /// Why a stream could not be parsed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SseError {
-    /// A line longer than [`MAX_SSE_LINE`].
-    #[error("a stream line is longer than {MAX_SSE_LINE} bytes")]
+    /// A line, or an event's data, longer than [`MAX_SSE_LINE`].
+    #[error("a stream line or event is longer than {MAX_SSE_LINE} bytes")]
     LineTooLong,
     /// A line that is not UTF-8.
     #[error("a stream line is not UTF-8")]
@@ -95,6 +95,8 @@ impl SseParser {
             let rest = rest.strip_prefix(' ').unwrap_or(rest);
             match &mut self.data {
                 Some(d) => {
+                    // An event of many lines never closed is bounded like one line.
+                    Self::check_len(d.len() + 1 + rest.len())?;
                     d.push('\n');
                     d.push_str(rest);
                 }
@@ -156,6 +158,18 @@ mod tests {
         let mut p = SseParser::new();
         let long = vec![b'a'; MAX_SSE_LINE + 1];
         assert_eq!(p.feed(&long, &mut out), Err(SseError::LineTooLong));
+        // Many short data lines never closed by a blank line: bounded as one event.
+        let mut p = SseParser::new();
+        let line = format!("data: {}\n", "b".repeat(1 << 16));
+        let mut failed = None;
+        for _ in 0..(MAX_SSE_LINE >> 16) + 2 {
+            if let Err(e) = p.feed(line.as_bytes(), &mut out) {
+                failed = Some(e);
+                break;
+            }
+        }
+        assert_eq!(failed, Some(SseError::LineTooLong));
+        assert!(out.is_empty());
     }
 
     /// The events of a whole stream, line by line, as the format defines them.
