@@ -10,34 +10,14 @@ use kvroute_testkit::envoy::{self, Envoy};
 use server::Server;
 use std::time::Duration;
 
-fn engine(i: usize) -> (Server, String) {
-    let w = Server::start(&[
-        "worker",
-        "--port",
-        "0",
-        "--name",
-        &format!("w{i}"),
-        "--speedup",
-        "20",
-        "--zmq-publish",
-        "tcp://127.0.0.1:0",
-        "--zmq-replay",
-        "tcp://127.0.0.1:0",
-    ]);
-    let url = w.value_after("kvroute worker on ");
-    let events = w.value_after("KV events: ");
-    let replay = w.value_after("replay:    ");
-    (w, format!("{url}={events}={replay}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_through_envoy_keeps_to_its_cache() {
     if envoy::binary().is_none() && std::env::var("KVROUTE_REQUIRE_ENVOY").as_deref() != Ok("1") {
         eprintln!("SKIPPED: Envoy is not installed (bash scripts/tools.sh installs it)");
         return;
     }
-    let (_e0, w0) = engine(0);
-    let (_e1, w1) = engine(1);
+    let (_e0, w0) = server::zmq_worker("w0");
+    let (_e1, w1) = server::zmq_worker("w1");
     let picker = Server::start(&[
         "epp",
         "--port",

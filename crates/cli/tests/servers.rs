@@ -29,23 +29,8 @@ async fn gateway_and_workers_as_processes_share_kv_events_over_zmq() {
     let mut workers = Vec::new();
     let mut specs = Vec::new();
     for name in ["w1", "w2"] {
-        let w = Server::start(&[
-            "worker",
-            "--port",
-            "0",
-            "--name",
-            name,
-            "--speedup",
-            "20",
-            "--zmq-publish",
-            "tcp://127.0.0.1:0",
-            "--zmq-replay",
-            "tcp://127.0.0.1:0",
-        ]);
-        let url = w.value_after("kvroute worker on ");
-        let events = w.value_after("KV events: ");
-        let replay = w.value_after("replay:    ");
-        specs.push(format!("{url}={events}={replay}"));
+        let (w, spec) = server::zmq_worker(name);
+        specs.push(spec);
         workers.push(w);
     }
     let mut args = vec![

@@ -47,14 +47,10 @@ pub fn binary() -> Option<PathBuf> {
         std::env::var_os("KVROUTE_ENVOY").map(PathBuf::from),
         Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/tools-venv/bin/envoy")),
     ];
-    candidates.into_iter().flatten().find(|p| {
-        Command::new(p)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    })
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|p| crate::runs(p.as_os_str()))
 }
 
 /// A free port on 127.0.0.1 (bound and released: the caller binds it soon after).

@@ -74,6 +74,16 @@ pub fn sample(text: &str, name: &str) -> Option<f64> {
     })
 }
 
+/// Whether `program --version` runs and succeeds (a tool the tests start is installed).
+pub fn runs(program: &std::ffi::OsStr) -> bool {
+    std::process::Command::new(program)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,14 +18,7 @@ pub struct NatsServer {
 
 /// The server binary: `nats-server` on the PATH or Debian's `/usr/sbin/nats-server`.
 fn binary() -> Option<String> {
-    let found = |p: &str| {
-        Command::new(p)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
+    let found = |p: &str| crate::runs(p.as_ref());
     ["nats-server", "/usr/sbin/nats-server"]
         .into_iter()
         .find(|p| found(p))

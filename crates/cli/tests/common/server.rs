@@ -95,3 +95,25 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// A `kvroute worker` named `name` (20x real time) publishing its KV events over ZMQ with a
+/// replay service: the process and its `--worker` spec `URL=EVENTS=REPLAY`.
+pub fn zmq_worker(name: &str) -> (Server, String) {
+    let w = Server::start(&[
+        "worker",
+        "--port",
+        "0",
+        "--name",
+        name,
+        "--speedup",
+        "20",
+        "--zmq-publish",
+        "tcp://127.0.0.1:0",
+        "--zmq-replay",
+        "tcp://127.0.0.1:0",
+    ]);
+    let url = w.value_after("kvroute worker on ");
+    let events = w.value_after("KV events: ");
+    let replay = w.value_after("replay:    ");
+    (w, format!("{url}={events}={replay}"))
+}
