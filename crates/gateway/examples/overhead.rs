@@ -607,9 +607,21 @@ async fn epp_overhead(stub: &str, grpc_port: u16, requests: usize, secs: f64, th
             );
         }
     }
+    // The closed loop, with this process's CPU (stub and client, plus the picker in the
+    // second run): the difference per request is the picker's CPU, Envoy's being elsewhere.
     let b = chat_bodies(30, true);
+    let cpu0 = cpu_secs();
     let alone = rate(&format!("{}{CHAT}", plain.url()), b.clone(), 16, secs).await;
+    let cpu1 = cpu_secs();
     let with = rate(&format!("{}{CHAT}", picked.url()), b, 16, secs).await;
+    let cpu2 = cpu_secs();
+    let per = |cpu: f64, rate: f64| cpu / (rate * secs) * 1e3;
+    let (alone_ms, with_ms) = (per(cpu1 - cpu0, alone), per(cpu2 - cpu1, with));
     println!();
     println!("closed loop, concurrency 16, {secs} s: Envoy alone {alone:.0} req/s, Envoy + picker {with:.0} req/s");
+    println!(
+        "CPU of this process per request (stub + client, + picker): {alone_ms:.3} ms alone, {with_ms:.3} ms with the picker: the picker {:.3} ms per request ({:.2} cores per 1,000 requests/s)",
+        with_ms - alone_ms,
+        with_ms - alone_ms
+    );
 }
