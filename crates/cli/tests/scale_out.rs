@@ -20,22 +20,13 @@ struct Engine {
 }
 
 fn engine(nats: &NatsServer, i: usize) -> Engine {
-    let worker = Server::start(&[
-        "worker",
-        "--port",
-        "0",
-        "--name",
-        &format!("w{i}"),
-        "--speedup",
-        "20",
-        "--zmq-publish",
-        "tcp://127.0.0.1:0",
-        "--zmq-replay",
-        "tcp://127.0.0.1:0",
-    ]);
-    let url = worker.value_after("kvroute worker on ");
-    let events = worker.value_after("KV events: ");
-    let replay = worker.value_after("replay:    ");
+    let (worker, spec) = server::zmq_worker(&format!("w{i}"));
+    let mut parts = spec.splitn(3, '=').map(str::to_string);
+    let (url, events, replay) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
     let name = url.trim_start_matches("http://").to_string();
     let relay = Server::start(&[
         "relay",

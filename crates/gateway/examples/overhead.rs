@@ -383,6 +383,21 @@ fn print_wake_costs() {
     println!();
 }
 
+/// A table row: TTFT p50 / p99 of the direct (`d`) and routed (`g`) requests and the
+/// difference, in ms.
+fn print_row(label: &str, concurrency: usize, d: &[f64], g: &[f64]) {
+    let ms = |x: f64| x * 1e3;
+    println!(
+        "| {label} | {concurrency} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} |",
+        ms(pct(d, 0.5)),
+        ms(pct(d, 0.99)),
+        ms(pct(g, 0.5)),
+        ms(pct(g, 0.99)),
+        ms(pct(g, 0.5) - pct(d, 0.5)),
+        ms(pct(g, 0.99) - pct(d, 0.99)),
+    );
+}
+
 fn pct(sorted: &[f64], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -488,16 +503,7 @@ async fn main() {
         let (stub_url, via_url) = (format!("{stub}{path}"), format!("{via}{path}"));
         for c in [1, 64] {
             let (d, g) = interleaved(&stub_url, &via_url, b.clone(), requests, c).await;
-            let ms = |x: f64| x * 1e3;
-            println!(
-                "| {label} | {c} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} |",
-                ms(pct(&d, 0.5)),
-                ms(pct(&d, 0.99)),
-                ms(pct(&g, 0.5)),
-                ms(pct(&g, 0.99)),
-                ms(pct(&g, 0.5) - pct(&d, 0.5)),
-                ms(pct(&g, 0.99) - pct(&d, 0.99)),
-            );
+            print_row(&label, c, &d, &g);
         }
     }
     let b = fixed(body(30, None));
@@ -595,16 +601,7 @@ async fn epp_overhead(stub: &str, grpc_port: u16, requests: usize, secs: f64, th
         );
         for c in [1, 16] {
             let (d, g) = interleaved(&direct, &via, bodies.clone(), requests, c).await;
-            let ms = |x: f64| x * 1e3;
-            println!(
-                "| ~{words} words, unique | {c} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} |",
-                ms(pct(&d, 0.5)),
-                ms(pct(&d, 0.99)),
-                ms(pct(&g, 0.5)),
-                ms(pct(&g, 0.99)),
-                ms(pct(&g, 0.5) - pct(&d, 0.5)),
-                ms(pct(&g, 0.99) - pct(&d, 0.99)),
-            );
+            print_row(&format!("~{words} words, unique"), c, &d, &g);
         }
     }
     // The closed loop, with this process's CPU (stub and client, plus the picker in the
