@@ -26,6 +26,7 @@ use kvroute_core::{RequestId, Time};
 use request::Seq;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Engine settings.
@@ -54,7 +55,15 @@ pub struct EngineConfig {
     pub host_blocks: usize,
     /// Seconds to load one token's KV back from the host tier.
     pub host_load_secs_per_token: f64,
+    /// The token ids to sample from (1 to [`MAX_OUTPUT_IDS`]):
+    /// a live worker gives the ids of its tokenizer whose text tokenizes back to them, so
+    /// an answer sent back in the next turn's prompt finds its blocks cached. `None`: ids
+    /// in 100..32,099, meaning nothing (the simulator's; see `request::output_token`).
+    pub output_ids: Option<Arc<[u32]>>,
 }
+
+/// Most entries of [`EngineConfig::output_ids`].
+pub const MAX_OUTPUT_IDS: usize = 1 << 20;
 
 /// The default seconds to load one token's KV back from a host tier: an 8B-parameter model
 /// in 16-bit precision holds 128 KiB of KV per token, about 5 us over a 25 GB/s host link.
@@ -79,6 +88,7 @@ impl EngineConfig {
             kv_events_with_tokens: true,
             host_blocks: 0,
             host_load_secs_per_token: HOST_LOAD_SECS_PER_TOKEN,
+            output_ids: None,
         }
     }
 
@@ -99,6 +109,11 @@ impl EngineConfig {
         }
         if !(self.host_load_secs_per_token.is_finite() && self.host_load_secs_per_token >= 0.0) {
             return bad("host_load_secs_per_token must be >= 0");
+        }
+        if let Some(ids) = &self.output_ids {
+            if ids.is_empty() || ids.len() > MAX_OUTPUT_IDS {
+                return bad("output_ids must hold 1 to 2^20 token ids");
+            }
         }
         Ok(())
     }
@@ -412,7 +427,7 @@ impl Engine {
                 s.cached_blocks = full;
             }
             if s.computed == s.len {
-                let tok = request::output_token(s.id, s.generated);
+                let tok = request::output_token(s.id, s.generated, self.cfg.output_ids.as_deref());
                 s.push_output(tok, bs);
                 s.first_token.get_or_insert(f.ended);
                 out.tokens.push(Sampled {

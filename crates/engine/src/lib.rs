@@ -18,7 +18,7 @@ pub mod timing;
 
 pub use engine::{
     Engine, EngineConfig, EngineError, EngineMetrics, EnginePrompt, EngineRequest, Finished,
-    StepOutput, TokenRuns, HOST_LOAD_SECS_PER_TOKEN,
+    StepOutput, TokenRuns, HOST_LOAD_SECS_PER_TOKEN, MAX_OUTPUT_IDS,
 };
 pub use pool::BlockPool;
 pub use profile::{Profile, ProfileError};

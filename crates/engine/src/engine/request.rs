@@ -163,10 +163,16 @@ pub struct Sampled {
     pub time: Time,
 }
 
-/// The deterministic `k`-th output token of a request.
-pub fn output_token(id: RequestId, k: u32) -> u32 {
+/// The deterministic `k`-th output token of a request: an entry of `table` when given
+/// ([`crate::EngineConfig::output_ids`]: ids of a real vocabulary, whose text tokenizes back
+/// to them), else an id in 100..32,099 (the simulator's; such ids mean nothing). The entry
+/// is chosen by the same hash, so a table changes which ids come out, never when.
+pub fn output_token(id: RequestId, k: u32, table: Option<&[u32]>) -> u32 {
     let x = kvroute_core::hashing::splitmix64(id.0 ^ (u64::from(k) << 40));
-    100 + (x % 32_000) as u32
+    match table {
+        Some(t) if !t.is_empty() => t[(x % t.len() as u64) as usize],
+        _ => 100 + (x % 32_000) as u32,
+    }
 }
 
 /// A sequence inside the engine.

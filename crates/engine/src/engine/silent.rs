@@ -100,7 +100,8 @@ impl Engine {
             f.ended = end;
             for s in &mut self.running {
                 s.computed += 1;
-                let token = super::request::output_token(s.id, s.generated);
+                let token =
+                    super::request::output_token(s.id, s.generated, self.cfg.output_ids.as_deref());
                 s.push_output(token, bs);
                 if !by_run {
                     tokens.push(Sampled {

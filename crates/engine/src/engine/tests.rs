@@ -2,6 +2,7 @@ use super::*;
 use crate::Profile;
 use kvroute_core::hashing::local_block_hashes;
 use kvroute_core::{BlockSize, KvEvent, Namespace, PrefixIndex, WorkerId};
+use std::sync::Arc;
 
 fn tiny() -> EngineConfig {
     EngineConfig::from_profile(&Profile::builtin("tiny").unwrap())
@@ -142,7 +143,7 @@ fn preemption_recomputes_and_everything_finishes() {
     // Outputs do not depend on preemption: token k of request i is fixed.
     for f in &f {
         for (k, t) in f.output.iter().enumerate() {
-            assert_eq!(*t, request::output_token(f.id, k as u32));
+            assert_eq!(*t, request::output_token(f.id, k as u32, None));
         }
     }
 }
@@ -413,4 +414,60 @@ fn a_prefix_evicted_from_the_device_is_loaded_back_from_the_host_tier() {
         r.index().block_count(WorkerId(1)),
         e.metrics().cached_blocks
     );
+}
+
+#[test]
+fn output_ids_are_the_simulators_without_a_table() {
+    // Pinned: the fleet simulator's outputs (and the follow-ups it builds from them) must not
+    // move when a worker samples from a table.
+    let pinned = [
+        (0, 0, 15_635),
+        (1, 0, 22_565),
+        (7, 3, 21_706),
+        (123_456_789, 199, 12_132),
+    ];
+    for (id, k, want) in pinned {
+        assert_eq!(request::output_token(RequestId(id), k, None), want);
+    }
+    assert_eq!(tiny().output_ids, None);
+    // A table picks by the same hash: entry hash % len.
+    let table = [3u32, 5, 8, 13, 21];
+    let picked = [(0, 0, 3), (1, 0, 3), (7, 3, 5), (123_456_789, 199, 8)];
+    for (id, k, want) in picked {
+        assert_eq!(request::output_token(RequestId(id), k, Some(&table)), want);
+    }
+    let mut cfg = tiny();
+    cfg.output_ids = Some(Vec::new().into());
+    assert!(matches!(
+        Engine::new(cfg),
+        Err(EngineError::InvalidConfig(_))
+    ));
+}
+
+#[test]
+fn a_table_of_output_ids_is_sampled_and_a_follow_up_finds_the_answer_cached() {
+    let table: Arc<[u32]> = (0..40u32).map(|i| 5_000 + 7 * i).collect();
+    for fast in [true, false] {
+        let mut cfg = tiny();
+        cfg.output_ids = Some(table.clone());
+        let mut e = Engine::new(cfg).unwrap();
+        e.set_fast_paths(fast);
+        let first = prompt(21, 3);
+        let outs = drive(&mut e, vec![(0, req(1, first.clone(), 30))]);
+        let f = finished(&outs);
+        assert_eq!(f[0].output.len(), 30);
+        for (k, t) in f[0].output.iter().enumerate() {
+            assert!(table.contains(t), "{t}");
+            assert_eq!(*t, request::output_token(f[0].id, k as u32, Some(&table)));
+        }
+        // The next turn: the history (prompt and answer) then a new message.
+        let mut next = first.clone();
+        next.extend_from_slice(&f[0].output);
+        let cacheable = next.len() - 1;
+        next.extend(prompt(9, 77));
+        let outs = drive(&mut e, vec![(10_000, req(2, next, 1))]);
+        let bs = e.config().block_size;
+        // Every full block but the one holding the last output token (never computed).
+        assert_eq!(finished(&outs)[0].cached_tokens, cacheable / bs * bs);
+    }
 }
