@@ -14,8 +14,8 @@
 //! Modules: `config` (settings), `driver` (the engine task), `clock` (virtual time),
 //! `events` (numbering, replay buffer, broadcast), `zmq` (PUB and replay ROUTER sockets),
 //! `http` (routes, errors, small endpoints), `generate` (the two generation endpoints),
-//! `stream` (server-sent events), `text` (token ids to text), `metrics` (Prometheus text),
-//! `ids` (request ids).
+//! `stream` (server-sent events), `text` (the ids answers are made of, whose text tokenizes
+//! back to them), `metrics` (Prometheus text), `ids` (request ids).
 //!
 //! # Metrics
 //!
@@ -208,14 +208,18 @@ pub async fn spawn(
     listener: tokio::net::TcpListener,
     zmq: Option<ZmqConfig>,
 ) -> Result<WorkerHandle, WorkerError> {
-    let engine_cfg = config.engine_config()?;
-    let engine = Engine::new(engine_cfg.clone())?;
+    let mut engine_cfg = config.engine_config()?;
     let addr = listener.local_addr()?;
     let name = config.worker_name.clone();
     let pre = preprocessor.clone();
     let text = tokio::task::spawn_blocking(move || text::OutputText::build(&pre))
         .await
         .map_err(|e| WorkerError::Config(format!("building the output vocabulary: {e}")))?;
+    text.log(&name);
+    // Ids of the tokenizer whose text tokenizes back to them: answers sent back in the next
+    // turn find their blocks cached (module `text`).
+    engine_cfg.output_ids = text.output_ids();
+    let engine = Engine::new(engine_cfg.clone())?;
 
     let mut hub = events::EventHub::new(config.replay_buffer, config.event_format)
         .with_replay_bytes(config.replay_buffer_bytes)
