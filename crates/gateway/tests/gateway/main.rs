@@ -15,6 +15,7 @@ mod plane;
 mod ranks;
 mod replicas;
 mod resync;
+mod round_trip;
 mod streams;
 mod support;
 mod tiers;
