@@ -570,9 +570,8 @@ class Run:
         matched, since = None, time.time()
         while time.time() < deadline:
             ex = self.explain_raw(c.messages)
-            ids = {w["worker"]["id"]: name for name, w in self.gw.workers().items()}
             m = max((w.get("matched_blocks", 0) for w in ex["workers"]
-                     if ids.get(w["worker"]) == first.worker), default=0)
+                     if w["worker"] == first.worker), default=0)
             if m != matched:
                 matched, since = m, time.time()
             if matched >= (n - 1) // BLOCK and time.time() - since >= 0.3:
@@ -616,9 +615,8 @@ class Run:
         conv.add_user(words)
         msgs = [dict(m) for m in conv.messages]
         ex = self.explain_raw(msgs)
-        ids = {w["worker"]["id"]: name for name, w in self.gw.workers().items()}
         m = max((w.get("matched_blocks", 0) for w in ex["workers"]
-                 if ids.get(w["worker"]) == engine.gateway_name), default=0)
+                 if w["worker"] == engine.gateway_name), default=0)
         n = ex.get("prompt_tokens", 0)
         explained = min(m * BLOCK, max(n - 1, 0) // BLOCK * BLOCK)
         t = do_turn(self.gw_client(), conv)
@@ -631,18 +629,13 @@ class Run:
         return t, explained, d.reported if d.ok else None
 
     def explain_text(self, ex):
-        ids = {}
-        try:
-            for name, w in self.gw.workers().items():
-                ids[w["worker"]["id"]] = self.w(name)
-        except Exception:
-            pass
+        # /debug/explain names workers as the gateway does; self.w gives this run's label.
         parts = []
         for w in ex.get("workers", []):
-            parts.append(f"{ids.get(w.get('worker'), w.get('worker'))} matched {w.get('matched_blocks')} "
+            parts.append(f"{self.w(w.get('worker'))} matched {w.get('matched_blocks')} "
                          f"cost {w.get('cost', 0):.3f}{'' if w.get('eligible', True) else ' not eligible'}"
                          f"{' busy' if w.get('busy') else ''}")
-        return f"explain -> {ids.get(ex.get('winner'), ex.get('winner'))} ({', '.join(parts)})"
+        return f"explain -> {self.w(ex.get('winner'))} ({', '.join(parts)})"
 
     def judged(self, r, label, engine, rows):
         for t, p, rep in rows:

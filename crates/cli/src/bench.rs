@@ -2,7 +2,10 @@
 //! after a warm-up and measured in `--snapshots` windows, on the fleet simulator (`--sim`)
 //! or live (a fresh in-process gateway and simulated workers per cell, or `--target`).
 //! Writes cells (TSV, JSON), per-request records, a Markdown report, plots and the
-//! baseline file of `--baseline-policy`.
+//! baseline file of `--baseline-policy`. Shows its progress cell by cell with the time
+//! left ([`progress`]).
+
+mod progress;
 
 use crate::demo::{start_fleet, DemoArgs};
 use crate::simulate::{
@@ -11,12 +14,11 @@ use crate::simulate::{
 };
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use kvroute_core::PolicyKind;
 use kvroute_loadgen::{LoadKind, LoadgenConfig};
 use kvroute_report::{write_plots, Baseline, Cell, Load, Metrics, Sweep, SweepInfo};
 use kvroute_sim::simulate;
-use kvroute_workload::{deciles, records_tsv, RequestRecord, Slo, Summary};
+use kvroute_workload::{deciles, numbered_workers, records_tsv, RequestRecord, Slo, Summary};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -96,11 +98,31 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     std::fs::create_dir_all(out_dir.join("records"))
         .with_context(|| format!("creating {}", out_dir.display()))?;
     let loads = levels(s, &prepared);
-    let total = (s.workers.len() * loads.len() * s.policy.len() * a.repeats) as u64;
-    let bar = ProgressBar::new(total).with_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} runs, {elapsed} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    // A live run lasts its duration whatever its load; a simulated one grows with its load
+    // (a trace's requests are the same at any speed-up).
+    let work = |load: Load| match load {
+        _ if live => 1.0,
+        Load::Speedup(_) => 1.0,
+        l => l.value().max(1e-3),
+    };
+    let cell_work: Vec<f64> = (s.workers.iter())
+        .flat_map(|_| {
+            loads
+                .iter()
+                .flat_map(|&l| s.policy.iter().map(move |_| work(l)))
+        })
+        .collect();
+    let progress = progress::Progress::new(
+        cell_work,
+        a.repeats,
+        live.then(|| s.duration_secs.unwrap_or(0.0)),
     );
+    progress.announce(&if live {
+        format!("live, {} s each", secs(s.duration_secs.unwrap_or(0.0)))
+    } else {
+        "on the fleet simulator".to_string()
+    });
+    let mut cell_index = 0;
     let rt = if live { Some(crate::runtime()?) } else { None };
     let mut sweep = Sweep {
         info: info(a, &prepared, live),
@@ -109,13 +131,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for &workers in &s.workers {
         for &load in &loads {
             for &policy in &s.policy {
+                let cell_started = std::time::Instant::now();
                 let mut runs = Vec::new();
                 let mut first_deciles = Vec::new();
                 for r in 0..a.repeats {
                     let seed = s.seed.wrapping_add(r as u64);
-                    let label = cell_label(policy, workers, load, r);
-                    bar.set_message(label.clone());
-                    let (records, warm, window) = match &rt {
+                    let label = cell_label(policy, workers, load, Some(r));
+                    progress.run_starts(cell_index, r, &cell_label(policy, workers, load, None));
+                    let (records, workers_named, warm, window) = match &rt {
                         None => run_sim(a, &prepared, workers, load, policy, seed)?,
                         Some(rt) => rt.block_on(run_live(a, workers, load, policy, seed))?,
                     };
@@ -129,13 +152,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     }
                     runs.push(snapshot_mean(&measured, warm, window, a.snapshots, &slo));
                     let file = out_dir.join("records").join(format!("{label}.tsv"));
-                    std::fs::write(&file, records_tsv(&records))
+                    std::fs::write(&file, records_tsv(&records, &workers_named))
                         .with_context(|| format!("writing {}", file.display()))?;
-                    bar.inc(1);
+                    progress.run_ends();
                 }
                 let cell = Cell::new(policy.as_str(), workers, load, runs, first_deciles);
+                let name = cell_label(policy, workers, load, None);
+                progress.cell_done(cell_index, &name, cell_started.elapsed().as_secs_f64());
+                cell_index += 1;
                 if s.json {
-                    bar.suspend(|| {
+                    progress.suspend(|| {
                         println!("{}", serde_json::to_string(&cell).unwrap_or_default())
                     });
                 }
@@ -143,16 +169,18 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
         }
     }
-    bar.finish_and_clear();
+    progress.finish();
     write_outputs(a, &sweep, &out_dir)
 }
 
-fn cell_label(policy: PolicyKind, workers: usize, load: Load, run: usize) -> String {
+/// A cell's name (`kv-w3-c16`), with `-runN` for one of its runs (from 0).
+fn cell_label(policy: PolicyKind, workers: usize, load: Load, run: Option<usize>) -> String {
     let level = match level_label(load) {
         l if l.is_empty() => l,
         l => format!("-{l}"),
     };
-    format!("{}-w{workers}{level}-run{}", policy.as_str(), run + 1)
+    let run = run.map_or_else(String::new, |r| format!("-run{}", r + 1));
+    format!("{}-w{workers}{level}{run}", policy.as_str())
 }
 
 fn info(a: &BenchArgs, p: &Prepared, live: bool) -> SweepInfo {
@@ -221,7 +249,11 @@ fn secs(v: f64) -> String {
     }
 }
 
-/// One simulated run: its records, the warm-up and the measured span.
+/// One run's records, its workers' names (by the records' numbers), the warm-up and the
+/// measured span.
+type Run = (Vec<RequestRecord>, Vec<String>, Duration, Duration);
+
+/// One simulated run: its records, the workers' names, the warm-up and the measured span.
 fn run_sim(
     a: &BenchArgs,
     p: &Prepared,
@@ -229,11 +261,12 @@ fn run_sim(
     load: Load,
     policy: PolicyKind,
     seed: u64,
-) -> Result<(Vec<RequestRecord>, Duration, Duration)> {
+) -> Result<Run> {
     let cfg = sim_config(&a.sweep, &p.profile, workers, policy, seed)?;
     let r = simulate(&cfg, workload(&a.sweep, p, load, seed)?)?;
     Ok((
         r.records,
+        numbered_workers(workers),
         cfg.warmup,
         Duration::from_secs_f64(r.sim_seconds),
     ))
@@ -247,7 +280,7 @@ async fn run_live(
     load: Load,
     policy: PolicyKind,
     seed: u64,
-) -> Result<(Vec<RequestRecord>, Duration, Duration)> {
+) -> Result<Run> {
     let s = &a.sweep;
     let duration = s.duration_secs.unwrap_or(0.0);
     let fleet = match &a.target {
@@ -305,7 +338,7 @@ async fn run_live(
     let result = result?;
     let warm = Duration::from_secs_f64(s.warmup());
     let window = Duration::from_secs_f64((duration - s.warmup()).max(0.0));
-    Ok((result.records, warm, window))
+    Ok((result.records, result.workers, warm, window))
 }
 
 /// A run's figures: the mean over `snapshots` equal windows of arrivals from `warm` on (one

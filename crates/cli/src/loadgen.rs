@@ -191,13 +191,67 @@ pub fn run(args: &LoadgenArgs) -> Result<()> {
     }
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        std::fs::write(dir.join("records.tsv"), records_tsv(&result.records))?;
+        std::fs::write(
+            dir.join("records.tsv"),
+            records_tsv(&result.records, &result.workers),
+        )?;
         std::fs::write(
             dir.join("report.md"),
             format!("# kvroute loadgen\n\n{table}"),
         )?;
     }
+    if summary.completed == 0 {
+        anyhow::bail!("{}", nothing_succeeded(&args.target, &summary));
+    }
     Ok(())
+}
+
+/// Why a run in which no request succeeded failed: the counts, each reason, and what the
+/// commonest reason usually means.
+fn nothing_succeeded(target: &str, s: &Summary) -> String {
+    if s.sent == 0 {
+        return format!("no request was sent to {target}");
+    }
+    let reasons = |by: &std::collections::BTreeMap<String, u64>| {
+        by.iter()
+            .map(|(why, n)| format!("{n} {why}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut counts = Vec::new();
+    if s.failed > 0 {
+        counts.push(format!(
+            "{} failed ({})",
+            s.failed,
+            reasons(&s.failed_by_reason)
+        ));
+    }
+    if s.rejected > 0 {
+        counts.push(format!(
+            "{} rejected ({})",
+            s.rejected,
+            reasons(&s.rejected_by_reason)
+        ));
+    }
+    let commonest = s
+        .failed_by_reason
+        .iter()
+        .chain(&s.rejected_by_reason)
+        .max_by_key(|(_, n)| **n)
+        .map(|(why, _)| why.as_str());
+    let hint = match commonest {
+        Some("connect") => format!(": nothing answers at {target} (is the server up, the host and port right?)"),
+        Some("timeout") => format!(": {target} did not answer in time"),
+        Some("http_404") => format!(": {target} answered 404 (give the server's base URL, without /v1, and a --model it serves)"),
+        Some("http_401" | "http_403") => format!(": {target} refused the requests (does it need an API key?)"),
+        Some("http_400" | "http_422") => format!(": {target} refused the requests as invalid (is --model one it serves? --no-ignore-eos for servers that refuse unknown fields)"),
+        _ => String::new(),
+    };
+    format!(
+        "no request succeeded: {} sent to {target}, {}{hint}",
+        s.sent,
+        counts.join(", ")
+    )
 }
 
 /// Serves the dashboard and the control API until Ctrl-C.

@@ -43,6 +43,11 @@ pub struct ServeArgs {
     /// the adapter's cached blocks. Adapters the workers list are added.
     #[arg(long = "lora-adapter")]
     pub lora_adapters: Vec<String>,
+    /// The batch limit of workers that give none of their own `max_batch`: requests an
+    /// engine runs at once (vLLM `--max-num-seqs`, SGLang `--max-running-requests`). With it
+    /// admission also judges a worker busy when its batch is full.
+    #[arg(long, visible_alias = "max-num-seqs", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_batch: Option<u32>,
     /// What happens when every worker is busy: queue, shed or none.
     #[arg(long)]
     pub admission: Option<AdmissionMode>,
@@ -112,6 +117,9 @@ impl ServeArgs {
         }
         if !self.lora_adapters.is_empty() {
             c.lora_adapters = self.lora_adapters.clone();
+        }
+        if self.max_batch.is_some() {
+            c.max_batch = self.max_batch;
         }
         let adm = &mut c.router.admission;
         if let Some(m) = self.admission {

@@ -9,8 +9,9 @@ use kvroute_engine::{EngineConfig, Profile};
 use kvroute_report::Load as Level;
 use kvroute_sim::{simulate, SimConfig, SimResult, Workload};
 use kvroute_workload::{
-    deciles, deciles_markdown, markdown_table, mooncake, records_tsv, text_tokens, MultiTurn,
-    MultiTurnConfig, Slo, Summary, Synthetic, SyntheticConfig, TraceOptions, TraceRequest,
+    deciles, deciles_markdown, markdown_table, mooncake, numbered_workers, records_tsv,
+    text_tokens, MultiTurn, MultiTurnConfig, Slo, Summary, Synthetic, SyntheticConfig,
+    TraceOptions, TraceRequest,
 };
 use serde_json::json;
 use std::path::PathBuf;
@@ -42,11 +43,11 @@ pub struct SimulateArgs {
     /// KV block size in tokens (default: the profile's; same KV memory).
     #[arg(long)]
     pub(crate) block_size: Option<usize>,
-    /// Most sequences per engine step (default: the profile's).
-    #[arg(long)]
+    /// Most sequences per engine step, the batch limit (default: the profile's).
+    #[arg(long, visible_alias = "max-num-seqs")]
     pub(crate) max_batch: Option<usize>,
     /// Most tokens per engine step (default: the profile's).
-    #[arg(long)]
+    #[arg(long, visible_alias = "max-num-batched-tokens")]
     pub(crate) max_batched_tokens: Option<usize>,
     /// Device KV blocks per engine (default: what the profile's memory gives).
     #[arg(long)]
@@ -395,7 +396,7 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
                 }
                 if let Some(dir) = &a.out {
                     let file = dir.join(format!("{}.tsv", label.replace(' ', "-")));
-                    std::fs::write(&file, records_tsv(&r.records))
+                    std::fs::write(&file, records_tsv(&r.records, &numbered_workers(workers)))
                         .with_context(|| format!("writing {}", file.display()))?;
                     over_time.push_str(&format!(
                         "\n### {label}\n\n{}",

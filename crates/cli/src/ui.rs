@@ -99,10 +99,18 @@ pub struct DashboardArgs {
     #[arg(long)]
     pub baseline: Option<std::path::PathBuf>,
     /// TTFT p95 objective of the dashboard, ms.
-    #[arg(long, default_value_t = 600.0)]
+    #[arg(
+        long = "slo-ttft-ms",
+        visible_alias = "slo-ttft-p95-ms",
+        default_value_t = 600.0
+    )]
     pub slo_ttft_p95_ms: f64,
     /// TPOT p95 objective of the dashboard, ms.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(
+        long = "slo-tpot-ms",
+        visible_alias = "slo-tpot-p95-ms",
+        default_value_t = 60.0
+    )]
     pub slo_tpot_p95_ms: f64,
     /// Lowest concurrency of the dashboard's slider.
     #[arg(long, default_value_t = 60)]

@@ -27,11 +27,11 @@ pub struct WorkerArgs {
     /// KV block size in tokens (instead of the profile's).
     #[arg(long)]
     pub block_size: Option<usize>,
-    /// Most sequences per step.
-    #[arg(long)]
+    /// Most sequences per step, the batch limit (vLLM's `--max-num-seqs`).
+    #[arg(long = "max-batch", visible_alias = "max-num-seqs")]
     pub max_num_seqs: Option<usize>,
-    /// Most tokens per step.
-    #[arg(long)]
+    /// Most tokens per step (vLLM's `--max-num-batched-tokens`).
+    #[arg(long = "max-batched-tokens", visible_alias = "max-num-batched-tokens")]
     pub max_num_batched_tokens: Option<usize>,
     /// KV blocks (instead of what the profile's memory gives).
     #[arg(long)]

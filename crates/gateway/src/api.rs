@@ -237,7 +237,7 @@ async fn debug_explain(State(gw): State<Arc<Gateway>>, req: Request) -> Response
     }
     .await;
     match result {
-        Ok(e) => Json(e).into_response(),
+        Ok(e) => Json(crate::explanation::debug_view(&gw, &e)).into_response(),
         Err(e) => error_response(&e.to_api(), ""),
     }
 }

@@ -5,8 +5,8 @@
 //! `dp_rank="R"` with data parallelism). Admission (`queue`, `shed`) judges a worker busy by
 //! the fraction of its KV blocks in use, so a worker whose capacity stays unknown is never
 //! busy: the gateway says so loudly, once per worker. No engine publishes its batch limit
-//! (`max_num_seqs`): without `max_batch` a worker is judged by its KV cache only, and the
-//! gateway says that too.
+//! (`max_num_seqs`): without `max_batch` (the worker's, or the gateway's for workers that
+//! give none) a worker is judged by its KV cache only, and the gateway says that too.
 
 use crate::registry::WorkerEntry;
 use crate::state::Gateway;
@@ -111,7 +111,7 @@ pub fn learn(gw: &Gateway, url: &str, text: &str) -> bool {
         }
         let capacity = WorkerCapacity {
             kv_blocks: Some(blocks),
-            max_batch: w.spec.max_batch,
+            max_batch: gw.config.capacity_of(&w.spec).max_batch,
         };
         let mut router = gw.router();
         if let Some(tracking) = router.tracking(w.id) {
@@ -146,10 +146,10 @@ pub fn warn_unknown(gw: &Gateway) {
         .registry
         .all()
         .iter()
-        .filter(|w| !unknown(w) && w.spec.max_batch.is_none())
+        .filter(|w| !unknown(w) && gw.config.capacity_of(&w.spec).max_batch.is_none())
     {
         if !w.batch_warned.swap(true, Ordering::Relaxed) {
-            tracing::warn!(worker = %w.name, "admission judges this worker by its KV cache only: its batch limit (the engine's max_num_seqs) is unknown, as no engine publishes it; set max_batch, or requests past it wait in the engine's own queue instead of the gateway's (or being shed)");
+            tracing::warn!(worker = %w.name, "admission judges this worker by its KV cache only: its batch limit (max_batch, vLLM's max_num_seqs) is unknown, as no engine publishes it; set the worker's max_batch or the gateway's (--max-batch), or requests past it wait in the engine's own queue instead of the gateway's (or being shed)");
         }
     }
 }

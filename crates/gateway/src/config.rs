@@ -32,6 +32,11 @@ pub struct GatewayConfig {
     pub router: RouterConfig,
     /// The engines behind the gateway.
     pub workers: Vec<WorkerSpec>,
+    /// The batch limit of workers that give none of their own `max_batch` (discovered ones
+    /// too): requests an engine runs at once (vLLM `--max-num-seqs`, SGLang
+    /// `--max-running-requests`, TensorRT-LLM `max_batch_size`). None: unknown.
+    #[serde(alias = "max_num_seqs")]
+    pub max_batch: Option<u32>,
     /// Limits on requests.
     pub limits: Limits,
     /// Health checking.
@@ -107,6 +112,7 @@ impl Default for GatewayConfig {
             tokenizer: None,
             router: RouterConfig::default(),
             workers: Vec::new(),
+            max_batch: None,
             limits: Limits::default(),
             health: HealthConfig::default(),
             upstream: UpstreamConfig::default(),
@@ -139,7 +145,10 @@ pub struct WorkerSpec {
     pub replay: Option<String>,
     /// Its KV cache size in blocks, when known (admission fractions, policies).
     pub kv_blocks: Option<u64>,
-    /// Its batch limit (`max_num_seqs`), when known.
+    /// Its batch limit, when known: requests it runs at once (vLLM `--max-num-seqs`, SGLang
+    /// `--max-running-requests`, TensorRT-LLM `max_batch_size`); else the gateway's
+    /// `max_batch`.
+    #[serde(alias = "max_num_seqs")]
     pub max_batch: Option<u32>,
     /// Its data-parallel ranks (vLLM `--data-parallel-size`, SGLang `--dp-size` with DP
     /// attention), when more than one: each rank has a KV cache of its own and is routed to as
@@ -226,11 +235,12 @@ impl WorkerSpec {
         })
     }
 
-    /// What the router knows of its capacity.
-    pub fn capacity(&self) -> WorkerCapacity {
+    /// What the router knows of its capacity, `default_max_batch` (the gateway's
+    /// `max_batch`) standing in for a batch limit it does not give.
+    pub fn capacity(&self, default_max_batch: Option<u32>) -> WorkerCapacity {
         WorkerCapacity {
             kv_blocks: self.kv_blocks,
-            max_batch: self.max_batch,
+            max_batch: self.max_batch.or(default_max_batch),
         }
     }
 
@@ -293,6 +303,9 @@ impl WorkerSpec {
                 "worker {}: a replay endpoint needs an events endpoint",
                 self.url
             ));
+        }
+        if self.max_batch == Some(0) {
+            return bad(format!("worker {}: max_batch must be >= 1", self.url));
         }
         Ok(())
     }
@@ -465,8 +478,17 @@ impl GatewayConfig {
         toml::from_str(text).map_err(|e| ConfigError(e.to_string()))
     }
 
+    /// What the router knows of `w`'s capacity: its own settings, the gateway's
+    /// `max_batch` for a batch limit it does not give.
+    pub fn capacity_of(&self, w: &WorkerSpec) -> WorkerCapacity {
+        w.capacity(self.max_batch)
+    }
+
     /// Checks the settings.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_batch == Some(0) {
+            return Err(ConfigError("max_batch must be >= 1".into()));
+        }
         self.router
             .validate()
             .map_err(|e| ConfigError(e.to_string()))?;
@@ -676,7 +698,7 @@ mod tests {
         assert_eq!(c.router.block_size, 32);
         assert_eq!(c.router.tiers.host_load_ratio, 0.05);
         assert_eq!(c.router.tiers.disk_load_ratio, 0.4);
-        assert_eq!(c.workers[0].capacity().kv_blocks, Some(1000));
+        assert_eq!(c.capacity_of(&c.workers[0]).kv_blocks, Some(1000));
         c.validate().unwrap();
         let mut slow = c.clone();
         slow.router.tiers.disk_load_ratio = 2.0;
@@ -686,6 +708,36 @@ mod tests {
         let mut dup = c.clone();
         dup.workers.push(c.workers[0].clone());
         assert!(dup.validate().is_err());
+    }
+
+    #[test]
+    fn the_gateways_max_batch_stands_in_for_workers_that_give_none() {
+        let c = GatewayConfig::from_toml(
+            r#"
+            max_batch = 64
+            [[workers]]
+            url = "http://h:1"
+            max_num_seqs = 8
+            [[workers]]
+            url = "http://h:2"
+            "#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let batch = |i: usize| c.capacity_of(&c.workers[i]).max_batch;
+        assert_eq!((batch(0), batch(1)), (Some(8), Some(64)));
+        let none = GatewayConfig {
+            max_batch: None,
+            ..c.clone()
+        };
+        assert_eq!(none.capacity_of(&none.workers[1]).max_batch, None);
+        for zero in [
+            "max_batch = 0\n[[workers]]\nurl = \"http://h:1\"",
+            "[[workers]]\nurl = \"http://h:1\"\nmax_batch = 0",
+        ] {
+            let z = GatewayConfig::from_toml(zero).unwrap();
+            assert!(z.validate().unwrap_err().0.contains("max_batch"), "{zero}");
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! [`Explanation`] of that very decision (the same evaluation that chose the worker, not a
 //! second look) as compact JSON with worker names: per worker the matched blocks, the blocks
 //! it can load back from host memory and disk (only when there are any), the uncached tokens, the load terms, the policy's cost and which one won. The dashboard's
-//! conversation page shows it per turn.
+//! conversation page shows it per turn. `/debug/explain` names workers the same way.
 
 use crate::state::Gateway;
 use axum::http::HeaderValue;
@@ -74,12 +74,7 @@ pub fn header_value(gw: &Gateway, ex: &Explanation) -> Option<HeaderValue> {
     let listed = order.len().min(MAX_EXPLAINED_WORKERS);
     let names: Vec<String> = order[..listed]
         .iter()
-        .map(|&i| {
-            let id = ex.workers[i].worker;
-            gw.registry
-                .get(id)
-                .map_or_else(|| id.to_string(), |w| w.name.clone())
-        })
+        .map(|&i| name_of(gw, ex.workers[i].worker))
         .collect();
     let workers = order[..listed]
         .iter()
@@ -110,4 +105,28 @@ pub fn header_value(gw: &Gateway, ex: &Explanation) -> Option<HeaderValue> {
     };
     let json = serde_json::to_string(&route).ok()?;
     HeaderValue::from_str(&json).ok()
+}
+
+/// The name users know worker `id` by (its number when it has left the fleet).
+fn name_of(gw: &Gateway, id: kvroute_core::WorkerId) -> String {
+    gw.registry
+        .get(id)
+        .map_or_else(|| id.to_string(), |w| w.name.clone())
+}
+
+/// `/debug/explain`'s answer: the router's [`Explanation`] with every worker, and the
+/// winner, by name (as in `x-kvroute-route` and the metrics); each worker's number stays as
+/// `id`, the one `/debug/workers` lists.
+pub fn debug_view(gw: &Gateway, ex: &Explanation) -> serde_json::Value {
+    let mut v = serde_json::to_value(ex).unwrap_or_default();
+    if let Some(winner) = ex.winner {
+        v["winner"] = name_of(gw, winner).into();
+    }
+    if let Some(list) = v.get_mut("workers").and_then(|w| w.as_array_mut()) {
+        for (w, terms) in ex.workers.iter().zip(list.iter_mut()) {
+            terms["id"] = w.worker.0.into();
+            terms["worker"] = name_of(gw, w.worker).into();
+        }
+    }
+    v
 }

@@ -62,7 +62,10 @@ pub fn add(gw: &Arc<Gateway>, spec: WorkerSpec) -> Result<Vec<WorkerId>, FleetEr
     for r in &ranks {
         let entry = gw.registry.insert(r);
         let t = tracking_of(gw.preprocessor.is_approximate(), r, false);
-        if let Err(e) = gw.router().add_worker_with(entry.id, r.capacity(), t) {
+        if let Err(e) = gw
+            .router()
+            .add_worker_with(entry.id, gw.config.capacity_of(r), t)
+        {
             for e in entries.iter().chain([&entry]) {
                 let e: &Arc<WorkerEntry> = e;
                 gw.registry.remove(e.id);

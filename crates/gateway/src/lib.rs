@@ -191,7 +191,11 @@ pub async fn spawn(
     let mut router = Router::new(config.router.clone())?;
     for (i, w) in config.workers.iter().enumerate() {
         let t = fleet::tracking_of(preprocessor.is_approximate(), w, feeds.contains_key(&i));
-        router.add_worker_with(kvroute_core::WorkerId(i as u64 + 1), w.capacity(), t)?;
+        router.add_worker_with(
+            kvroute_core::WorkerId(i as u64 + 1),
+            config.capacity_of(w),
+            t,
+        )?;
     }
     let client = reqwest::Client::builder()
         .connect_timeout(std::time::Duration::from_secs_f64(

@@ -20,9 +20,13 @@ pub struct WorkerConfig {
     /// Virtual seconds per real second: 2.0 runs the engine twice as fast as the profile
     /// says. Positive and finite.
     pub speedup: f64,
-    /// Most sequences per step, instead of the profile's.
+    /// Most sequences per step (the batch limit), instead of the profile's: `max_batch` in
+    /// a file (`max_num_seqs`, the engine's name, is read too).
+    #[serde(rename = "max_batch", alias = "max_num_seqs")]
     pub max_num_seqs: Option<usize>,
-    /// Most tokens per step, instead of the profile's.
+    /// Most tokens per step, instead of the profile's: `max_batched_tokens` in a file
+    /// (`max_num_batched_tokens` is read too).
+    #[serde(rename = "max_batched_tokens", alias = "max_num_batched_tokens")]
     pub max_num_batched_tokens: Option<usize>,
     /// KV blocks, instead of what the profile's memory gives.
     pub num_gpu_blocks: Option<usize>,
@@ -132,8 +136,8 @@ impl WorkerConfig {
         }
         let overrides = [
             ("block_size", self.block_size),
-            ("max_num_seqs", self.max_num_seqs),
-            ("max_num_batched_tokens", self.max_num_batched_tokens),
+            ("max_batch", self.max_num_seqs),
+            ("max_batched_tokens", self.max_num_batched_tokens),
             ("num_gpu_blocks", self.num_gpu_blocks),
             ("max_waiting", self.max_waiting),
         ];
@@ -217,5 +221,25 @@ mod tests {
         let c: WorkerConfig = serde_json::from_str(r#"{"speedup": 4.0}"#).unwrap();
         assert_eq!((c.speedup, c.model.as_str()), (4.0, "kvroute-sim"));
         assert!(serde_json::from_str::<WorkerConfig>(r#"{"speed": 4.0}"#).is_err());
+    }
+
+    #[test]
+    fn the_batch_limit_is_max_batch_and_the_engines_name_is_read_too() {
+        for text in [
+            r#"{"max_batch": 3, "max_batched_tokens": 64}"#,
+            r#"{"max_num_seqs": 3, "max_num_batched_tokens": 64}"#,
+        ] {
+            let c: WorkerConfig = serde_json::from_str(text).unwrap();
+            assert_eq!(
+                (c.max_num_seqs, c.max_num_batched_tokens),
+                (Some(3), Some(64))
+            );
+        }
+        let out = serde_json::to_value(WorkerConfig {
+            max_num_seqs: Some(3),
+            ..WorkerConfig::default()
+        })
+        .unwrap();
+        assert_eq!(out["max_batch"], 3);
     }
 }

@@ -42,7 +42,7 @@ pub use mooncake::{LineError, TraceError, TraceOptions, TraceRequest, TraceStats
 pub use multiturn::{ConversationId, MultiTurn, MultiTurnConfig, MultiTurnError, TurnRequest};
 pub use prompt::{text_tokens, token_block, Prompt, PromptError, VOCAB_SIZE};
 pub use stats::{
-    deciles, deciles_markdown, markdown_table, records_tsv, Decile, Distribution, Goodput,
-    RequestRecord, Slo, Status, Summary,
+    deciles, deciles_markdown, markdown_table, numbered_workers, records_tsv, Decile, Distribution,
+    Goodput, RequestRecord, Slo, Status, Summary,
 };
 pub use synthetic::{OpenLoop, Synthetic, SyntheticConfig, SyntheticError, SyntheticRequest, Zipf};

@@ -20,7 +20,7 @@ mod report;
 
 pub use deciles::{deciles, deciles_markdown, Decile};
 pub use percentile::{percentile, weighted_percentile, Distribution};
-pub use report::{markdown_header, markdown_table, records_tsv, TSV_COLUMNS};
+pub use report::{markdown_header, markdown_table, numbered_workers, records_tsv, TSV_COLUMNS};
 
 use kvroute_core::{RequestId, Time};
 use serde::{Deserialize, Serialize, Serializer};

@@ -62,7 +62,8 @@ async fn a_request_that_asks_gets_the_explanation_of_its_own_route() {
         route["prompt_tokens"].as_u64().unwrap()
     );
 
-    // The debug endpoint explains the same request without sending it.
+    // The debug endpoint explains the same request without sending it, naming the workers
+    // as the header does.
     let ex: serde_json::Value = client()
         .post(format!("{url}/debug/explain"))
         .json(&body)
@@ -76,6 +77,13 @@ async fn a_request_that_asks_gets_the_explanation_of_its_own_route() {
         ex["workers"][i]["matched_blocks"].as_u64().unwrap() as usize,
         matched
     );
+    assert_eq!(ex["workers"][i]["worker"], worker.as_str(), "{ex}");
+    assert_eq!(
+        ex["workers"][1 - i]["worker"],
+        if i == 0 { "b" } else { "a" }
+    );
+    assert_eq!(ex["workers"][i]["id"], i as u64 + 1, "{ex}");
+    assert_eq!(ex["winner"], worker.as_str(), "{ex}");
     gw.shutdown().await;
     a.shutdown().await;
     b.shutdown().await;

@@ -54,32 +54,38 @@ fn message(seq: u64, events: Vec<Event>) -> [Vec<u8>; 3] {
 }
 
 /// `/debug/explain` of the prompt: per worker name, (matched, host, disk) blocks, and the
-/// winner.
+/// winner (workers by name there, their ids those of `/debug/workers`).
 async fn explain(url: &str) -> (BTreeMap<String, (u64, u64, u64)>, String) {
     let body = serde_json::json!({"model": MODEL, "prompt": prompt(), "max_tokens": 2});
     let (_, _, ex) = post(url, "/debug/explain", &body).await;
-    let names: BTreeMap<u64, String> = debug_workers(url).await["workers"]
+    let ids: BTreeMap<String, u64> = debug_workers(url).await["workers"]
         .as_array()
         .unwrap()
         .iter()
         .map(|w| {
             let w = &w["worker"];
             (
-                w["id"].as_u64().unwrap(),
                 w["name"].as_str().unwrap().to_string(),
+                w["id"].as_u64().unwrap(),
             )
         })
         .collect();
     let mut out = BTreeMap::new();
     let mut winner = String::new();
     for w in ex["workers"].as_array().unwrap() {
-        let name = names[&w["worker"].as_u64().unwrap()].clone();
+        let name = w["worker"].as_str().unwrap().to_string();
+        assert_eq!(
+            Some(w["id"].as_u64().unwrap()),
+            ids.get(&name).copied(),
+            "{ex}"
+        );
         let n = |k: &str| w["loadable"][k].as_u64().unwrap();
         out.insert(
             name.clone(),
             (w["matched_blocks"].as_u64().unwrap(), n("host"), n("disk")),
         );
         if w["chosen"] == true {
+            assert_eq!(ex["winner"], name.as_str(), "{ex}");
             winner = name;
         }
     }

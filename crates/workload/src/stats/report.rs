@@ -122,9 +122,17 @@ fn tsv_cell(text: &str) -> String {
     text.replace(['\t', '\n', '\r'], " ")
 }
 
+/// Workers named as the demo and the simulator name them, `worker-1` to `worker-N`, by
+/// the number records use (0 to N - 1).
+pub fn numbered_workers(n: usize) -> Vec<String> {
+    (1..=n).map(|i| format!("worker-{i}")).collect()
+}
+
 /// Records as TSV: a header line of [`TSV_COLUMNS`], then one line per record, times in
-/// milliseconds since the run's origin (three decimals), absent values empty.
-pub fn records_tsv(records: &[RequestRecord]) -> String {
+/// milliseconds since the run's origin (three decimals), absent values empty; the worker
+/// by its name in `workers` (indexed by the record's number; the number itself when the
+/// list has no name for it).
+pub fn records_tsv(records: &[RequestRecord], workers: &[String]) -> String {
     let mut s = TSV_COLUMNS.join("\t");
     s.push('\n');
     for r in records {
@@ -144,7 +152,12 @@ pub fn records_tsv(records: &[RequestRecord]) -> String {
         let at = |t: Option<kvroute_core::Time>| ms3(t.map(|t| t.as_secs_f64() * 1e3));
         let fields = [
             r.id.to_string(),
-            opt(r.worker),
+            r.worker.map_or_else(String::new, |w| {
+                usize::try_from(w)
+                    .ok()
+                    .and_then(|i| workers.get(i))
+                    .map_or_else(|| w.to_string(), |name| tsv_cell(name))
+            }),
             opt(r.session),
             at(Some(r.arrival)),
             at(r.first_token),

@@ -178,7 +178,8 @@ fn markdown_table_has_one_row_per_summary() {
 fn tsv_has_a_header_and_one_line_per_record() {
     let mut recs = run();
     recs[4].status = Status::Failed("bad\tthing\nhere".into());
-    let tsv = records_tsv(&recs);
+    // Workers by name: the second one has none in the list, so its number shows.
+    let tsv = records_tsv(&recs, &["worker-a".to_string()]);
     let lines: Vec<&str> = tsv.lines().collect();
     assert_eq!(lines.len(), 7);
     assert_eq!(lines[0].split('\t').collect::<Vec<_>>(), TSV_COLUMNS);
@@ -187,6 +188,13 @@ fn tsv_has_a_header_and_one_line_per_record() {
     }
     let a: Vec<&str> = lines[1].split('\t').collect();
     assert_eq!(a[0], "0");
+    assert_eq!(a[1], "worker-a");
+    assert_eq!(lines[2].split('\t').nth(1), Some("1"));
+    let named = records_tsv(&recs, &numbered_workers(2));
+    assert_eq!(
+        named.lines().nth(2).unwrap().split('\t').nth(1),
+        Some("worker-2")
+    );
     assert_eq!(a[6], "100.000");
     assert_eq!(a[7], "100.000");
     assert_eq!(a[13], "completed");
