@@ -135,7 +135,8 @@ async fn serve_max_batch_is_the_batch_limit_of_workers_that_give_none() {
         };
         assert_eq!(batch("own"), Some(3), "{flag:?}: {workers}");
         assert_eq!(batch("default"), expected, "{flag:?}: {workers}");
-        assert!(gw.interrupt(), "the gateway did not stop cleanly");
+        // (A clean stop is servers.rs's to test: dropping kills the process.)
+        drop(gw);
     }
     let out = kvroute(&[
         "serve",
@@ -231,10 +232,7 @@ async fn workers_are_named_alike_in_explanations_and_records() {
     for w in &column {
         assert!(names.contains(w), "{names:?}: {column:?}");
     }
-    assert!(gw.interrupt(), "the gateway did not stop cleanly");
-    for w in workers {
-        assert!(w.interrupt(), "a worker did not stop cleanly");
-    }
+    drop((gw, workers));
     std::fs::remove_dir_all(&dir).ok();
 }
 
