@@ -28,7 +28,10 @@ export function App() {
           <h1>Serve More Users on the Same GPUs with KV-Aware Routing</h1>
           <p className="subtitle">
             kvroute sends every request to the replica that already holds its prompt's KV cache — live
-            multi-turn chat load against {stats?.target ?? config?.target ?? "the gateway"}
+            multi-turn chat load
+            {(config?.arms.length ?? 0) > 1
+              ? `, the same conversations on ${config?.arms.length} identical fleets: ${config?.arms.map((a) => a.name).join(" vs ")}`
+              : ` against ${config?.arms[0]?.target ?? "the gateway"}`}
           </p>
         </div>
         <div className="controls">

@@ -40,6 +40,14 @@ export function useLiveStats(): { stats: LiveStats | null; connection: Connectio
   return { stats, connection };
 }
 
+/** What a failed call says to a person: a network failure becomes a sentence. */
+export function humanError(e: unknown): string {
+  if (e instanceof TypeError) {
+    return "The load generator does not answer: is `kvroute demo` (or `kvroute loadgen --ui-port`) still running? The page retries on its own.";
+  }
+  return String(e);
+}
+
 /** GETs `path` now and every `everyMs` (0: once); `null` until the first answer. */
 export function usePoll<T>(path: string | null, everyMs: number): { data: T | null; error: string | null } {
   const [data, setData] = useState<T | null>(null);
@@ -62,7 +70,7 @@ export function usePoll<T>(path: string | null, everyMs: number): { data: T | nu
           setData(body as T);
         }
       } catch (e) {
-        if (!stop) setError(String(e));
+        if (!stop) setError(humanError(e));
       }
     };
     void load();
@@ -112,6 +120,6 @@ export async function control(
     }
     return "the admin key was not accepted";
   } catch (e) {
-    return String(e);
+    return humanError(e);
   }
 }

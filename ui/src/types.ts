@@ -42,6 +42,23 @@ export interface Totals {
   output_tokens: number;
 }
 
+export interface WindowStats {
+  span_secs: number;
+  covered_secs: number;
+  overflowed: number;
+  summary: Summary;
+}
+
+/** One arm of the live A/B: the same load against its own fleet. */
+export interface ArmStats {
+  name: string;
+  target: string;
+  baseline: boolean;
+  active_conversations: number;
+  totals: Totals;
+  window: WindowStats;
+}
+
 export interface LiveStats {
   time_unix_ms: number;
   running: boolean;
@@ -49,13 +66,33 @@ export interface LiveStats {
   concurrency: number;
   pending_concurrency: number | null;
   max_concurrency: number;
+  /** Seconds the applied concurrency has held while running. */
+  level_secs: number | null;
+  measure_after_secs: number;
   rate: number | null;
   workload: string;
-  target: string;
   runs: number;
-  active_conversations: number;
-  totals: Totals;
-  window: { span_secs: number; covered_secs: number; overflowed: number; summary: Summary };
+  arms: ArmStats[];
+}
+
+export interface ArmConfig {
+  name: string;
+  target: string;
+  baseline: boolean;
+}
+
+/** What one arm measured at one level (its window once the level had held long enough). */
+export interface ArmPoint {
+  name: string;
+  baseline: boolean;
+  held_secs: number;
+  taken_unix_ms: number;
+  summary: Summary;
+}
+
+export interface LevelPoint {
+  concurrency: number;
+  arms: ArmPoint[];
 }
 
 export interface P50P95 {
@@ -79,6 +116,8 @@ export interface Baseline {
   workers: number;
   workload: string;
   source: string;
+  /** Made by the fleet simulator: shown labelled so, never as a measurement. */
+  simulated: boolean;
   points: BaselinePoint[];
 }
 
@@ -88,12 +127,12 @@ export interface DashboardConfig {
   slider_min: number;
   slider_max: number;
   slider_step: number;
-  baseline: Baseline | null;
+  baselines: Baseline[];
 }
 
 export interface ConfigAnswer {
   dashboard: DashboardConfig;
-  target: string;
+  arms: ArmConfig[];
   workload: string;
   rate: number | null;
 }
@@ -102,6 +141,8 @@ export interface WorkerCard {
   name: string;
   url: string;
   up: boolean;
+  engine: string | null;
+  model: string | null;
   inflight: number | null;
   index_blocks: number | null;
   kv_usage: number | null;
@@ -155,6 +196,11 @@ export interface Fleet {
   policy: string | null;
   queued: number | null;
   workers: WorkerCard[];
+}
+
+/** `/api/fleet`: the fleet behind each arm. */
+export interface FleetsAnswer {
+  arms: { arm: string; baseline: boolean; target: string; fleet: Fleet }[];
 }
 
 export type ConversationStatus = "active" | "completed" | "error" | "stopped";

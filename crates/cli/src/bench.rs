@@ -76,12 +76,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bail!("--target drives a live endpoint: it cannot go with --sim");
     }
     if a.target.is_some() && s.policy.len() != 1 {
-        bail!("with --target the endpoint's own policy is measured: give exactly one --policy (its name in the report)");
+        bail!(
+            "with --target the endpoint's own policy is measured: give exactly one --policy (its name in the report)"
+        );
     }
     let live = !a.sim;
     let slo = s.slo();
     if let (true, [first, ..]) = (live, simulator_only_options(s).as_slice()) {
-        bail!("{first} shapes the simulated fleet: use it with --sim (a live bench starts the demo's gateway and workers, or drives --target)");
+        bail!(
+            "{first} shapes the simulated fleet: use it with --sim (a live bench starts the demo's gateway and workers, or drives --target)"
+        );
     }
     if live && s.duration_secs.is_none() {
         bail!(
@@ -89,7 +93,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
     }
     if live && matches!(prepared.load, SimLoad::Trace(_)) {
-        bail!("a live bench runs chat or synthetic loads; replay traces with `kvroute loadgen` or use --sim");
+        bail!(
+            "a live bench runs chat or synthetic loads; replay traces with `kvroute loadgen` or use --sim"
+        );
     }
     let out_dir = s
         .out
@@ -194,7 +200,8 @@ fn info(a: &BenchArgs, p: &Prepared, live: bool) -> SweepInfo {
         (None, false) => format!(
             "fleet simulator, profile `{}`{}, admission `{:?}`, KV event delay {} ms{}",
             s.profile,
-            s.block_size.map_or(String::new(), |b| format!(", block size {b}")),
+            s.block_size
+                .map_or(String::new(), |b| format!(", block size {b}")),
             s.admission,
             s.kv_event_delay_ms,
             tiers_label(s)
@@ -301,7 +308,10 @@ async fn run_live(
                 replay_buffer_mib: None,
                 gateways: 1,
                 nats: None,
+                admission: Some(s.admission),
+                config: None,
                 objectives: s.objectives(),
+                arm: None,
             })
             .await?,
         ),
@@ -382,13 +392,20 @@ fn write_outputs(a: &BenchArgs, sweep: &Sweep, dir: &Path) -> Result<()> {
     let plots = write_plots(sweep, dir)?;
     let report = kvroute_report::markdown(sweep, &plots);
     write("report.md", report.clone())?;
-    let base = a.baseline_policy.as_str();
+    // A baseline file per policy and fleet size (the dashboard compares any two), marked
+    // simulated when the fleet simulator ran it.
     let mut baselines = Vec::new();
-    for w in sweep.worker_counts() {
-        if let Ok(b) = Baseline::from_sweep(sweep, base, w, &a.sweep.workload, &sweep.info.setup) {
-            let name = format!("baseline-{base}-w{w}.json");
-            write(&name, b.to_json())?;
-            baselines.push(name);
+    for policy in &a.sweep.policy {
+        let p = policy.as_str();
+        for w in sweep.worker_counts() {
+            if let Ok(mut b) =
+                Baseline::from_sweep(sweep, p, w, &a.sweep.workload, &sweep.info.setup)
+            {
+                b.simulated = a.sim;
+                let name = format!("baseline-{p}-w{w}.json");
+                write(&name, b.to_json())?;
+                baselines.push(name);
+            }
         }
     }
     if !a.sweep.json {

@@ -1,11 +1,19 @@
-//! `kvroute demo`: everything in one process: the gateway on `--port` and N simulated
-//! workers on ephemeral loopback ports, their KV events wired to the gateway by in-process
-//! channels (with replay from each worker's buffer).
+//! `kvroute demo`: everything in one process: a live A/B of two identical fleets, each a
+//! gateway and N simulated workers on loopback ports, their KV events wired to the gateway by
+//! in-process channels (with replay from each worker's buffer): one fleet behind the chosen
+//! policy (the gateway on `--port`), one behind the baseline policy (round-robin, on the next
+//! port), both driven by the dashboard's load generator with the same conversations.
+//!
+//! The demo's fleet is decided here, once: [`DEMO_PROFILE`] x [`DEMO_WORKERS`], sized so that
+//! across the dashboard's slider (60-180 conversations, its default) both arms meet the
+//! objectives (600 / 60 ms, the `goodput` policy's defaults) at the low end and round-robin
+//! leaves them first (docs/dashboard.md has the measurements). A live `kvroute bench` without
+//! `--profile` runs this fleet.
 
 use anyhow::{Context, Result};
 use clap::Args;
 use kvroute_core::policy::GoodputConfig;
-use kvroute_core::PolicyKind;
+use kvroute_core::{AdmissionMode, PolicyKind};
 use kvroute_gateway::{EventFeed, GatewayConfig, Replay, WorkerSpec};
 use kvroute_preprocess::Preprocessor;
 use kvroute_protocol::kv_events::EventBatch;
@@ -13,8 +21,13 @@ use kvroute_worker::{ReplaySource, WorkerConfig};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// The engine profile of the demo's workers.
+pub const DEMO_PROFILE: &str = "demo";
+/// Workers in each of the demo's fleets.
+pub const DEMO_WORKERS: usize = 3;
+
 /// Options of `kvroute demo`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
     /// Address of the gateway.
     #[arg(long, default_value = "127.0.0.1")]
@@ -22,15 +35,15 @@ pub struct DemoArgs {
     /// Port of the gateway.
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Simulated workers.
-    #[arg(long, default_value_t = 3)]
+    /// Simulated workers (of each fleet).
+    #[arg(long, default_value_t = DEMO_WORKERS)]
     pub workers: usize,
     /// Port of the first worker (the others follow: P+1, ...), for a Prometheus scrape
     /// config; 0 picks free ports.
     #[arg(long, default_value_t = 0)]
     pub worker_port: u16,
     /// Engine profile of the workers (`kvroute profiles` lists them).
-    #[arg(long, default_value = "tiny-fast")]
+    #[arg(long, default_value = DEMO_PROFILE)]
     pub profile: String,
     /// Virtual seconds per real second of the workers.
     #[arg(long, default_value_t = 1.0)]
@@ -62,17 +75,57 @@ pub struct DemoArgs {
     /// (JetStream on, a temporary store) when installed.
     #[arg(long)]
     pub nats: Option<String>,
+    /// Admission of the gateways: `queue` (hold a request while every worker is busy),
+    /// `shed` (refuse it at once: 503), `none` (dispatch anyway); default: the config
+    /// file's, else `queue`.
+    #[arg(long)]
+    pub admission: Option<AdmissionMode>,
+    /// A gateway config file (TOML, as `kvroute serve --config` reads) the demo's gateways
+    /// start from: routing, admission, limits; the demo sets their workers, model,
+    /// tokenizer, address and policy.
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
     /// The objectives the gateway's `goodput` policy routes for (`kvroute bench` passes its
     /// SLO; the demo keeps the defaults).
     #[arg(skip)]
     pub objectives: GoodputConfig,
+    /// Set for the demo's second fleet: its name, which keeps its NATS stream, subjects and
+    /// snapshot bucket apart from the first fleet's (both may share one `--nats`).
+    #[arg(skip)]
+    pub arm: Option<String>,
 }
 
-/// Options of `kvroute demo`: the fleet, and the dashboard in front of a load generator.
+/// The policy of the demo's second fleet: a policy, or `none` for no second fleet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BaselineFleet {
+    /// No second fleet: the dashboard compares with a baseline file, if given.
+    None,
+    /// A second, identical fleet behind this policy.
+    Policy(PolicyKind),
+}
+
+impl std::str::FromStr for BaselineFleet {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(Self::None),
+            p => p
+                .parse()
+                .map(Self::Policy)
+                .map_err(|e: String| format!("{e} (or `none` for no baseline fleet)")),
+        }
+    }
+}
+
+/// Options of `kvroute demo`: the fleets, and the dashboard in front of a load generator.
 #[derive(Args, Debug)]
 pub struct DemoCommand {
     #[command(flatten)]
     pub fleet: DemoArgs,
+    /// The policy of the identical second fleet the dashboard compares with live (its
+    /// gateway on the port after the first fleet's), or `none`.
+    #[arg(long, default_value = "round_robin")]
+    pub baseline_policy: BaselineFleet,
     /// Port of the dashboard (web UI and load generator API); 0 picks a free one.
     #[arg(long, default_value_t = 8080)]
     pub ui_port: u16,
@@ -86,9 +139,14 @@ pub struct DemoCommand {
     pub dashboard: crate::ui::DashboardArgs,
 }
 
-/// The round-robin baseline of the demo's default fleet (3 `tiny-fast` workers), written by
-/// `kvroute bench --sim` (see `deploy/baselines/README.md`).
-const DEMO_BASELINE: &str = include_str!("../../../deploy/baselines/demo-round_robin-w3.json");
+/// The simulated references of the demo's default fleet (round-robin and the default policy
+/// on [`DEMO_WORKERS`] [`DEMO_PROFILE`] workers), written by `kvroute bench --sim` (see
+/// `deploy/baselines/README.md`): the dashboard shows them, labelled simulated, at the levels
+/// its live arms have not measured yet.
+const DEMO_REFERENCES: [&str; 2] = [
+    include_str!("../../../deploy/baselines/demo-round_robin-w3.json"),
+    include_str!("../../../deploy/baselines/demo-goodput-w3.json"),
+];
 
 /// The tokenizer `builtin` or in a directory.
 pub fn preprocessor(spec: &str) -> Result<Preprocessor> {
@@ -288,22 +346,33 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
         });
         workers.push(w);
     }
-    let mut config = GatewayConfig {
-        host: args.host.clone(),
-        port: args.port,
-        models: vec![args.model.clone()],
-        tokenizer: Some(args.tokenizer.clone()),
-        workers: specs,
-        ..GatewayConfig::default()
-    };
+    let mut config: GatewayConfig = crate::read_toml(args.config.as_deref())?;
+    config.host = args.host.clone();
+    config.port = args.port;
+    config.models = vec![args.model.clone()];
+    config.tokenizer = Some(args.tokenizer.clone());
+    config.workers = specs;
     config.router.block_size = block_size;
     config.router.policy.kind = args.policy;
     config.router.policy.goodput = args.objectives.clone();
+    if let Some(mode) = args.admission {
+        config.router.admission.mode = mode;
+    }
+    config.validate().with_context(|| match &args.config {
+        Some(path) => format!("the demo's gateway config (from {})", path.display()),
+        None => "the demo's gateway config".into(),
+    })?;
     if let Some(url) = &plane_url {
-        config.plane = Some(kvroute_gateway::plane::PlaneConfig {
+        let mut plane = kvroute_gateway::plane::PlaneConfig {
             url: url.clone(),
             ..Default::default()
-        });
+        };
+        if let Some(arm) = &args.arm {
+            plane.stream = format!("{}_{arm}", plane.stream);
+            plane.prefix = format!("{}.{arm}", plane.prefix);
+            plane.snapshot_bucket = format!("{}_{arm}", plane.snapshot_bucket);
+        }
+        config.plane = Some(plane);
     }
     let mut gateways = Vec::with_capacity(args.gateways);
     for (g, feeds) in feeds.into_iter().enumerate() {
@@ -328,30 +397,92 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
     })
 }
 
+/// The second fleet's settings: the same as the first but for the policy and the ports
+/// (the gateways after the first fleet's, the workers after its workers').
+fn baseline_args(args: &DemoArgs, policy: PolicyKind) -> Result<DemoArgs> {
+    let shift = |p: u16, by: usize, what: &str| -> Result<u16> {
+        match p {
+            0 => Ok(0),
+            p => u16::try_from(usize::from(p) + by)
+                .map_err(|_| anyhow::anyhow!("{what} {p} leaves no room for the baseline fleet")),
+        }
+    };
+    Ok(DemoArgs {
+        policy,
+        arm: Some(policy.as_str().into()),
+        port: shift(args.port, args.gateways, "--port")?,
+        worker_port: shift(args.worker_port, args.workers, "--worker-port")?,
+        ..args.clone()
+    })
+}
+
 /// Runs the demo until Ctrl-C.
 pub fn run(cmd: &DemoCommand) -> Result<()> {
-    let args = &cmd.fleet;
-    // The shipped baseline was measured on the default fleet only.
-    let default_fleet = args.workers == 3 && args.profile == "tiny-fast" && args.speedup == 1.0;
-    let dashboard = cmd
-        .dashboard
-        .config(default_fleet.then_some(DEMO_BASELINE))?;
+    let mut args = cmd.fleet.clone();
+    // The gateways route for the objectives the dashboard judges by.
+    args.objectives.ttft_secs = cmd.dashboard.slo_ttft_p95_ms / 1e3;
+    args.objectives.tpot_secs = cmd.dashboard.slo_tpot_p95_ms / 1e3;
+    let baseline = match cmd.baseline_policy {
+        BaselineFleet::Policy(p) if p == args.policy => anyhow::bail!(
+            "--baseline-policy {} is the demo's --policy too: compare two different policies, or give `none`",
+            p.as_str()
+        ),
+        BaselineFleet::Policy(p) => Some(baseline_args(&args, p)?),
+        BaselineFleet::None => None,
+    };
+    // The shipped references were simulated on the default fleet only.
+    let default_fleet = args.workers == DEMO_WORKERS
+        && args.profile == DEMO_PROFILE
+        && args.speedup == 1.0
+        && args.config.is_none()
+        && args.admission.is_none();
+    let references: &[&str] = if default_fleet { &DEMO_REFERENCES } else { &[] };
+    let dashboard = cmd.dashboard.config(references)?;
     crate::runtime()?.block_on(async move {
-        let fleet = start_fleet(args).await?;
-        let (gateway, workers) = (&fleet.gateway, &fleet.workers);
-        let url = gateway.url();
-        println!("kvroute demo: gateway {url} (policy {}), {} simulated workers ({}, {}x real time)", args.policy.as_str(), workers.len(), args.profile, args.speedup);
-        for w in workers {
-            println!("  {} at {}", w.name(), w.url());
-        }
-        for g in &fleet.replicas {
-            println!("  gateway replica {} (load shared over NATS)", g.url());
+        let fleet = start_fleet(&args).await?;
+        let base_fleet = match &baseline {
+            Some(b) => Some(start_fleet(b).await?),
+            None => None,
+        };
+        let url = fleet.gateway.url();
+        let arms_line = |f: &Fleet, a: &DemoArgs| {
+            println!(
+                "  gateway {} (policy {}): {} simulated workers ({}, {}x real time)",
+                f.gateway.url(),
+                a.policy.as_str(),
+                f.workers.len(),
+                a.profile,
+                a.speedup
+            );
+            for w in &f.workers {
+                println!("    {} at {}", w.name(), w.url());
+            }
+            for g in &f.replicas {
+                println!("    gateway replica {} (load shared over NATS)", g.url());
+            }
+        };
+        println!("kvroute demo: a live A/B of identical fleets");
+        arms_line(&fleet, &args);
+        if let (Some(f), Some(b)) = (&base_fleet, &baseline) {
+            arms_line(f, b);
         }
         if let Some(p) = &fleet.gateway.state().config().plane {
             println!("  event plane: {}", p.url);
         }
         println!("  metrics: {url}/metrics   workers: {url}/debug/workers");
         if !cmd.no_ui {
+            let mut arms = vec![kvroute_loadgen::ArmConfig {
+                name: args.policy.as_str().into(),
+                target: url.clone(),
+                baseline: false,
+            }];
+            if let (Some(f), Some(b)) = (&base_fleet, &baseline) {
+                arms.push(kvroute_loadgen::ArmConfig {
+                    name: b.policy.as_str().into(),
+                    target: f.gateway.url(),
+                    baseline: true,
+                });
+            }
             let mut load = kvroute_loadgen::LoadgenConfig {
                 target: url.clone(),
                 model: args.model.clone(),
@@ -366,15 +497,17 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
             }
             let service = kvroute_loadgen::Service::new(kvroute_loadgen::ServiceConfig {
                 load,
+                arms,
                 dashboard,
+                measure_after_secs: cmd.dashboard.measure_after_secs,
                 ..kvroute_loadgen::ServiceConfig::default()
             })?;
             let listener = crate::ui::bind(&cmd.dashboard.ui_host, cmd.ui_port).await?;
             let ui = format!("http://{}/", listener.local_addr()?);
-            let app = crate::ui::router(service, listener.local_addr()?);
+            let app = crate::ui::router(service, listener.local_addr()?, Some(args.workers));
             tokio::spawn(crate::ui::serve_app(listener, app, std::future::pending()));
             let note = if crate::ui::built() { "" } else { "(UI not built: see the page) " };
-            println!("  dashboard {ui} {note}(press Start to run the multi-turn chat load)");
+            println!("  dashboard {ui} {note}(press Start to run the multi-turn chat load on both fleets)");
         }
         println!("try:\n  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":32}}'", args.model);
         println!("Ctrl-C stops.");
@@ -383,6 +516,9 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
         crate::stop_signal().await?;
         println!("stopping");
         fleet.shutdown().await;
+        if let Some(f) = base_fleet {
+            f.shutdown().await;
+        }
         Ok(())
     })
 }

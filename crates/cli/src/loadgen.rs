@@ -240,11 +240,19 @@ fn nothing_succeeded(target: &str, s: &Summary) -> String {
         .max_by_key(|(_, n)| **n)
         .map(|(why, _)| why.as_str());
     let hint = match commonest {
-        Some("connect") => format!(": nothing answers at {target} (is the server up, the host and port right?)"),
+        Some("connect") => {
+            format!(": nothing answers at {target} (is the server up, the host and port right?)")
+        }
         Some("timeout") => format!(": {target} did not answer in time"),
-        Some("http_404") => format!(": {target} answered 404 (give the server's base URL, without /v1, and a --model it serves)"),
-        Some("http_401" | "http_403") => format!(": {target} refused the requests (does it need an API key?)"),
-        Some("http_400" | "http_422") => format!(": {target} refused the requests as invalid (is --model one it serves? --no-ignore-eos for servers that refuse unknown fields)"),
+        Some("http_404") => format!(
+            ": {target} answered 404 (give the server's base URL, without /v1, and a --model it serves)"
+        ),
+        Some("http_401" | "http_403") => {
+            format!(": {target} refused the requests (does it need an API key?)")
+        }
+        Some("http_400" | "http_422") => format!(
+            ": {target} refused the requests as invalid (is --model one it serves? --no-ignore-eos for servers that refuse unknown fields)"
+        ),
         _ => String::new(),
     };
     format!(
@@ -257,11 +265,12 @@ fn nothing_succeeded(target: &str, s: &Summary) -> String {
 /// Serves the dashboard and the control API until Ctrl-C.
 fn serve(args: &LoadgenArgs, port: u16) -> Result<()> {
     let load = args.config()?;
-    let dashboard = args.dashboard.config(None)?;
+    let dashboard = args.dashboard.config(&[])?;
     crate::runtime()?.block_on(async move {
         let service = kvroute_loadgen::Service::new(ServiceConfig {
             load,
             dashboard,
+            measure_after_secs: args.dashboard.measure_after_secs,
             ..ServiceConfig::default()
         })?;
         let listener = crate::ui::bind(&args.dashboard.ui_host, port).await?;
@@ -272,7 +281,7 @@ fn serve(args: &LoadgenArgs, port: u16) -> Result<()> {
         println!("kvroute loadgen: dashboard http://{local}/ and control API http://{local}/api/status (target {})", args.target);
         println!("  POST /api/start, /api/stop, /api/concurrency {{\"concurrency\": N}}; GET /api/ws, /api/conversations, /metrics");
         println!("Ctrl-C stops.");
-        let app = crate::ui::router(service.clone(), local);
+        let app = crate::ui::router(service.clone(), local, None);
         let ctrl_c = async {
             if let Err(e) = tokio::signal::ctrl_c().await {
                 tracing::error!(error = %e, "waiting for Ctrl-C failed: stopping");
@@ -281,7 +290,9 @@ fn serve(args: &LoadgenArgs, port: u16) -> Result<()> {
         crate::ui::serve_app(listener, app, ctrl_c).await;
         let _ = service.stop();
         let stats = service.publish();
-        println!("{}", serde_json::to_string(&stats.totals)?);
+        for arm in &stats.arms {
+            println!("{}", serde_json::to_string(&arm.totals)?);
+        }
         Ok(())
     })
 }

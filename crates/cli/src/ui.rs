@@ -72,8 +72,13 @@ pub async fn serve(uri: Uri) -> Response {
 }
 
 /// The control API of `service` with the UI behind it, for a listener on `addr`: the
-/// control calls need `KVROUTE_ADMIN_KEY` when it is set, else a loopback listener.
-pub fn router(service: kvroute_loadgen::Service, addr: std::net::SocketAddr) -> axum::Router {
+/// control calls need `KVROUTE_ADMIN_KEY` when it is set, else a loopback listener;
+/// `workers` (per arm, when known) goes into the baseline files `/api/baseline` writes.
+pub fn router(
+    service: kvroute_loadgen::Service,
+    addr: std::net::SocketAddr,
+    workers: Option<usize>,
+) -> axum::Router {
     let admin_key = std::env::var("KVROUTE_ADMIN_KEY")
         .ok()
         .filter(|k| !k.is_empty());
@@ -85,7 +90,16 @@ pub fn router(service: kvroute_loadgen::Service, addr: std::net::SocketAddr) -> 
         loopback: addr.ip().is_loopback(),
         ..Default::default()
     });
-    kvroute_loadgen::api::router(service, &policy).fallback(serve)
+    use kvroute_protocol::openai::http::{require, Access};
+    let baseline = require(
+        axum::Router::new().route("/api/baseline", axum::routing::get(baseline_file)),
+        &policy,
+        Access::Api,
+    )
+    .with_state((service.clone(), workers));
+    kvroute_loadgen::api::router(service, &policy)
+        .merge(baseline)
+        .fallback(serve)
 }
 
 /// The dashboard's options (shared by `kvroute demo` and `kvroute loadgen`).
@@ -94,67 +108,133 @@ pub struct DashboardArgs {
     /// Address of the dashboard (web UI and load generator API).
     #[arg(long, default_value = "127.0.0.1")]
     pub ui_host: String,
-    /// The baseline file shown beside live figures (`kvroute bench` writes
-    /// `baseline-<policy>-w<N>.json`).
+    /// A baseline file compared with where no live arm measured (`kvroute bench` writes
+    /// `baseline-<policy>-w<N>.json`; repeat for several policies).
     #[arg(long)]
-    pub baseline: Option<std::path::PathBuf>,
+    pub baseline: Vec<std::path::PathBuf>,
     /// TTFT p95 objective of the dashboard, ms.
     #[arg(
         long = "slo-ttft-ms",
         visible_alias = "slo-ttft-p95-ms",
-        default_value_t = 600.0
+        default_value_t = kvroute_loadgen::fleet::default_objectives_ms().0
     )]
     pub slo_ttft_p95_ms: f64,
     /// TPOT p95 objective of the dashboard, ms.
     #[arg(
         long = "slo-tpot-ms",
         visible_alias = "slo-tpot-p95-ms",
-        default_value_t = 60.0
+        default_value_t = kvroute_loadgen::fleet::default_objectives_ms().1
     )]
     pub slo_tpot_p95_ms: f64,
     /// Lowest concurrency of the dashboard's slider.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = kvroute_loadgen::fleet::DEFAULT_SLIDER.0)]
     pub slider_min: usize,
     /// Highest concurrency of the slider.
-    #[arg(long, default_value_t = 180)]
+    #[arg(long, default_value_t = kvroute_loadgen::fleet::DEFAULT_SLIDER.1)]
     pub slider_max: usize,
     /// Step of the slider.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = kvroute_loadgen::fleet::DEFAULT_SLIDER.2)]
     pub slider_step: usize,
+    /// Seconds a concurrency level must hold before every arm's 60 s window counts as
+    /// measured at it (the comparison table's live rows, `/api/baseline`).
+    #[arg(long, default_value_t = kvroute_loadgen::service::DEFAULT_MEASURE_AFTER_SECS)]
+    pub measure_after_secs: f64,
 }
 
 impl DashboardArgs {
-    /// The dashboard's settings; `default_baseline` (a baseline file's text) is used when no
-    /// `--baseline` is given.
-    pub fn config(
-        &self,
-        default_baseline: Option<&str>,
-    ) -> anyhow::Result<kvroute_loadgen::DashboardConfig> {
+    /// The dashboard's settings; `references` (baseline files' texts: the demo's simulated
+    /// ones) are used when no `--baseline` is given.
+    pub fn config(&self, references: &[&str]) -> anyhow::Result<kvroute_loadgen::DashboardConfig> {
         use anyhow::Context;
-        let text = match &self.baseline {
-            Some(path) => Some(
+        let mut texts = Vec::new();
+        for path in &self.baseline {
+            texts.push((
+                path.display().to_string(),
                 std::fs::read_to_string(path)
                     .with_context(|| format!("reading baseline {}", path.display()))?,
-            ),
-            None => default_baseline.map(str::to_string),
-        };
-        let baseline = match text {
-            Some(t) => {
-                let b = kvroute_report::Baseline::parse(&t).context("the baseline file")?;
-                Some(serde_json::to_value(b)?)
-            }
-            None => None,
-        };
+            ));
+        }
+        if texts.is_empty() {
+            texts.extend(
+                references
+                    .iter()
+                    .map(|t| ("shipped".to_string(), t.to_string())),
+            );
+        }
+        let mut baselines = Vec::new();
+        for (name, t) in texts {
+            let b = kvroute_report::Baseline::parse(&t)
+                .with_context(|| format!("the baseline file {name}"))?;
+            baselines.push(serde_json::to_value(b)?);
+        }
         let c = kvroute_loadgen::DashboardConfig {
             slo_ttft_p95_ms: self.slo_ttft_p95_ms,
             slo_tpot_p95_ms: self.slo_tpot_p95_ms,
             slider_min: self.slider_min,
             slider_max: self.slider_max,
             slider_step: self.slider_step,
-            baseline,
+            baselines,
         };
         c.validate().map_err(anyhow::Error::msg)?;
         Ok(c)
+    }
+}
+
+/// `GET /api/baseline?arm=NAME`: what arm `NAME` measured at each level, as a baseline file
+/// (`kvroute bench`'s format) to give a later `--baseline`; 404 before it measured a level.
+async fn baseline_file(
+    axum::extract::State((service, workers)): axum::extract::State<(
+        kvroute_loadgen::Service,
+        Option<usize>,
+    )>,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let Some(arm) = q.get("arm") else {
+        return (StatusCode::BAD_REQUEST, "give ?arm=NAME").into_response();
+    };
+    // Workers of the arm's fleet: as the demo started it, else as its gateway lists them.
+    let workers = match workers {
+        Some(n) => n,
+        None => service
+            .fleets()
+            .await
+            .into_iter()
+            .find(|(a, _)| &a.name == arm)
+            .map_or(0, |(_, f)| f.workers.len())
+            .max(1),
+    };
+    let points: Vec<kvroute_report::BaselinePoint> = service
+        .levels()
+        .iter()
+        .filter_map(|l| {
+            let p = l.arms.iter().find(|a| &a.name == arm)?;
+            Some(kvroute_report::BaselinePoint::from_summary(
+                l.concurrency,
+                &p.summary,
+            ))
+        })
+        .collect();
+    let source = format!(
+        "live, measured by the dashboard's load generator (arm {arm}, a 60 s window once each level had held {} s)",
+        service.stats().measure_after_secs
+    );
+    match kvroute_report::Baseline::from_points(arm, workers, "multiturn", &source, points) {
+        Ok(b) => (
+            [
+                (header::CONTENT_TYPE, "application/json".to_string()),
+                (
+                    header::CONTENT_DISPOSITION,
+                    format!("attachment; filename=\"baseline-{arm}-w{workers}.json\""),
+                ),
+            ],
+            b.to_json(),
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::NOT_FOUND,
+            format!("no baseline for arm {arm:?} yet: {e}"),
+        )
+            .into_response(),
     }
 }
 

@@ -112,10 +112,33 @@ async fn the_demo_answers_and_stops_on_ctrl_c() {
     let status = get_json(&client, &format!("{ui}/api/status")).await;
     assert_eq!(status["running"], false, "the demo's load waits for Start");
     assert_eq!(status["concurrency"], 60);
-    assert_eq!(status["target"], url.as_str());
-    // This fleet is not the default one: no shipped baseline is shown for it.
+    // The live A/B: the default policy's fleet, and an identical one behind round-robin.
+    assert_eq!(status["arms"][0]["target"], url.as_str(), "{status}");
+    assert_eq!(status["arms"][0]["name"], "goodput", "{status}");
+    assert_eq!(status["arms"][1]["name"], "round_robin", "{status}");
+    assert_eq!(status["arms"][1]["baseline"], true, "{status}");
+    let baseline_url = status["arms"][1]["target"].as_str().unwrap().to_string();
+    assert_ne!(baseline_url, url);
+    let (_, answer) = chat(
+        &baseline_url,
+        serde_json::json!([{"role": "user", "content": "Hello!"}]),
+    )
+    .await;
+    assert_eq!(answer["usage"]["completion_tokens"], 8);
+    let workers = get_json(&client, &format!("{baseline_url}/debug/workers")).await;
+    assert_eq!(workers["policy"], "round_robin", "{workers}");
+    // This fleet is not the default one: no shipped reference is shown for it.
     let config = get_json(&client, &format!("{ui}/api/config")).await;
-    assert!(config["dashboard"]["baseline"].is_null(), "{config}");
+    assert_eq!(
+        config["dashboard"]["baselines"],
+        serde_json::json!([]),
+        "{config}"
+    );
+    // Nothing measured yet: no baseline file to save.
+    let r = reqwest::get(format!("{ui}/api/baseline?arm=round_robin"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
     assert!(demo.interrupt(), "the demo did not stop cleanly");
 }
 
@@ -149,7 +172,7 @@ async fn loadgen_serves_its_control_api_until_ctrl_c() {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut completed = 0;
     while completed < 2 && std::time::Instant::now() < deadline {
-        completed = get("/api/status").await["totals"]["completed"]
+        completed = get("/api/status").await["arms"][0]["totals"]["completed"]
             .as_u64()
             .unwrap_or(0);
         tokio::time::sleep(Duration::from_millis(50)).await;

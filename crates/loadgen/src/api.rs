@@ -7,10 +7,11 @@
 //! | `POST /api/stop` | stops it, cutting turns in flight (409 when not running) |
 //! | `POST /api/concurrency` | `{"concurrency": n}`: applied after the debounce time (202) |
 //! | `GET /api/ws` | WebSocket: a [`LiveStats`] JSON text at once, then at every update (at most [`MAX_WEBSOCKETS`] at once: `503` past it) |
-//! | `GET /api/conversations?limit=N` | the newest conversations (default 100, at most 1000) |
-//! | `GET /api/conversations/{id}` | one conversation with its transcript (404 if unknown) |
-//! | `GET /api/config` | the dashboard's settings: SLO objectives, slider range, baseline |
-//! | `GET /api/fleet` | the routing policy and the workers behind the target |
+//! | `GET /api/conversations?limit=N&arm=A&followup=1` | the newest conversations (default 100, at most 1000) of arm `A` (default: the first that is not the baseline); `followup=1`: only those with a completed follow-up turn |
+//! | `GET /api/conversations/{id}?arm=A` | one conversation with its transcript (404 if unknown) |
+//! | `GET /api/config` | the dashboard's settings: SLO objectives, slider range, baselines, the arms |
+//! | `GET /api/fleet` | per arm, the routing policy and the workers behind its target |
+//! | `GET /api/levels` | what every arm measured at each concurrency level it held |
 //! | `GET /metrics` | Prometheus text (`loadgen_ttft_all_seconds`, ...) |
 //!
 //! Errors are `{"error": {"message", "code"}}` with the status mapped in one place. The
@@ -72,6 +73,7 @@ pub fn router(service: Service, policy: &Arc<AccessPolicy>) -> Router {
         .route("/api/conversations/{id}", get(conversation))
         .route("/api/config", get(config))
         .route("/api/fleet", get(fleet))
+        .route("/api/levels", get(levels))
         .route("/metrics", get(metrics));
     require(control, policy, Access::Admin)
         .merge(require(views, policy, Access::Api))
@@ -116,24 +118,49 @@ async fn concurrency(State(s): State<Service>, body: axum::body::Bytes) -> Respo
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ListQuery {
     limit: Option<usize>,
+    arm: Option<String>,
+    /// Only conversations with a completed follow-up turn.
+    #[serde(default)]
+    followup: Option<u8>,
 }
 
-async fn conversations(
-    State(s): State<Service>,
-    Query(q): Query<ListQuery>,
-) -> Json<serde_json::Value> {
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ArmQuery {
+    arm: Option<String>,
+}
+
+async fn conversations(State(s): State<Service>, Query(q): Query<ListQuery>) -> Response {
     let limit = q.limit.unwrap_or(100).min(MAX_LIST);
-    Json(serde_json::json!({"conversations": s.observer().conversations(limit)}))
+    let observer = match s.observer(q.arm.as_deref()) {
+        Ok(o) => o,
+        Err(e) => return e.into_response(),
+    };
+    let list = if q.followup.unwrap_or(0) > 0 {
+        observer.conversations_with_followup(limit)
+    } else {
+        observer.conversations(limit)
+    };
+    Json(serde_json::json!({"conversations": list})).into_response()
 }
 
-async fn conversation(State(s): State<Service>, Path(id): Path<String>) -> Response {
+async fn conversation(
+    State(s): State<Service>,
+    Path(id): Path<String>,
+    Query(q): Query<ArmQuery>,
+) -> Response {
     let Ok(n) = id.parse::<u64>() else {
         return ServiceError::BadRequest(format!("{id:?} is not a conversation number"))
             .into_response();
     };
-    match s.observer().conversation(n) {
+    let observer = match s.observer(q.arm.as_deref()) {
+        Ok(o) => o,
+        Err(e) => return e.into_response(),
+    };
+    match observer.conversation(n) {
         Some(c) => Json(c).into_response(),
         None => ServiceError::NotFound(format!("no conversation {n} (it may have been dropped)"))
             .into_response(),
@@ -144,7 +171,7 @@ async fn config(State(s): State<Service>) -> Response {
     let st = s.stats();
     Json(serde_json::json!({
         "dashboard": s.dashboard(),
-        "target": st.target,
+        "arms": s.arms(),
         "workload": st.workload,
         "rate": st.rate,
     }))
@@ -152,7 +179,19 @@ async fn config(State(s): State<Service>) -> Response {
 }
 
 async fn fleet(State(s): State<Service>) -> Response {
-    Json(s.fleet().await).into_response()
+    let arms: Vec<serde_json::Value> = s
+        .fleets()
+        .await
+        .into_iter()
+        .map(|(arm, fleet)| {
+            serde_json::json!({"arm": arm.name, "baseline": arm.baseline, "target": arm.target, "fleet": fleet})
+        })
+        .collect();
+    Json(serde_json::json!({ "arms": arms })).into_response()
+}
+
+async fn levels(State(s): State<Service>) -> Response {
+    Json(serde_json::json!({ "levels": s.levels() })).into_response()
 }
 
 async fn metrics(State(s): State<Service>) -> Response {

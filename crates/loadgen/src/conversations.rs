@@ -276,6 +276,23 @@ impl Conversations {
             .collect()
     }
 
+    /// The newest `limit` conversations that have a completed follow-up turn (the "how it
+    /// works" page's example), newest first.
+    pub fn list_with_followup(&self, limit: usize) -> Vec<ConversationSummary> {
+        let now = Instant::now();
+        self.map
+            .iter()
+            .rev()
+            .filter(|(_, c)| {
+                c.turns
+                    .iter()
+                    .any(|t| t.turn > 1 && t.status == "completed")
+            })
+            .take(limit)
+            .map(|(&id, c)| Self::summary(id, c, now))
+            .collect()
+    }
+
     /// One conversation with its transcript.
     pub fn get(&self, id: u64) -> Option<ConversationDetail> {
         let c = self.map.get(&id)?;

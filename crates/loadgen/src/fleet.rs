@@ -1,5 +1,5 @@
 //! What the dashboard shows beside the load: its settings (`GET /api/config`: SLO thresholds,
-//! the concurrency slider's range, the baseline file) and the fleet behind the target
+//! the concurrency slider's range, the baseline files) and the fleet behind the target
 //! (`GET /api/fleet`: the routing policy and every worker's in-flight requests from a kvroute
 //! gateway's `/debug/workers`, with KV usage, busy ratio, queue time and running / waiting
 //! requests scraped from each worker's `/metrics`, kvroute or vLLM names). Fleet answers are
@@ -24,19 +24,32 @@ pub struct DashboardConfig {
     pub slider_max: usize,
     /// Step of the slider.
     pub slider_step: usize,
-    /// The baseline file's content (`kvroute bench` writes it), if any.
-    pub baseline: Option<serde_json::Value>,
+    /// Baseline files' contents (`kvroute bench` writes them; each names its policy and
+    /// says whether the fleet simulator made it): compared with where no live arm measured.
+    pub baselines: Vec<serde_json::Value>,
+}
+
+/// The slider's default range and step: the reference demo's 60-180 conversations in steps of
+/// 20 (the demo's fleet is sized for it).
+pub const DEFAULT_SLIDER: (usize, usize, usize) = (60, 180, 20);
+
+/// The dashboard's default objectives, in milliseconds: the `goodput` policy's, so the
+/// gateways route for what the dashboard judges by.
+pub fn default_objectives_ms() -> (f64, f64) {
+    let g = kvroute_core::policy::GoodputConfig::default();
+    (g.ttft_secs * 1e3, g.tpot_secs * 1e3)
 }
 
 impl Default for DashboardConfig {
     fn default() -> Self {
+        let (ttft, tpot) = default_objectives_ms();
         Self {
-            slo_ttft_p95_ms: 600.0,
-            slo_tpot_p95_ms: 60.0,
-            slider_min: 60,
-            slider_max: 180,
-            slider_step: 20,
-            baseline: None,
+            slo_ttft_p95_ms: ttft,
+            slo_tpot_p95_ms: tpot,
+            slider_min: DEFAULT_SLIDER.0,
+            slider_max: DEFAULT_SLIDER.1,
+            slider_step: DEFAULT_SLIDER.2,
+            baselines: Vec::new(),
         }
     }
 }
@@ -78,6 +91,11 @@ pub struct WorkerCard {
     pub url: String,
     /// Whether the gateway sends it traffic.
     pub up: bool,
+    /// The engine behind it, from its metrics (`vLLM`, `SGLang`, or kvroute's simulated
+    /// engine with its profile).
+    pub engine: Option<String>,
+    /// The model it serves, from its metrics.
+    pub model: Option<String>,
     /// Requests the gateway has in flight on it.
     pub inflight: Option<u64>,
     /// Prefix blocks the gateway's index holds for it.
@@ -281,8 +299,37 @@ fn sample(text: &str, name: &str) -> Option<f64> {
     })
 }
 
+/// The value of label `label` on the first series whose name starts with `prefix`.
+fn label_value(text: &str, prefix: &str, label: &str) -> Option<String> {
+    let needle = format!("{label}=\"");
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .find_map(|l| {
+            let labels = &l[l.find('{')? + 1..l.find('}')?];
+            let start = labels.find(&needle)? + needle.len();
+            let end = labels[start..].find('"')?;
+            Some(labels[start..start + end].chars().take(128).collect())
+        })
+}
+
+/// The engine and model of a worker, from its metrics: kvroute's simulated engine names
+/// itself in `kvroute_engine_info`; vLLM and SGLang put `model_name` on their series.
+fn engine_of(text: &str) -> (Option<String>, Option<String>) {
+    if let Some(profile) = label_value(text, "kvroute_engine_info", "profile") {
+        let model = label_value(text, "kvroute_engine_info", "model");
+        return (Some(format!("kvroute simulated ({profile})")), model);
+    }
+    for (prefix, engine) in [("vllm:", "vLLM"), ("sglang:", "SGLang")] {
+        if text.lines().any(|l| l.starts_with(prefix)) {
+            return (Some(engine.into()), label_value(text, prefix, "model_name"));
+        }
+    }
+    (None, None)
+}
+
 /// Fills a card from a worker's metrics (kvroute names first, vLLM's otherwise).
 fn apply_metrics(w: &mut WorkerCard, text: &str) {
+    (w.engine, w.model) = engine_of(text);
     let first = |names: &[&str]| names.iter().find_map(|n| sample(text, n));
     w.kv_usage = first(&["kvroute_engine_kv_usage_ratio", "vllm:kv_cache_usage_perc"]);
     w.busy = first(&["kvroute_engine_busy_ratio"]);
@@ -319,6 +366,24 @@ mod tests {
         // A longer name with the same start is another metric.
         assert_eq!(w.running, Some(4.0));
         assert_eq!(w.waiting, None);
+    }
+
+    #[test]
+    fn the_engine_and_model_are_read_from_the_metrics() {
+        let sim = "kvroute_engine_info{model=\"kvroute-sim\",profile=\"demo\"} 1\n";
+        assert_eq!(
+            engine_of(sim),
+            (
+                Some("kvroute simulated (demo)".into()),
+                Some("kvroute-sim".into())
+            )
+        );
+        let vllm = "# HELP vllm:num_requests_running x\nvllm:num_requests_running{engine=\"0\",model_name=\"/m/llama\"} 0\n";
+        assert_eq!(
+            engine_of(vllm),
+            (Some("vLLM".into()), Some("/m/llama".into()))
+        );
+        assert_eq!(engine_of("up 1\n"), (None, None));
     }
 
     #[test]

@@ -30,7 +30,9 @@ pub use closed_loop::{Control, MAX_CONCURRENCY};
 pub use fleet::{DashboardConfig, Fleet, WorkerCard};
 pub use observer::{Observer, ObserverConfig, Totals};
 pub use replay::{replay, ReplayConfig};
-pub use service::{LiveStats, Service, ServiceConfig, ServiceError};
+pub use service::{
+    ArmConfig, ArmPoint, ArmStats, LevelPoint, LiveStats, Service, ServiceConfig, ServiceError,
+};
 pub use turn::{RouteExplanation, RouteTerms, TurnResult};
 pub use user_model::UserModelConfig;
 

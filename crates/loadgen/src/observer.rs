@@ -273,6 +273,11 @@ impl Observer {
         self.lock().conversations.list(limit)
     }
 
+    /// The newest `limit` conversations with a completed follow-up turn, newest first.
+    pub fn conversations_with_followup(&self, limit: usize) -> Vec<ConversationSummary> {
+        self.lock().conversations.list_with_followup(limit)
+    }
+
     /// One conversation with its transcript.
     pub fn conversation(&self, id: u64) -> Option<ConversationDetail> {
         self.lock().conversations.get(id)

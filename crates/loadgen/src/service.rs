@@ -1,31 +1,55 @@
 //! A long-lived load that the dashboard steers: start, stop (cutting turns in flight), and a
 //! concurrency change applied after a quiet period (debounced), with live statistics
 //! published every tick to any number of watchers (the WebSocket stream, `/metrics`).
+//!
+//! A service drives one or more arms ([`ArmConfig`]): the same load, the same conversations
+//! seeded alike, at the same concurrency, each against its own endpoint — the live A/B of
+//! `kvroute demo` (a fleet behind round-robin beside an identical one behind the default
+//! policy). Each arm has its own window, totals, conversations and fleet view; what every
+//! arm measured at each level it held is kept ([`LevelPoint`]).
 
-use crate::closed_loop::{Control, MAX_CONCURRENCY};
+mod arm;
+mod levels;
+
+pub use arm::{ArmConfig, ArmStats, DEFAULT_ARM, MAX_ARMS};
+pub use levels::{ArmPoint, LevelPoint, MAX_LEVELS};
+
+use crate::closed_loop::MAX_CONCURRENCY;
 use crate::conversations::unix_ms;
-use crate::fleet::{DashboardConfig, Fleet, FleetReader};
-use crate::observer::{Observer, Totals};
-use crate::window::WindowStats;
-use crate::{LoadKind, LoadgenConfig, LoadgenError, RunResult};
+use crate::fleet::{DashboardConfig, Fleet};
+use crate::observer::Observer;
+use crate::{LoadKind, LoadgenConfig, LoadgenError};
+use arm::{Arm, ArmRun};
+use levels::Levels;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// Seconds a level holds before the arms' windows count as measured at it, by default: the
+/// 60 s window, then half a window more, so every turn in it ended at the level.
+pub const DEFAULT_MEASURE_AFTER_SECS: f64 = 90.0;
 
 /// Settings of the service.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServiceConfig {
     /// The load each start runs (its `concurrency` is the initial level; a service keeps
-    /// only its window: `observer.keep_records` is ignored).
+    /// only its window: `observer.keep_records` is ignored). Its `target` is the only arm's
+    /// when `arms` is empty.
     pub load: LoadgenConfig,
+    /// The arms, each driven with the same load (empty: one arm, [`DEFAULT_ARM`], at
+    /// `load.target`).
+    pub arms: Vec<ArmConfig>,
     /// Quiet time before a concurrency change is applied, in milliseconds.
     pub debounce_ms: u64,
     /// How often statistics are published, in milliseconds.
     pub tick_ms: u64,
+    /// Seconds a concurrency level must hold before the arms' windows count as measured at
+    /// it (the window then holds only turns that ended at that level).
+    pub measure_after_secs: f64,
     /// What the dashboard shows beside the load.
     pub dashboard: DashboardConfig,
 }
@@ -37,8 +61,10 @@ impl Default for ServiceConfig {
                 conversations: u64::MAX,
                 ..LoadgenConfig::default()
             },
+            arms: Vec::new(),
             debounce_ms: 300,
             tick_ms: 1000,
+            measure_after_secs: DEFAULT_MEASURE_AFTER_SECS,
             dashboard: DashboardConfig::default(),
         }
     }
@@ -79,47 +105,52 @@ pub struct LiveStats {
     pub pending_concurrency: Option<usize>,
     /// The most a concurrency may be set to.
     pub max_concurrency: usize,
+    /// Seconds the applied concurrency has held while running.
+    pub level_secs: Option<f64>,
+    /// Seconds a level must hold before it counts as measured.
+    pub measure_after_secs: f64,
     /// The open loop's rate, if the load is open.
     pub rate: Option<f64>,
     /// What the requests are.
     pub workload: LoadKind,
-    /// The endpoint driven.
-    pub target: String,
     /// Runs started since the service began.
     pub runs: u64,
-    /// Conversations under way.
-    pub active_conversations: usize,
-    /// Counts since the current run started.
-    pub totals: Totals,
-    /// The rolling window.
-    pub window: WindowStats,
+    /// Every arm's figures, in the configured order.
+    pub arms: Vec<ArmStats>,
+}
+
+impl LiveStats {
+    /// The arm named `name`.
+    pub fn arm(&self, name: &str) -> Option<&ArmStats> {
+        self.arms.iter().find(|a| a.name == name)
+    }
 }
 
 #[derive(Default)]
 struct RunState {
-    control: Option<Control>,
-    handle: Option<JoinHandle<RunResult>>,
+    runs_of_arms: Vec<ArmRun>,
     concurrency: usize,
     pending: Option<usize>,
     runs: u64,
+    /// When the applied level began (start, or a change applied while running).
+    level_since: Option<Instant>,
 }
 
 impl RunState {
     fn running(&self) -> bool {
-        self.control.as_ref().is_some_and(|c| !c.is_stopped())
-            && self.handle.as_ref().is_some_and(|h| !h.is_finished())
+        !self.runs_of_arms.is_empty() && self.runs_of_arms.iter().any(ArmRun::running)
     }
 
     fn stopping(&self) -> bool {
-        !self.running() && self.handle.as_ref().is_some_and(|h| !h.is_finished())
+        !self.running() && self.runs_of_arms.iter().any(ArmRun::finishing)
     }
 }
 
 struct Inner {
     config: ServiceConfig,
-    fleet: FleetReader,
-    observer: Arc<Observer>,
+    arms: Vec<Arm>,
     state: Mutex<RunState>,
+    levels: Mutex<Levels>,
     stats: watch::Sender<Arc<LiveStats>>,
     generation: AtomicU64,
 }
@@ -145,7 +176,27 @@ impl Service {
                 "tick_ms must be within 1..=60000 and debounce_ms at most 60000".into(),
             ));
         }
-        let observer = Arc::new(Observer::new(&config.load.observer));
+        if !(config.measure_after_secs.is_finite()
+            && (0.0..=86_400.0).contains(&config.measure_after_secs))
+        {
+            return Err(ServiceError::BadRequest(format!(
+                "measure_after_secs must be within 0..=86400, got {}",
+                config.measure_after_secs
+            )));
+        }
+        if config.arms.is_empty() {
+            config.arms.push(ArmConfig {
+                name: DEFAULT_ARM.into(),
+                target: config.load.target.clone(),
+                baseline: false,
+            });
+        }
+        arm::validate(&config.arms).map_err(ServiceError::BadRequest)?;
+        let arms: Vec<Arm> = config
+            .arms
+            .iter()
+            .map(|a| Arm::new(a.clone(), &config.load.observer))
+            .collect();
         let state = RunState {
             concurrency: config.load.concurrency,
             ..RunState::default()
@@ -157,20 +208,19 @@ impl Service {
             concurrency: state.concurrency,
             pending_concurrency: None,
             max_concurrency: MAX_CONCURRENCY,
+            level_secs: None,
+            measure_after_secs: config.measure_after_secs,
             rate: config.load.rate,
             workload: config.load.workload,
-            target: config.load.target.clone(),
             runs: 0,
-            active_conversations: 0,
-            totals: Totals::default(),
-            window: observer.window(),
+            arms: arms.iter().map(Arm::stats).collect(),
         });
         let (stats, _) = watch::channel(first);
         let inner = Arc::new(Inner {
-            fleet: FleetReader::new(&config.load.target),
             config,
-            observer,
+            arms,
             state: Mutex::new(state),
+            levels: Mutex::new(Levels::default()),
             stats,
             generation: AtomicU64::new(0),
         });
@@ -182,12 +232,50 @@ impl Service {
         self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The observer (conversations, window, totals).
-    pub fn observer(&self) -> &Arc<Observer> {
-        &self.inner.observer
+    fn levels_lock(&self) -> std::sync::MutexGuard<'_, Levels> {
+        self.inner.levels.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts the load at the current concurrency.
+    /// The arms' settings, in order.
+    pub fn arms(&self) -> Vec<ArmConfig> {
+        self.inner.arms.iter().map(|a| a.config.clone()).collect()
+    }
+
+    fn arm(&self, name: Option<&str>) -> Result<&Arm, ServiceError> {
+        match name {
+            None => Ok(self
+                .inner
+                .arms
+                .iter()
+                .find(|a| !a.config.baseline)
+                .unwrap_or(&self.inner.arms[0])),
+            Some(n) => self
+                .inner
+                .arms
+                .iter()
+                .find(|a| a.config.name == n)
+                .ok_or_else(|| {
+                    let names: Vec<&str> = self
+                        .inner
+                        .arms
+                        .iter()
+                        .map(|a| a.config.name.as_str())
+                        .collect();
+                    ServiceError::NotFound(format!(
+                        "no arm {n:?}; the arms are {}",
+                        names.join(", ")
+                    ))
+                }),
+        }
+    }
+
+    /// The observer (conversations, window, totals) of the arm named `arm`, or of the first
+    /// arm that is not the baseline.
+    pub fn observer(&self, arm: Option<&str>) -> Result<&Arc<Observer>, ServiceError> {
+        self.arm(arm).map(|a| &a.observer)
+    }
+
+    /// Starts the load at the current concurrency, on every arm with the same seed.
     pub fn start(&self) -> Result<Arc<LiveStats>, ServiceError> {
         {
             let mut s = self.state();
@@ -202,32 +290,55 @@ impl Service {
             let mut load = self.inner.config.load.clone();
             load.concurrency = s.concurrency;
             load.seed = load.seed.wrapping_add(s.runs);
-            let (control, handle) = crate::start(load, self.inner.observer.clone())?;
-            s.control = Some(control);
-            s.handle = Some(handle);
+            let mut runs = Vec::with_capacity(self.inner.arms.len());
+            for arm in &self.inner.arms {
+                let mut l = load.clone();
+                l.target = arm.config.target.clone();
+                match crate::start(l, arm.observer.clone()) {
+                    Ok((control, handle)) => runs.push(ArmRun {
+                        control: Some(control),
+                        handle: Some(handle),
+                    }),
+                    Err(e) => {
+                        // The arms run together or not at all.
+                        for r in &runs {
+                            if let Some(c) = &r.control {
+                                c.cancel();
+                            }
+                        }
+                        return Err(e.into());
+                    }
+                }
+            }
+            s.runs_of_arms = runs;
             s.runs += 1;
+            s.level_since = Some(Instant::now());
         }
-        tracing::info!("load started");
+        tracing::info!(arms = self.inner.arms.len(), "load started");
         Ok(self.publish())
     }
 
-    /// Stops the load: no new turns, turns in flight are cut (counted as cancelled).
+    /// Stops the load on every arm: no new turns, turns in flight are cut (counted as
+    /// cancelled).
     pub fn stop(&self) -> Result<Arc<LiveStats>, ServiceError> {
         {
-            let s = self.state();
+            let mut s = self.state();
             if !s.running() {
                 return Err(ServiceError::Conflict("the load is not running".into()));
             }
-            if let Some(c) = &s.control {
-                c.cancel();
+            for r in &s.runs_of_arms {
+                if let Some(c) = &r.control {
+                    c.cancel();
+                }
             }
+            s.level_since = None;
         }
         tracing::info!("load stopped");
         Ok(self.publish())
     }
 
-    /// Asks for `n` conversations in flight; applied once no other change came for the
-    /// debounce time (also to the next start).
+    /// Asks for `n` conversations in flight on every arm; applied once no other change came
+    /// for the debounce time (also to the next start).
     pub fn set_concurrency(&self, n: usize) -> Result<Arc<LiveStats>, ServiceError> {
         if n == 0 || n > MAX_CONCURRENCY {
             return Err(ServiceError::BadRequest(format!(
@@ -250,9 +361,14 @@ impl Service {
             {
                 let mut s = service.state();
                 s.pending = None;
+                if s.concurrency != n && s.running() {
+                    s.level_since = Some(Instant::now());
+                }
                 s.concurrency = n;
-                if let Some(c) = &s.control {
-                    c.set_concurrency(n);
+                for r in &s.runs_of_arms {
+                    if let Some(c) = &r.control {
+                        c.set_concurrency(n);
+                    }
                 }
             }
             tracing::info!(concurrency = n, "concurrency applied");
@@ -266,9 +382,16 @@ impl Service {
         &self.inner.config.dashboard
     }
 
-    /// The fleet behind the target (cached for a second).
-    pub async fn fleet(&self) -> Fleet {
-        self.inner.fleet.read().await
+    /// The fleet behind each arm (each cached for a second), in arm order.
+    pub async fn fleets(&self) -> Vec<(ArmConfig, Fleet)> {
+        let reads = self.inner.arms.iter().map(|a| a.fleet.read());
+        let fleets = futures_util::future::join_all(reads).await;
+        self.arms().into_iter().zip(fleets).collect()
+    }
+
+    /// What every arm measured at each level it held, lowest level first.
+    pub fn levels(&self) -> Vec<LevelPoint> {
+        self.levels_lock().list()
     }
 
     /// The latest statistics.
@@ -286,28 +409,61 @@ impl Service {
         crate::prom::render(&self.stats())
     }
 
-    /// Takes the statistics now and publishes them.
+    /// Takes the statistics now and publishes them; once the level has held long enough,
+    /// keeps every arm's window as measured at it.
     pub fn publish(&self) -> Arc<LiveStats> {
-        let (running, stopping, concurrency, pending, runs) = {
+        let (running, stopping, concurrency, pending, runs, level_secs) = {
             let s = self.state();
-            (s.running(), s.stopping(), s.concurrency, s.pending, s.runs)
+            let running = s.running();
+            let held = s
+                .level_since
+                .filter(|_| running)
+                .map(|t| t.elapsed().as_secs_f64());
+            (
+                running,
+                s.stopping(),
+                s.concurrency,
+                s.pending,
+                s.runs,
+                held,
+            )
         };
-        let o = &self.inner.observer;
         let load = &self.inner.config.load;
+        let arms: Vec<ArmStats> = self.inner.arms.iter().map(Arm::stats).collect();
+        let now = unix_ms();
+        if let Some(held) = level_secs.filter(|&h| {
+            pending.is_none() && load.rate.is_none() && h >= self.inner.config.measure_after_secs
+        }) {
+            let mut levels = self.levels_lock();
+            for (order, a) in arms.iter().enumerate() {
+                if a.window.summary.completed > 0 {
+                    levels.record(
+                        concurrency,
+                        order,
+                        ArmPoint {
+                            name: a.name.clone(),
+                            baseline: a.baseline,
+                            held_secs: held,
+                            taken_unix_ms: now,
+                            summary: a.window.summary.clone(),
+                        },
+                    );
+                }
+            }
+        }
         let stats = Arc::new(LiveStats {
-            time_unix_ms: unix_ms(),
+            time_unix_ms: now,
             running,
             stopping,
             concurrency,
             pending_concurrency: pending,
             max_concurrency: MAX_CONCURRENCY,
+            level_secs,
+            measure_after_secs: self.inner.config.measure_after_secs,
             rate: load.rate,
             workload: load.workload,
-            target: load.target.clone(),
             runs,
-            active_conversations: o.active_conversations(),
-            totals: o.totals(),
-            window: o.window(),
+            arms,
         });
         self.inner.stats.send_replace(stats.clone());
         stats

@@ -109,17 +109,19 @@ async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
     let mut seen = Value::Null;
     for _ in 0..200 {
         seen = next_stats().await;
-        if seen["window"]["summary"]["completed"].as_u64() >= Some(4) {
+        if seen["arms"][0]["window"]["summary"]["completed"].as_u64() >= Some(4) {
             break;
         }
     }
     assert_eq!(seen["running"], true, "{seen}");
+    let live = &seen["arms"][0];
+    assert_eq!(live["name"], "live", "{seen}");
     assert!(
-        seen["window"]["summary"]["completed"].as_u64() >= Some(4),
+        live["window"]["summary"]["completed"].as_u64() >= Some(4),
         "{seen}"
     );
-    assert!(seen["window"]["summary"]["ttft_ms"]["p95"].as_f64() > Some(0.0));
-    assert!(seen["totals"]["sent"].as_u64() >= Some(4));
+    assert!(live["window"]["summary"]["ttft_ms"]["p95"].as_f64() > Some(0.0));
+    assert!(live["totals"]["sent"].as_u64() >= Some(4));
 
     // Concurrency: bad values refused; a good one pending, then applied after the debounce.
     for bad in [json!({"concurrency": 0}), json!({"level": 3}), json!("x")] {
@@ -153,8 +155,7 @@ async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
         .await
     );
     assert!(
-        eventually(Duration::from_secs(20), async || service
-            .stats()
+        eventually(Duration::from_secs(20), async || service.stats().arms[0]
             .active_conversations
             >= 4)
         .await,
@@ -219,7 +220,9 @@ async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
     assert_eq!((s, &c["dashboard"]["slider_min"]), (200, &json!(60)), "{c}");
     assert_eq!(c["dashboard"]["slo_ttft_p95_ms"], 600.0);
     let (s, f) = call("GET", &format!("{api}/api/fleet"), None).await;
-    assert_eq!((s, &f["available"]), (200, &json!(true)), "{f}");
+    assert_eq!((s, &f["arms"][0]["arm"]), (200, &json!("live")), "{f}");
+    let f = &f["arms"][0]["fleet"];
+    assert_eq!(f["available"], json!(true), "{f}");
     assert_eq!(f["policy"], "kv");
     assert!(f["queued"].is_f64(), "{f}");
     let cards = f["workers"].as_array().unwrap();
@@ -229,6 +232,15 @@ async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
         assert!(w["kv_usage"].is_f64() && w["busy"].is_f64(), "{w}");
         assert!(w["inflight"].is_u64(), "{w}");
         assert_eq!(w["cache_state"], "exact", "{w}");
+        // The engine and model behind it, from its metrics.
+        assert!(
+            w["engine"]
+                .as_str()
+                .unwrap()
+                .starts_with("kvroute simulated"),
+            "{w}"
+        );
+        assert!(w["model"].is_string(), "{w}");
         // The gateway's prediction accuracy: its simulated workers' events are exact.
         assert!(w["accuracy"]["samples"].as_u64() > Some(0), "{w}");
         assert_eq!(w["accuracy"]["exact_ratio"], 1.0, "{w}");
@@ -244,19 +256,20 @@ async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
         .unwrap();
     for line in [
         "# TYPE loadgen_ttft_all_seconds summary",
-        "loadgen_ttft_all_seconds{quantile=\"0.5\"}",
-        "loadgen_ttft_all_seconds{quantile=\"0.95\"}",
-        "loadgen_tpot_all_seconds{quantile=\"0.95\"}",
-        "loadgen_itl_all_seconds_count",
-        "loadgen_e2e_all_seconds_sum",
-        "loadgen_requests_total{status=\"completed\"}",
-        "loadgen_concurrency 5",
+        "loadgen_ttft_all_seconds{arm=\"live\",quantile=\"0.5\"}",
+        "loadgen_ttft_all_seconds{arm=\"live\",quantile=\"0.95\"}",
+        "loadgen_ttft_sent_seconds{arm=\"live\",quantile=\"0.95\"}",
+        "loadgen_tpot_all_seconds{arm=\"live\",quantile=\"0.95\"}",
+        "loadgen_itl_all_seconds_count{arm=\"live\"}",
+        "loadgen_e2e_all_seconds_sum{arm=\"live\"}",
+        "loadgen_requests_total{arm=\"live\",status=\"completed\"}",
+        "loadgen_concurrency{arm=\"live\"} 5",
     ] {
         assert!(text.contains(line), "{line} missing from\n{text}");
     }
     let p95: f64 = text
         .lines()
-        .find(|l| l.starts_with("loadgen_ttft_all_seconds{quantile=\"0.95\"}"))
+        .find(|l| l.starts_with("loadgen_ttft_all_seconds{arm=\"live\",quantile=\"0.95\"}"))
         .and_then(|l| l.rsplit_once(' ')?.1.parse().ok())
         .unwrap();
     assert!(p95 > 0.0 && p95 < 10.0, "{p95}");
@@ -267,7 +280,8 @@ async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
     assert!(
         eventually(Duration::from_secs(10), async || {
             let st = service.stats();
-            !st.stopping && st.totals.in_flight == 0 && st.active_conversations == 0
+            let a = &st.arms[0];
+            !st.stopping && a.totals.in_flight == 0 && a.active_conversations == 0
         })
         .await,
         "{:?}",
@@ -276,7 +290,7 @@ async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
     let (s, _) = call("POST", &format!("{api}/api/stop"), None).await;
     assert_eq!(s, 409);
     // Nothing was counted as failed: cut turns are cancelled, not errors.
-    let t = service.stats().totals;
+    let t = service.stats().arms[0].totals;
     assert_eq!((t.failed, t.rejected), (0, 0), "{t:?}");
     assert_eq!(t.sent, t.completed);
 
@@ -306,6 +320,7 @@ async fn a_target_without_a_fleet_view_says_so() {
     .unwrap();
     let api = serve(service).await;
     let (s, f) = call("GET", &format!("{api}/api/fleet"), None).await;
+    let f = &f["arms"][0]["fleet"];
     assert_eq!((s, &f["available"]), (200, &json!(false)), "{f}");
     assert!(f["error"].as_str().is_some_and(|e| !e.is_empty()), "{f}");
     // Bad dashboard settings are refused when the service is made.
@@ -317,6 +332,168 @@ async fn a_target_without_a_fleet_view_says_so() {
         ..ServiceConfig::default()
     };
     assert!(Service::new(bad).is_err());
+}
+
+/// The live A/B: two identical fleets, one behind round-robin, driven with the same
+/// conversations at the same concurrency; each arm's figures apart, the levels each measured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_arms_run_the_same_conversations_and_measure_each_level() {
+    let (wa, ga) = fleet(2, |_| {}).await;
+    let (wb, gb) = fleet(2, |c| {
+        c.router.policy.kind = kvroute_core::PolicyKind::RoundRobin
+    })
+    .await;
+    let mut chat = small_chat();
+    chat.max_tokens = 16;
+    let arms = vec![
+        kvroute_loadgen::ArmConfig {
+            name: "kv".into(),
+            target: ga.url(),
+            baseline: false,
+        },
+        kvroute_loadgen::ArmConfig {
+            name: "round_robin".into(),
+            target: gb.url(),
+            baseline: true,
+        },
+    ];
+    let service = Service::new(ServiceConfig {
+        load: LoadgenConfig {
+            target: ga.url(),
+            concurrency: 2,
+            conversations: u64::MAX,
+            chat,
+            ..LoadgenConfig::default()
+        },
+        arms,
+        tick_ms: 100,
+        measure_after_secs: 1.0,
+        ..ServiceConfig::default()
+    })
+    .unwrap();
+    let api = serve(service.clone()).await;
+    service.start().unwrap();
+    // Both arms complete turns; the level is measured once it held for a second.
+    assert!(
+        eventually(Duration::from_secs(30), async || {
+            let (_, l) = call("GET", &format!("{api}/api/levels"), None).await;
+            l["levels"][0]["arms"]
+                .as_array()
+                .is_some_and(|a| a.len() == 2)
+        })
+        .await,
+        "{:?}",
+        service.levels()
+    );
+    let levels = service.levels();
+    assert_eq!(levels[0].concurrency, 2);
+    let names: Vec<_> = levels[0].arms.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["kv", "round_robin"]);
+    assert!(levels[0]
+        .arms
+        .iter()
+        .all(|a| a.summary.completed > 0 && a.held_secs >= 1.0));
+    let st = service.stats();
+    assert_eq!(st.arms.len(), 2);
+    assert!(st.arm("round_robin").is_some_and(|a| a.baseline));
+    // The same conversations on both: the first conversation's opening message is the same.
+    let first = |arm: &str| {
+        let api = api.clone();
+        let arm = arm.to_string();
+        async move {
+            let (s, d) = call("GET", &format!("{api}/api/conversations/0?arm={arm}"), None).await;
+            assert_eq!(s, 200, "{d}");
+            d["turns"][0]["user"].as_str().unwrap().to_string()
+        }
+    };
+    assert_eq!(first("kv").await, first("round_robin").await);
+    // An unknown arm is a 404 naming the arms.
+    let (s, e) = call("GET", &format!("{api}/api/conversations?arm=nope"), None).await;
+    assert_eq!(s, 404, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("round_robin"),
+        "{e}"
+    );
+    // Only conversations with a completed follow-up turn when asked.
+    assert!(
+        eventually(Duration::from_secs(20), async || {
+            let (_, l) = call("GET", &format!("{api}/api/conversations?followup=1"), None).await;
+            l["conversations"].as_array().is_some_and(|a| !a.is_empty())
+        })
+        .await
+    );
+    let (_, l) = call(
+        "GET",
+        &format!("{api}/api/conversations?followup=1&limit=1000"),
+        None,
+    )
+    .await;
+    for c in l["conversations"].as_array().unwrap() {
+        let (_, d) = call("GET", &format!("{api}/api/conversations/{}", c["id"]), None).await;
+        assert!(
+            d["turns"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["turn"].as_u64() > Some(1) && t["status"] == "completed"),
+            "{d}"
+        );
+    }
+    // Each fleet under its arm; metrics labelled by arm.
+    let (_, f) = call("GET", &format!("{api}/api/fleet"), None).await;
+    assert_eq!(f["arms"][0]["fleet"]["policy"], "kv", "{f}");
+    assert_eq!(f["arms"][1]["fleet"]["policy"], "round_robin", "{f}");
+    let text = reqwest::get(format!("{api}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for arm in ["kv", "round_robin"] {
+        let line = format!("loadgen_requests_total{{arm=\"{arm}\",status=\"completed\"}}");
+        assert!(text.contains(&line), "{line} missing from\n{text}");
+    }
+    // Stop ends both.
+    service.stop().unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), async || {
+            let st = service.stats();
+            !st.stopping && st.arms.iter().all(|a| a.totals.in_flight == 0)
+        })
+        .await
+    );
+    for g in [ga, gb] {
+        g.shutdown().await;
+    }
+    for w in wa.into_iter().chain(wb) {
+        w.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn arms_are_checked_when_the_service_is_made() {
+    let arm = |name: &str, baseline: bool| kvroute_loadgen::ArmConfig {
+        name: name.into(),
+        target: "http://127.0.0.1:9".into(),
+        baseline,
+    };
+    for arms in [
+        vec![arm("a", true)],
+        vec![arm("a", false), arm("a", true)],
+        vec![arm("a b", false)],
+    ] {
+        let r = Service::new(ServiceConfig {
+            arms,
+            ..ServiceConfig::default()
+        });
+        assert!(matches!(
+            r,
+            Err(kvroute_loadgen::ServiceError::BadRequest(_))
+        ));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

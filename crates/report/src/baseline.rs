@@ -49,6 +49,26 @@ pub struct BaselinePoint {
     pub hit_rate: Option<f64>,
 }
 
+impl BaselinePoint {
+    /// The point of a run's (or a live window's) summary at `concurrency`.
+    pub fn from_summary(concurrency: usize, s: &kvroute_workload::Summary) -> Self {
+        let pair = |d: &kvroute_workload::stats::Distribution| P50P95 {
+            p50: d.p50,
+            p95: d.p95,
+        };
+        Self {
+            concurrency,
+            ttft_ms: pair(&s.ttft_ms),
+            tpot_ms: pair(&s.tpot_ms),
+            itl_ms: pair(&s.itl_ms),
+            e2e_ms: pair(&s.e2e_ms),
+            requests_per_s: s.requests_per_s,
+            output_tokens_per_s: s.output_tokens_per_s,
+            hit_rate: s.hit_rate,
+        }
+    }
+}
+
 /// A baseline file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Baseline {
@@ -64,6 +84,10 @@ pub struct Baseline {
     pub workload: String,
     /// How it was produced (back end, profile), free text.
     pub source: String,
+    /// Whether the fleet simulator produced it (the dashboard labels it so: a simulated
+    /// baseline is not a measurement of any fleet).
+    #[serde(default)]
+    pub simulated: bool,
     /// Ascending concurrency, no repeats.
     pub points: Vec<BaselinePoint>,
 }
@@ -99,7 +123,7 @@ impl Baseline {
         workload: &str,
         source: &str,
     ) -> Result<Self, BaselineError> {
-        let mut points: Vec<BaselinePoint> = s
+        let points: Vec<BaselinePoint> = s
             .cells
             .iter()
             .filter(|c| c.policy == policy && c.workers == workers)
@@ -135,6 +159,20 @@ impl Baseline {
         if points.is_empty() {
             return Err(BaselineError::Empty(policy.into()));
         }
+        Self::from_points(policy, workers, workload, source, points)
+    }
+
+    /// A baseline of `points` (sorted, one per level: the first given wins), checked.
+    pub fn from_points(
+        policy: &str,
+        workers: usize,
+        workload: &str,
+        source: &str,
+        mut points: Vec<BaselinePoint>,
+    ) -> Result<Self, BaselineError> {
+        if points.is_empty() {
+            return Err(BaselineError::Empty(policy.into()));
+        }
         points.sort_by_key(|p| p.concurrency);
         points.dedup_by_key(|p| p.concurrency);
         let b = Self {
@@ -144,6 +182,7 @@ impl Baseline {
             workers,
             workload: workload.into(),
             source: source.into(),
+            simulated: false,
             points,
         };
         b.validate()?;

@@ -255,7 +255,13 @@ pub async fn spawn(
     ));
 
     let shared = Arc::new(http::Shared {
-        metrics: metrics::Metrics::new(snapshot.clone(), clock, config.model.clone(), &engine_cfg),
+        metrics: metrics::Metrics::new(
+            snapshot.clone(),
+            clock,
+            config.model.clone(),
+            &config.profile,
+            &engine_cfg,
+        ),
         started: http::unix_now(),
         ids: ids::IdGen::new(),
         text,

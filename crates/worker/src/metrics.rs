@@ -152,9 +152,21 @@ impl Metrics {
         snapshot: Arc<Mutex<EngineMetrics>>,
         clock: Clock,
         model: String,
+        profile: &str,
         engine: &kvroute_engine::EngineConfig,
     ) -> Self {
         let registry = Registry::new();
+        // Which engine this is (the dashboard's worker cards name it), as an info gauge.
+        let who = Opts::new(
+            "kvroute_engine_info",
+            "The simulated engine: its profile and served model (value 1).",
+        )
+        .const_label("profile", profile.to_string())
+        .const_label("model", model.clone());
+        if let Ok(g) = Gauge::with_opts(who) {
+            g.set(1.0);
+            let _ = registry.register(Box::new(g));
+        }
         let info = Opts::new(
             "vllm:cache_config_info",
             "Information of the KV cache config.",
@@ -259,7 +271,7 @@ mod tests {
                 &kvroute_engine::Profile::builtin("tiny").unwrap(),
             )
         };
-        let metrics = Metrics::new(snap.clone(), Clock::new(1.0), "m".into(), &engine);
+        let metrics = Metrics::new(snap.clone(), Clock::new(1.0), "m".into(), "tiny", &engine);
         let text = metrics.render().unwrap();
         assert!(
             text.contains("kvroute_engine_running_requests 2\n"),
@@ -271,6 +283,10 @@ mod tests {
         );
         assert!(
             text.contains("vllm:num_requests_running{model_name=\"m\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kvroute_engine_info{model=\"m\",profile=\"tiny\"} 1\n"),
             "{text}"
         );
         assert!(

@@ -3,7 +3,7 @@
 // and policy actually running.
 import { usePoll } from "../api";
 import { num, pct } from "../format";
-import type { Fleet, LiveStats } from "../types";
+import type { Fleet, FleetsAnswer, LiveStats } from "../types";
 
 export function TopologyDiagram(props: { fleet: Fleet | null; stats: LiveStats | null }) {
   const workers = props.fleet?.workers ?? [];
@@ -78,7 +78,7 @@ export function TopologyDiagram(props: { fleet: Fleet | null; stats: LiveStats |
 }
 
 export function Architecture(props: { stats: LiveStats | null }) {
-  const { data: fleet } = usePoll<Fleet>("/api/fleet", 2000);
+  const { data } = usePoll<FleetsAnswer>("/api/fleet", 2000);
   return (
     <section>
       <h2>Architecture</h2>
@@ -86,8 +86,19 @@ export function Architecture(props: { stats: LiveStats | null }) {
         The load generator sends multi-turn chats to the gateway's OpenAI-compatible API. The gateway turns each prompt
         into token blocks, finds which worker already caches the longest prefix (from the workers' own KV events), weighs
         that against each worker's load, and forwards the request, streaming the answer back.
+        {(data?.arms.length ?? 0) > 1
+          ? " The demo runs this twice, on identical fleets: the same conversations go to both, one gateway per routing policy, so the dashboard compares them live."
+          : ""}
       </p>
-      <TopologyDiagram fleet={fleet} stats={props.stats} />
+      {(data?.arms ?? []).map((a) => (
+        <div key={a.arm}>
+          <h3>
+            {a.arm} {a.baseline ? <span className="muted">(baseline)</span> : null}
+          </h3>
+          <TopologyDiagram fleet={a.fleet} stats={props.stats} />
+        </div>
+      ))}
+      {!data && <TopologyDiagram fleet={null} stats={props.stats} />}
     </section>
   );
 }

@@ -1,42 +1,94 @@
-// The live A/B page: live figures against the round-robin baseline at the same concurrency,
-// the concurrency slider, KPIs, the baseline's whole curve, the workers, and live charts.
+// The live A/B page: the candidate arm (the default policy) against the round-robin arm on an
+// identical fleet under the same conversations, both live; the concurrency slider, KPIs, live
+// charts of both arms, the static comparison by level (filled from what both arms measured;
+// recorded or simulated references only where no arm measured, labelled), and the workers.
 import { useCallback, useEffect, useState } from "react";
+import { baselinePolicy, sidePoint, sides, tableLevels, type SidePoint, type Sides } from "../ab";
 import { control, usePoll } from "../api";
 import { Kpi } from "../components/Kpi";
 import { LiveChart, type Point } from "../components/LiveChart";
 import { ConcurrencySlider } from "../components/Slider";
 import { improvement, ms, nearest, num, pct, sloClass } from "../format";
-import type { AccuracyCard, DashboardConfig, Fleet, LiveStats, P50P95 } from "../types";
+import type {
+  AccuracyCard,
+  ArmStats,
+  DashboardConfig,
+  Fleet,
+  FleetsAnswer,
+  LevelPoint,
+  LiveStats,
+  P50P95,
+} from "../types";
 
 const HISTORY = 300;
 
-function Cell(props: { v: number | null | undefined; limit?: number | null; testid?: string }) {
+function Cell(props: { v: number | string | null | undefined; limit?: number | null; testid?: string }) {
+  const v = props.v;
   return (
-    <td className={`slo-${sloClass(props.v, props.limit ?? null)}`} data-testid={props.testid}>
-      {ms(props.v)}
+    <td className={`slo-${typeof v === "string" ? "bad" : sloClass(v, props.limit ?? null)}`} data-testid={props.testid}>
+      {ms(v)}
     </td>
   );
 }
 
+/** The baseline side's figures now: the live baseline arm, else a baseline file at the nearest level. */
+function baseNow(
+  s: Sides,
+  stats: LiveStats | null,
+  config: DashboardConfig | null,
+): { label: string; point?: { ttft: P50P95; tpot: P50P95; itl: P50P95; e2e: P50P95 }; all?: P50P95 } {
+  if (s.baseline) {
+    const w = s.baseline.window.summary;
+    return {
+      label: s.baseline.name,
+      point: { ttft: w.ttft_ms, tpot: w.tpot_ms, itl: w.itl_ms, e2e: w.e2e_ms },
+      all: { p50: null, p95: null },
+    };
+  }
+  const policy = baselinePolicy(s, config?.baselines ?? []);
+  const files = (config?.baselines ?? []).filter((b) => b.policy === policy);
+  const file = files.find((b) => !b.simulated) ?? files[0];
+  const p = nearest(file?.points, stats?.concurrency ?? 0);
+  if (!file || !p) return { label: "baseline" };
+  return {
+    label: `${file.policy} (${file.simulated ? "simulated" : "recorded"}, c${p.concurrency})`,
+    point: { ttft: p.ttft_ms, tpot: p.tpot_ms, itl: p.itl_ms, e2e: p.e2e_ms },
+  };
+}
+
 export function LiveTable(props: { stats: LiveStats | null; config: DashboardConfig | null }) {
   const { stats, config } = props;
-  const w = stats?.window.summary;
-  const base = nearest(config?.baseline?.points, stats?.concurrency ?? 0);
-  const rows: { name: string; live?: { p50: number | null; p95: number | null }; base?: P50P95; limit: number | null }[] = [
-    { name: "TTFT", live: w?.ttft_ms, base: base?.ttft_ms, limit: config?.slo_ttft_p95_ms ?? null },
-    { name: "TPOT", live: w?.tpot_ms, base: base?.tpot_ms, limit: config?.slo_tpot_p95_ms ?? null },
-    { name: "ITL", live: w?.itl_ms, base: base?.itl_ms, limit: null },
-    { name: "Latency", live: w?.e2e_ms, base: base?.e2e_ms, limit: null },
+  const s = sides(stats);
+  // Cleared after Stop: the figures describe a load that no longer runs.
+  const on = stats?.running ?? false;
+  const w = on ? s.candidate?.window.summary : undefined;
+  const b = on ? baseNow(s, stats, config) : { label: s.baseline?.name ?? "baseline" };
+  const bw = on ? s.baseline?.window.summary : undefined;
+  const cand = s.candidate?.name ?? "live";
+  const rows: { name: string; live?: P50P95; base?: P50P95; limit: number | null }[] = [
+    { name: "TTFT", live: w?.ttft_ms, base: b.point?.ttft, limit: config?.slo_ttft_p95_ms ?? null },
+    { name: "TPOT", live: w?.tpot_ms, base: b.point?.tpot, limit: config?.slo_tpot_p95_ms ?? null },
+    { name: "ITL", live: w?.itl_ms, base: b.point?.itl, limit: null },
+    { name: "Latency", live: w?.e2e_ms, base: b.point?.e2e, limit: null },
   ];
+  const allSent = (x: typeof w) => (x ? { p50: x.ttft_all_ms.p50, p95: x.ttft_all_ms.p95 } : undefined);
+  const failures = (a: ArmStats | undefined) => {
+    const x = a?.window.summary;
+    if (!on || !x) return "—";
+    return `${a?.name}: ${x.failed} failed, ${x.rejected} shed of ${x.sent} sent`;
+  };
+  const anyFailed = [s.candidate, s.baseline].some((a) => on && (a?.window.summary.failed ?? 0) + (a?.window.summary.rejected ?? 0) > 0);
+  const ca = allSent(w);
+  const ba = allSent(bw);
   return (
     <table className="live-table">
       <thead>
         <tr>
           <th>metric</th>
-          <th>live p50</th>
-          <th>{base ? `baseline p50 (c${base.concurrency})` : "baseline p50"}</th>
-          <th>live p95</th>
-          <th>baseline p95</th>
+          <th>{cand} p50</th>
+          <th className="muted">{b.label} p50</th>
+          <th>{cand} p95</th>
+          <th className="muted">{b.label} p95</th>
           <th>p95 improvement</th>
         </tr>
       </thead>
@@ -45,19 +97,27 @@ export function LiveTable(props: { stats: LiveStats | null; config: DashboardCon
           <tr key={r.name}>
             <th>{r.name}</th>
             <Cell v={r.live?.p50} limit={r.limit} testid={`live-${r.name}-p50`} />
-            <Cell v={r.base?.p50} limit={r.limit} />
+            <Cell v={r.base?.p50} limit={r.limit} testid={`base-${r.name}-p50`} />
             <Cell v={r.live?.p95} limit={r.limit} testid={`live-${r.name}-p95`} />
-            <Cell v={r.base?.p95} limit={r.limit} />
-            <td>{improvement(r.live?.p95, r.base?.p95)}</td>
+            <Cell v={r.base?.p95} limit={r.limit} testid={`base-${r.name}-p95`} />
+            <td data-testid={`improvement-${r.name}`}>{improvement(r.live?.p95, r.base?.p95)}</td>
           </tr>
         ))}
+        <tr title="every request sent, a failed or shed one counting as an infinite TTFT">
+          <th>TTFT, all sent</th>
+          <Cell v={ca?.p50} limit={config?.slo_ttft_p95_ms} testid="live-TTFT-all-p50" />
+          <Cell v={ba?.p50} limit={config?.slo_ttft_p95_ms} />
+          <Cell v={ca?.p95} limit={config?.slo_ttft_p95_ms} testid="live-TTFT-all-p95" />
+          <Cell v={ba?.p95} limit={config?.slo_ttft_p95_ms} />
+          <td>
+            {typeof ca?.p95 === "number" && typeof ba?.p95 === "number" ? improvement(ca.p95, ba.p95) : "—"}
+          </td>
+        </tr>
         <tr>
           <th>Failed / shed</th>
-          <td colSpan={5} className={(stats?.window.summary.failed ?? 0) + (stats?.window.summary.rejected ?? 0) > 0 ? "slo-bad" : ""}>
-            {w ? `${w.failed} failed, ${w.rejected} shed of ${w.sent} sent in the window` : "—"}
-            {w && w.sent > 0 && (w.failed > 0 || w.rejected > 0)
-              ? ` — TTFT p95 over all sent: ${ms(w.ttft_all_ms.p95 as number | string | null)}`
-              : ""}
+          <td colSpan={5} className={anyFailed ? "slo-bad" : ""} data-testid="failures">
+            {failures(s.candidate)}
+            {s.baseline ? ` · ${failures(s.baseline)}` : ""}
           </td>
         </tr>
       </tbody>
@@ -65,51 +125,87 @@ export function LiveTable(props: { stats: LiveStats | null; config: DashboardCon
   );
 }
 
-export function BaselineTable(props: { stats: LiveStats | null; config: DashboardConfig | null }) {
-  const { stats, config } = props;
-  const b = config?.baseline;
-  if (!b) {
-    return <p className="muted">No baseline file: start the demo with its default fleet, or give `--baseline FILE` (written by `kvroute bench`).</p>;
-  }
-  const live = stats?.window.summary;
+function Tag(props: { p: SidePoint | undefined }) {
+  if (!props.p) return null;
+  return <span className={`source-tag source-${props.p.source}`}>{props.p.source}</span>;
+}
+
+/** The static comparison: p95 TTFT and TPOT of both sides at every level, with the improvement. */
+export function ComparisonTable(props: {
+  stats: LiveStats | null;
+  config: DashboardConfig | null;
+  levels: LevelPoint[];
+}) {
+  const { stats, config, levels } = props;
+  const s = sides(stats);
+  const baselines = config?.baselines ?? [];
+  const candName = s.candidate?.name;
+  const baseName = baselinePolicy(s, baselines);
+  if (!config) return <p className="muted">—</p>;
+  const rows = tableLevels(config.slider_min, config.slider_max, config.slider_step, levels);
+  const measuredBy = (arm: string | undefined) =>
+    arm !== undefined && levels.some((l) => l.arms.some((a) => a.name === arm));
   return (
     <>
       <p className="muted">
-        {b.policy} on {b.workers} workers, {b.workload} — {b.source}
+        p95 at each level: <b>live</b> where both fleets ran it for {num(stats?.measure_after_secs ?? 90)} s (the 60 s window
+        then holds only that level), else a <b>recorded</b> baseline file, else the fleet simulator's run of the same
+        fleet, labelled <b>simulated</b>. Improvement: how much lower the {candName ?? "candidate"} figure is.
       </p>
-      <table className="baseline-table">
+      <table className="baseline-table" data-testid="comparison-table">
         <thead>
           <tr>
-            <th>concurrency</th>
-            <th>TTFT p95</th>
-            <th>TPOT p95</th>
-            <th>ITL p95</th>
-            <th>latency p95</th>
-            <th>RPS</th>
-            <th>output tok/s</th>
-            <th>KV hit</th>
-            <th>live TTFT p95 (improvement)</th>
+            <th rowSpan={2}>concurrency</th>
+            <th colSpan={3}>TTFT p95</th>
+            <th colSpan={3}>TPOT p95</th>
+            <th colSpan={2}>KV hit</th>
+          </tr>
+          <tr>
+            <th>{baseName ?? "baseline"}</th>
+            <th>{candName ?? "live"}</th>
+            <th>improvement</th>
+            <th>{baseName ?? "baseline"}</th>
+            <th>{candName ?? "live"}</th>
+            <th>improvement</th>
+            <th>{baseName ?? "baseline"}</th>
+            <th>{candName ?? "live"}</th>
           </tr>
         </thead>
         <tbody>
-          {b.points.map((p) => {
-            const here = stats !== null && p.concurrency === stats.concurrency && (live?.completed ?? 0) > 0;
+          {rows.map((level) => {
+            const b = sidePoint(level, s.baseline?.name, baseName, levels, baselines);
+            const c = sidePoint(level, candName, candName, levels, baselines);
+            const here = stats?.running && level === stats.concurrency;
             return (
-              <tr key={p.concurrency} className={here ? "current" : ""}>
-                <th>{p.concurrency}</th>
-                <Cell v={p.ttft_ms.p95} limit={config?.slo_ttft_p95_ms} />
-                <Cell v={p.tpot_ms.p95} limit={config?.slo_tpot_p95_ms} />
-                <Cell v={p.itl_ms.p95} />
-                <Cell v={p.e2e_ms.p95} />
-                <td>{num(p.requests_per_s, 2)}</td>
-                <td>{num(p.output_tokens_per_s)}</td>
-                <td>{pct(p.hit_rate)}</td>
-                <td>{here ? `${ms(live?.ttft_ms.p95)} (${improvement(live?.ttft_ms.p95, p.ttft_ms.p95)})` : ""}</td>
+              <tr key={level} className={here ? "current" : ""} data-testid="comparison-row">
+                <th>{level}</th>
+                <Cell v={b?.ttft.p95} limit={config.slo_ttft_p95_ms} />
+                <Cell v={c?.ttft.p95} limit={config.slo_ttft_p95_ms} />
+                <td>{improvement(c?.ttft.p95, b?.ttft.p95)}</td>
+                <Cell v={b?.tpot.p95} limit={config.slo_tpot_p95_ms} />
+                <Cell v={c?.tpot.p95} limit={config.slo_tpot_p95_ms} />
+                <td>{improvement(c?.tpot.p95, b?.tpot.p95)}</td>
+                <td>{pct(b?.hit_rate)}</td>
+                <td>
+                  {pct(c?.hit_rate)} <Tag p={c ?? b} />
+                </td>
               </tr>
             );
           })}
         </tbody>
       </table>
+      <p className="muted">
+        Save what a live arm measured as a baseline file (for `--baseline` on a later run):{" "}
+        {(stats?.arms ?? []).map((a) =>
+          measuredBy(a.name) ? (
+            <a key={a.name} href={`/api/baseline?arm=${encodeURIComponent(a.name)}`} download data-testid="save-baseline">
+              {a.name}{" "}
+            </a>
+          ) : (
+            <span key={a.name}>{a.name} (no level measured yet) </span>
+          ),
+        )}
+      </p>
     </>
   );
 }
@@ -139,6 +235,10 @@ export function WorkerCards(props: { fleet: Fleet | null }) {
           <h4>
             {w.name} <span className="muted">{w.up ? "up" : "down"}</span>
           </h4>
+          <p className="muted engine" data-testid="worker-engine">
+            {w.engine ?? "engine unknown"}
+            {w.model ? ` · ${w.model}` : ""}
+          </p>
           <dl>
             <dt>in flight</dt>
             <dd>{num(w.inflight)}</dd>
@@ -167,30 +267,62 @@ export function WorkerCards(props: { fleet: Fleet | null }) {
 
 export function Dashboard(props: { stats: LiveStats | null; config: DashboardConfig | null }) {
   const { stats, config } = props;
-  const { data: fleet } = usePoll<Fleet>("/api/fleet", 2000);
-  const [ttft, setTtft] = useState<Point[]>([]);
-  const [tpot, setTpot] = useState<Point[]>([]);
+  const { data: fleets } = usePoll<FleetsAnswer>("/api/fleet", 2000);
+  const { data: levelsAnswer } = usePoll<{ levels: LevelPoint[] }>("/api/levels", 5000);
+  const levels = levelsAnswer?.levels ?? [];
+  const [ttft, setTtft] = useState<Record<string, Point[]>>({});
+  const [tpot, setTpot] = useState<Record<string, Point[]>>({});
   useEffect(() => {
     if (!stats) return;
     const t = stats.time_unix_ms;
-    const add = (v: number | null) => (h: Point[]) => [...h.slice(-(HISTORY - 1)), { t, v }];
-    setTtft(add(stats.window.summary.ttft_ms.p95));
-    setTpot(add(stats.window.summary.tpot_ms.p95));
+    const add = (pick: (a: ArmStats) => number | null) => (h: Record<string, Point[]>) => {
+      const next: Record<string, Point[]> = {};
+      for (const a of stats.arms) {
+        next[a.name] = [...(h[a.name] ?? []).slice(-(HISTORY - 1)), { t, v: stats.running ? pick(a) : null }];
+      }
+      return next;
+    };
+    setTtft(add((a) => a.window.summary.ttft_ms.p95));
+    setTpot(add((a) => a.window.summary.tpot_ms.p95));
   }, [stats]);
   const setConcurrency = useCallback((n: number) => {
     void control("/api/concurrency", { concurrency: n });
   }, []);
-  const w = stats?.window.summary;
+  const s = sides(stats);
+  const on = stats?.running ?? false;
+  const w = on ? s.candidate?.window.summary : undefined;
+  const bw = on ? s.baseline?.window.summary : undefined;
   const has = (w?.sent ?? 0) > 0;
-  const errors = (stats?.totals.failed ?? 0) + (stats?.totals.rejected ?? 0);
+  const vs = (f: (x: NonNullable<typeof bw>) => string) => (bw && (bw.sent ?? 0) > 0 ? `${s.baseline?.name}: ${f(bw)}` : null);
+  const totals = on ? s.candidate?.totals : undefined;
+  const btotals = on ? s.baseline?.totals : undefined;
+  const errors = (totals?.failed ?? 0) + (totals?.rejected ?? 0);
+  const fleetOf = (name: string | undefined) => fleets?.arms.find((a) => a.arm === name)?.fleet ?? null;
+  const candFleet = fleetOf(s.candidate?.name);
   // The gateway's admission queue, as in the reference; else what waits in the workers.
-  const queued = !fleet?.available
-    ? null
-    : (fleet.queued ?? fleet.workers.reduce((s, x) => s + (x.waiting ?? 0), 0));
+  const queuedOf = (f: Fleet | null) =>
+    !f?.available ? null : (f.queued ?? f.workers.reduce((sum, x) => sum + (x.waiting ?? 0), 0));
+  const queued = on ? queuedOf(candFleet) : null;
+  const bqueued = on ? queuedOf(fleetOf(s.baseline?.name)) : null;
+  const series = (h: Record<string, Point[]>) =>
+    (stats?.arms ?? []).map((a) => ({
+      name: a.name,
+      points: h[a.name] ?? [],
+      className: a.baseline ? "series-baseline" : "series",
+    }));
+  const title = s.baseline
+    ? `Live: ${s.candidate?.name} vs ${s.baseline.name} on an identical fleet`
+    : `Live vs ${baselinePolicy(s, config?.baselines ?? []) ?? "baseline"}`;
   return (
     <div className="dashboard">
       <section>
-        <h2>Live vs round-robin baseline</h2>
+        <h2>{title}</h2>
+        {config && (
+          <p className="muted">
+            SLO: TTFT p95 &lt; {config.slo_ttft_p95_ms} ms, TPOT p95 &lt; {config.slo_tpot_p95_ms} ms
+            {s.baseline ? " — both fleets get the same conversations at the same concurrency" : ""}
+          </p>
+        )}
         <LiveTable stats={stats} config={config} />
         {config && (
           <ConcurrencySlider
@@ -204,24 +336,58 @@ export function Dashboard(props: { stats: LiveStats | null; config: DashboardCon
         )}
       </section>
       <section className="kpis">
-        <Kpi label="RPS" value={has ? num(w?.requests_per_s, 2) : "—"} hint="completed requests per second, last 60 s" />
-        <Kpi label="Requests" value={stats && stats.totals.sent > 0 ? num(stats.totals.sent) : "—"} hint="since Start" />
-        <Kpi label="Output tokens/s" value={has ? num(w?.output_tokens_per_s) : "—"} />
-        <Kpi label="KV cache hit" value={has ? pct(w?.hit_rate) : "—"} hint="cached / prompt tokens, last 60 s" />
-        <Kpi label="Queued" value={queued === null ? "—" : num(queued)} hint="requests waiting in the gateway's admission queue" />
-        <Kpi label="Errors" value={stats && stats.totals.sent > 0 ? num(errors) : "—"} alert={errors > 0} hint="failed + shed since Start" />
+        <Kpi
+          label="RPS"
+          value={has ? num(w?.requests_per_s, 2) : "—"}
+          vs={vs((x) => num(x.requests_per_s, 2))}
+          hint="completed requests per second, last 60 s"
+        />
+        <Kpi
+          label="Requests"
+          value={totals && totals.sent > 0 ? num(totals.completed) : "—"}
+          vs={btotals && btotals.sent > 0 ? `${s.baseline?.name}: ${num(btotals.completed)}` : null}
+          hint={`completed since Start${totals ? ` (${num(totals.sent)} ended in all)` : ""}`}
+        />
+        <Kpi label="Output tokens/s" value={has ? num(w?.output_tokens_per_s) : "—"} vs={vs((x) => num(x.output_tokens_per_s))} />
+        <Kpi
+          label="KV cache hit"
+          value={has ? pct(w?.hit_rate) : "—"}
+          vs={vs((x) => pct(x.hit_rate))}
+          hint="cached / prompt tokens, last 60 s"
+        />
+        <Kpi
+          label="Queued"
+          value={queued === null ? "—" : num(queued)}
+          vs={bqueued === null || !s.baseline ? null : `${s.baseline.name}: ${num(bqueued)}`}
+          hint="requests waiting in the gateway's admission queue"
+        />
+        <Kpi
+          label="Errors"
+          value={totals && totals.sent > 0 ? num(errors) : "—"}
+          vs={btotals && btotals.sent > 0 ? `${s.baseline?.name}: ${num(btotals.failed + btotals.rejected)}` : null}
+          alert={errors > 0}
+          hint="failed + shed since Start"
+        />
       </section>
       <section className="charts">
-        <LiveChart title="TTFT p95 (60 s window)" points={ttft} limit={config?.slo_ttft_p95_ms ?? null} unit="ms" />
-        <LiveChart title="TPOT p95 (60 s window)" points={tpot} limit={config?.slo_tpot_p95_ms ?? null} unit="ms" />
+        <LiveChart title="TTFT p95 (60 s window)" series={series(ttft)} limit={config?.slo_ttft_p95_ms ?? null} unit="ms" />
+        <LiveChart title="TPOT p95 (60 s window)" series={series(tpot)} limit={config?.slo_tpot_p95_ms ?? null} unit="ms" />
       </section>
       <section>
-        <h2>Workers {fleet?.policy ? <span className="muted">— policy {fleet.policy}</span> : null}</h2>
-        <WorkerCards fleet={fleet} />
+        <h2>Benchmark: {baselinePolicy(s, config?.baselines ?? []) ?? "baseline"} vs {s.candidate?.name ?? "live"} by concurrency</h2>
+        <ComparisonTable stats={stats} config={config} levels={levels} />
       </section>
       <section>
-        <h2>Benchmark: round-robin baseline by concurrency</h2>
-        <BaselineTable stats={stats} config={config} />
+        <h2>Workers</h2>
+        {(fleets?.arms ?? []).map((a) => (
+          <div key={a.arm} className="arm-group" data-testid="arm-workers">
+            <h3>
+              {a.arm} <span className="muted">— {a.fleet.policy ? `policy ${a.fleet.policy}` : a.target}</span>
+            </h3>
+            <WorkerCards fleet={a.fleet} />
+          </div>
+        ))}
+        {!fleets && <p className="muted">—</p>}
       </section>
     </div>
   );

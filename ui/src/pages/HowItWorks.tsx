@@ -3,7 +3,7 @@
 // on the worker that served it, and every worker of the fleet with its policy.
 import { usePoll } from "../api";
 import { num } from "../format";
-import type { ConversationDetail, ConversationSummary, Fleet, TurnView } from "../types";
+import type { ConversationDetail, ConversationSummary, FleetsAnswer, TurnView } from "../types";
 
 /** Blocks drawn for a prompt (each stands for an equal share of its tokens). */
 const CELLS = 16;
@@ -65,14 +65,13 @@ export function PromptBlocks(props: { turn: TurnView | undefined; workers: strin
 }
 
 export function HowItWorks() {
-  const { data: fleet } = usePoll<Fleet>("/api/fleet", 5000);
-  const { data: list } = usePoll<{ conversations: ConversationSummary[] }>("/api/conversations?limit=50", 5000);
-  // A conversation whose second turn has surely completed, else one that reached it.
-  const all = list?.conversations ?? [];
-  const candidate =
-    all.find((c) => c.status === "completed" && c.turns >= 2) ??
-    all.find((c) => c.turns >= 3) ??
-    all.find((c) => c.turns >= 2);
+  const { data: fleets } = usePoll<FleetsAnswer>("/api/fleet", 5000);
+  // The candidate arm's fleet (the policy on show), whose conversations the list serves.
+  const fleet = (fleets?.arms.find((a) => !a.baseline) ?? fleets?.arms[0])?.fleet ?? null;
+  // The newest conversation with a completed follow-up turn (the server filters: under load
+  // the newest conversations are all on their first turn).
+  const { data: list } = usePoll<{ conversations: ConversationSummary[] }>("/api/conversations?limit=1&followup=1", 5000);
+  const candidate = list?.conversations[0];
   const { data: detail } = usePoll<ConversationDetail>(candidate ? `/api/conversations/${candidate.id}` : null, 5000);
   return (
     <section>

@@ -8,6 +8,27 @@ import type { AccuracyCard, DashboardConfig, LiveStats } from "../types";
 
 const dist = (p50: number | null, p95: number | null) => ({ count: 10, mean: p50, p50, p90: p95, p95, p99: p95 });
 
+function arm(name: string, baseline: boolean, ttftP95: number, failed = 1) {
+  return {
+    name,
+    target: "http://127.0.0.1:8000",
+    baseline,
+    active_conversations: 80,
+    totals: { sent: 10, completed: 9, failed, rejected: 0, cancelled: 0, in_flight: 3, input_tokens: 1, cached_tokens: 1, output_tokens: 1 },
+    window: {
+      span_secs: 60,
+      covered_secs: 60,
+      overflowed: 0,
+      summary: {
+        sent: 10, completed: 9, failed, rejected: 0, failed_by_reason: { stream_broken: 1 }, rejected_by_reason: {},
+        duration_secs: 60, ttft_ms: dist(300, ttftP95), ttft_all_ms: { p50: 300, p95: "inf", p99: "inf" },
+        tpot_ms: dist(20, 55), itl_ms: dist(19, 30), e2e_ms: dist(9000, 12000), input_tokens: 100, cached_tokens: 60,
+        output_tokens: 50, hit_rate: 0.6, output_tokens_per_s: 120, requests_per_s: 0.15,
+      },
+    },
+  };
+}
+
 function stats(over: Partial<LiveStats> = {}): LiveStats {
   return {
     time_unix_ms: 0,
@@ -16,26 +37,20 @@ function stats(over: Partial<LiveStats> = {}): LiveStats {
     concurrency: 80,
     pending_concurrency: null,
     max_concurrency: 100000,
+    level_secs: 100,
+    measure_after_secs: 90,
     rate: null,
     workload: "multiturn",
-    target: "http://127.0.0.1:8000",
     runs: 1,
-    active_conversations: 80,
-    totals: { sent: 10, completed: 9, failed: 1, rejected: 0, cancelled: 0, in_flight: 3, input_tokens: 1, cached_tokens: 1, output_tokens: 1 },
-    window: {
-      span_secs: 60,
-      covered_secs: 60,
-      overflowed: 0,
-      summary: {
-        sent: 10, completed: 9, failed: 1, rejected: 0, failed_by_reason: { stream_broken: 1 }, rejected_by_reason: {},
-        duration_secs: 60, ttft_ms: dist(300, 700), ttft_all_ms: { p50: 300, p95: "inf", p99: "inf" },
-        tpot_ms: dist(20, 55), itl_ms: dist(19, 30), e2e_ms: dist(9000, 12000), input_tokens: 100, cached_tokens: 60,
-        output_tokens: 50, hit_rate: 0.6, output_tokens_per_s: 120, requests_per_s: 0.15,
-      },
-    },
+    arms: [arm("goodput", false, 700)],
     ...over,
   };
 }
+
+const point = (c: number, ttft95: number, tpot95: number) => ({
+  concurrency: c, ttft_ms: { p50: 400, p95: ttft95 }, tpot_ms: { p50: 21, p95: tpot95 }, itl_ms: { p50: 20, p95: 31 },
+  e2e_ms: { p50: 9500, p95: 13000 }, requests_per_s: 1, output_tokens_per_s: 800, hit_rate: 0.3,
+});
 
 const config: DashboardConfig = {
   slo_ttft_p95_ms: 600,
@@ -43,13 +58,9 @@ const config: DashboardConfig = {
   slider_min: 60,
   slider_max: 180,
   slider_step: 20,
-  baseline: {
-    policy: "round_robin", workers: 3, workload: "multiturn", source: "test",
-    points: [60, 80].map((c) => ({
-      concurrency: c, ttft_ms: { p50: 400, p95: 900 }, tpot_ms: { p50: 21, p95: 58 }, itl_ms: { p50: 20, p95: 31 },
-      e2e_ms: { p50: 9500, p95: 13000 }, requests_per_s: 1, output_tokens_per_s: 800, hit_rate: 0.3,
-    })),
-  },
+  baselines: [
+    { policy: "round_robin", workers: 3, workload: "multiturn", source: "test", simulated: false, points: [60, 80].map((c) => point(c, 900, 58)) },
+  ],
 };
 
 describe("KPI cards", () => {
@@ -69,13 +80,95 @@ describe("the live vs baseline table", () => {
     expect(screen.getByTestId("live-TPOT-p95").className).toBe("slo-warn");
     expect(screen.getByTestId("live-TTFT-p50").className).toBe("slo-ok");
     expect(screen.getByTestId("live-ITL-p95").className).toBe("slo-none");
-    // 700 against the baseline's 900 at concurrency 80.
+    // 700 against the recorded baseline's 900 at concurrency 80.
     expect(screen.getByText("+22.2%")).toBeTruthy();
     expect(screen.getByText(/1 failed, 0 shed of 10 sent/)).toBeTruthy();
+    expect(screen.getByText(/round_robin \(recorded, c80\) p95/)).toBeTruthy();
+    // Over all sent, one failure makes the p95 infinite.
+    expect(screen.getByTestId("live-TTFT-all-p95").textContent).toBe("∞");
   });
-  it("shows dashes before any data", () => {
+  it("compares two live arms when the baseline fleet runs", () => {
+    render(<LiveTable stats={stats({ arms: [arm("goodput", false, 400), arm("round_robin", true, 800, 0)] })} config={config} />);
+    expect(screen.getByTestId("base-TTFT-p95").textContent).toBe("800 ms");
+    expect(screen.getByTestId("improvement-TTFT").textContent).toBe("+50.0%");
+    expect(screen.getByTestId("failures").textContent).toContain("round_robin: 0 failed");
+  });
+  it("shows dashes before any data and after Stop", () => {
     render(<LiveTable stats={null} config={null} />);
     expect(screen.getByTestId("live-TTFT-p95").textContent).toBe("—");
+  });
+  it("is cleared once the load stopped", () => {
+    render(<LiveTable stats={stats({ running: false })} config={config} />);
+    expect(screen.getByTestId("live-TTFT-p95").textContent).toBe("—");
+    expect(screen.getByTestId("base-TTFT-p95").textContent).toBe("—");
+  });
+});
+
+describe("the comparison table", () => {
+  it("prefers live levels, then recorded, then simulated references, labelled", async () => {
+    const { ComparisonTable } = await import("../pages/Dashboard");
+    const withSim: DashboardConfig = {
+      ...config,
+      baselines: [
+        ...config.baselines,
+        { policy: "goodput", workers: 3, workload: "multiturn", source: "sim", simulated: true, points: [60, 80, 100].map((c) => point(c, 450, 40)) },
+      ],
+    };
+    const levels = [
+      {
+        concurrency: 60,
+        arms: [
+          { name: "goodput", baseline: false, held_secs: 95, taken_unix_ms: 1, summary: arm("goodput", false, 300).window.summary },
+          { name: "round_robin", baseline: true, held_secs: 95, taken_unix_ms: 1, summary: arm("round_robin", true, 600).window.summary },
+        ],
+      },
+    ];
+    const live = stats({ arms: [arm("goodput", false, 400), arm("round_robin", true, 800)] });
+    render(<ComparisonTable stats={live} config={withSim} levels={levels} />);
+    const rows = screen.getAllByTestId("comparison-row");
+    expect(rows.length).toBe(7);
+    // 60: both live; 300 against 600 ms.
+    expect(rows[0].textContent).toContain("+50.0%");
+    expect(rows[0].textContent).toContain("live");
+    // 80: round-robin recorded 900, goodput simulated 450.
+    expect(rows[1].textContent).toContain("900 ms");
+    expect(rows[1].textContent).toContain("simulated");
+    // 120: nothing for either side.
+    expect(rows[3].textContent).toContain("—");
+    expect(screen.getAllByTestId("save-baseline").length).toBe(2);
+  });
+});
+
+describe("the live chart", () => {
+  it("keeps its axis labels inside the drawing", async () => {
+    const { LiveChart, tickLabel, labelPad } = await import("../components/LiveChart");
+    expect(tickLabel(17566)).toBe("18k");
+    expect(tickLabel(1250)).toBe("1.3k");
+    expect(tickLabel(720)).toBe("720");
+    // The label's width fits left of the axis.
+    expect(labelPad("1.3k")).toBeGreaterThanOrEqual(4 * 6 + 4);
+    render(
+      <LiveChart
+        title="TTFT"
+        limit={600}
+        unit="ms"
+        series={[
+          { name: "a", className: "series", points: [{ t: 0, v: 17566 }, { t: 1000, v: 100 }] },
+          { name: "b", className: "series-baseline", points: [{ t: 0, v: 10 }] },
+        ]}
+      />,
+    );
+    expect(screen.getByTestId("y-top").textContent).toBe("18k");
+    expect(Number(screen.getByTestId("y-top").getAttribute("x"))).toBeGreaterThanOrEqual(24);
+    expect(screen.getByTestId("line-b")).toBeTruthy();
+  });
+});
+
+describe("offline", () => {
+  it("says in words that the load generator does not answer", async () => {
+    const { humanError } = await import("../api");
+    expect(humanError(new TypeError("Failed to fetch"))).toMatch(/does not answer/);
+    expect(humanError(new TypeError("Failed to fetch"))).not.toMatch(/TypeError/);
   });
 });
 
@@ -109,7 +202,7 @@ describe("worker cards", () => {
 
 describe("worker accuracy", () => {
   const card = (accuracy: AccuracyCard | null) => ({
-    name: "w1", url: "http://w1", up: true, inflight: 0, index_blocks: 10, kv_usage: 0.1, busy: 0.2,
+    name: "w1", url: "http://w1", up: true, engine: "vLLM", model: "llama", inflight: 0, index_blocks: 10, kv_usage: 0.1, busy: 0.2,
     queue_time_secs: 0, running: 0, waiting: 0, cache_state: "exact", accuracy,
   });
   it("shows the share of exact predictions, the error and a degraded verdict", () => {
@@ -121,6 +214,7 @@ describe("worker accuracy", () => {
     const cell = screen.getByTestId("prediction-accuracy");
     expect(cell.textContent).toContain("over predicting");
     expect(cell.className).toBe("slo-bad");
+    expect(screen.getByTestId("worker-engine").textContent).toBe("vLLM · llama");
   });
 });
 
