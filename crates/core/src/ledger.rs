@@ -223,9 +223,11 @@ const SERVICE_ALPHA: f64 = 1.0 / 32.0;
 /// A worker's learned speeds are stale once this many bookings per worker went elsewhere
 /// since its last first token: routing then sees none (policies use the fleet's figures for
 /// it), and its prefill fit starts afresh at its next first token. A worker that looked slow
-/// from a few bad samples (a cold start) is otherwise never chosen again, so never measured
-/// again.
-pub const STALE_PER_WORKER: u64 = 256;
+/// from a few bad samples (a cold start, a burst whose shared prefixes bend the fit) is
+/// otherwise not chosen again, so not measured again, while the others sit at their batch
+/// limit. A worker takes one booking in N when the load is spread; going 4N without a first
+/// token means it is being avoided, and its figures are re-measured (exploration).
+pub const STALE_PER_WORKER: u64 = 4;
 
 impl LoadLedger {
     /// An empty ledger for blocks of `block_size` tokens.

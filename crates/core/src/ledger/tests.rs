@@ -214,7 +214,7 @@ fn decode_speed_is_learned_from_finished_requests_against_their_batch() {
 #[test]
 fn a_worker_that_looked_slow_is_measured_again_after_the_others_took_its_share() {
     // Worker 1's first requests were slow (a cold start: 0.25 s overhead); then every
-    // request goes to worker 2. Past 256 bookings per worker elsewhere its old figures are
+    // request goes to worker 2. Past `STALE_PER_WORKER` bookings per worker elsewhere its old figures are
     // no longer routed on, and its next first token starts its fit afresh.
     let mut l = ledger();
     let at = |ms: u64| Time::from_millis(ms);
@@ -247,14 +247,18 @@ fn a_worker_that_looked_slow_is_measured_again_after_the_others_took_its_share()
     }
     let slow = |l: &LoadLedger| l.views().next().unwrap().prefill;
     assert!(slow(&l).is_some());
-    for i in 0..512 {
+    let limit = STALE_PER_WORKER * 2;
+    for i in 0..limit {
         serve(&mut l, 2, 1_000, 20, 100_000 + 100 * i);
     }
-    assert!(slow(&l).is_some(), "512 bookings elsewhere: still fresh");
+    assert!(
+        slow(&l).is_some(),
+        "{limit} bookings elsewhere: still fresh"
+    );
     serve(&mut l, 2, 1_000, 20, 200_000);
     assert!(
         slow(&l).is_none(),
-        "513: stale, the fleet's figures stand in"
+        "{limit} + 1: stale, the fleet's figures stand in"
     );
     // Sent work again, it is measured afresh: its new speed alone counts.
     serve(&mut l, 1, 1_000, 20, 300_000);
