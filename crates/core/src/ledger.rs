@@ -162,6 +162,9 @@ struct WorkerState {
     sums: Sums,
     /// The ledger's booking count at this worker's last first token (see [`STALE_PER_WORKER`]).
     sampled_at: u64,
+    /// Work was booked here while its figures were stale: the next first token starts the
+    /// prefill fit afresh.
+    refit: bool,
     decode: DecodeFit,
     /// Exponentially weighted mean of output tokens.
     output_tokens: Option<f64>,
@@ -223,11 +226,17 @@ const SERVICE_ALPHA: f64 = 1.0 / 32.0;
 /// A worker's learned speeds are stale once this many bookings per worker went elsewhere
 /// since its last first token: routing then sees none (policies use the fleet's figures for
 /// it), and its prefill fit starts afresh at its next first token. A worker that looked slow
-/// from a few bad samples (a cold start, a burst whose shared prefixes bend the fit) is
-/// otherwise not chosen again, so not measured again, while the others sit at their batch
-/// limit. A worker takes one booking in N when the load is spread; going 4N without a first
-/// token means it is being avoided, and its figures are re-measured (exploration).
-pub const STALE_PER_WORKER: u64 = 4;
+/// from a few bad samples (a cold start) is otherwise never chosen again, so never measured
+/// again.
+pub const STALE_PER_WORKER: u64 = 256;
+
+/// The same for a worker with nothing in flight: its figures are stale after this many
+/// bookings per worker elsewhere. A worker takes about one booking in N while the load is
+/// spread; one left idle for 4N while the others take the load is being avoided on figures
+/// that nothing corrects (after a cold burst whose shared prefixes bent every worker's fit,
+/// the one that came out a little slower sat idle while the others were at their batch
+/// limit), and measuring it again costs nothing of its own.
+pub const IDLE_STALE_PER_WORKER: u64 = 4;
 
 impl LoadLedger {
     /// An empty ledger for blocks of `block_size` tokens.
@@ -304,9 +313,15 @@ impl LoadLedger {
         })
     }
 
-    /// Whether a worker's learned speeds are too old to route on ([`STALE_PER_WORKER`]).
+    /// Whether a worker's learned speeds are too old to route on ([`STALE_PER_WORKER`],
+    /// [`IDLE_STALE_PER_WORKER`] while it has nothing in flight).
     fn is_stale(&self, w: &WorkerState) -> bool {
-        let limit = STALE_PER_WORKER.saturating_mul(self.workers.len() as u64);
+        let per_worker = if w.load.inflight == 0 {
+            IDLE_STALE_PER_WORKER
+        } else {
+            STALE_PER_WORKER
+        };
+        let limit = per_worker.saturating_mul(self.workers.len() as u64);
         self.bookings.saturating_sub(w.sampled_at) > limit
     }
 
@@ -358,6 +373,10 @@ impl LoadLedger {
     /// Books a request on its worker at `now`.
     pub fn book(&mut self, b: &Booking<'_>, now: Time) -> Result<(), LedgerError> {
         self.check_booking(b.request, b.worker)?;
+        let stale = self
+            .workers
+            .get(&b.worker)
+            .is_some_and(|w| self.is_stale(w));
         let w = self
             .workers
             .get_mut(&b.worker)
@@ -377,6 +396,8 @@ impl LoadLedger {
             }
         }
         let partial_block = b.prompt_tokens > full * self.block_size;
+        // Sent work on stale figures: its next first token starts the fit afresh.
+        w.refit |= stale;
         self.bookings += 1;
         w.advance(now);
         w.partial_blocks += u64::from(partial_block);
@@ -420,7 +441,9 @@ impl LoadLedger {
             .filter(|w| w.generation == r.generation)
         {
             w.load.prefill_tokens = w.load.prefill_tokens.saturating_sub(r.prefill_tokens);
-            if self.bookings.saturating_sub(w.sampled_at) > stale_limit {
+            if std::mem::take(&mut w.refit)
+                || self.bookings.saturating_sub(w.sampled_at) > stale_limit
+            {
                 // What was learned is too old to correct: start afresh.
                 w.fit = PrefillFit::default();
             }

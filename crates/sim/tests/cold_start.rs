@@ -5,8 +5,9 @@
 //! leaves each worker with prefill figures learned from the same few seconds (bent by the
 //! prefixes the burst shares); the worker whose figures came out a little slower got no
 //! request for seconds (so no sample to correct them) while the others sat at their batch
-//! limit, until its figures went stale (`kvroute_core::ledger::STALE_PER_WORKER`, then 256
-//! bookings per worker elsewhere, now 4). Checked from the records: per worker, the requests dispatched (admission `none`:
+//! limit, until its figures went stale after 256 bookings per worker elsewhere
+//! (`kvroute_core::ledger::STALE_PER_WORKER`; an idle worker's now go stale after 4,
+//! `IDLE_STALE_PER_WORKER`). Checked from the records: per worker, the requests dispatched (admission `none`:
 //! at arrival) and not finished.
 
 use kvroute_core::admission::AdmissionMode;

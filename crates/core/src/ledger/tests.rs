@@ -214,8 +214,8 @@ fn decode_speed_is_learned_from_finished_requests_against_their_batch() {
 #[test]
 fn a_worker_that_looked_slow_is_measured_again_after_the_others_took_its_share() {
     // Worker 1's first requests were slow (a cold start: 0.25 s overhead); then every
-    // request goes to worker 2. Past `STALE_PER_WORKER` bookings per worker elsewhere its old figures are
-    // no longer routed on, and its next first token starts its fit afresh.
+    // request goes to worker 2. Past `STALE_PER_WORKER` bookings per worker elsewhere its
+    // old figures are no longer routed on, and its next first token starts its fit afresh.
     let mut l = ledger();
     let at = |ms: u64| Time::from_millis(ms);
     let mut id = 0;
@@ -236,6 +236,18 @@ fn a_worker_that_looked_slow_is_measured_again_after_the_others_took_its_share()
         l.first_token(RequestId(id), at(t + ttft_ms)).unwrap();
         l.finish(RequestId(id), at(t + ttft_ms + 10)).unwrap();
     };
+    // Worker 1 keeps a request in flight (an idle worker goes stale sooner: below).
+    l.book(
+        &Booking {
+            request: RequestId(1_000_000),
+            worker: WorkerId(1),
+            prompt_tokens: 16,
+            cached_tokens: 16,
+            blocks: &seqs(&[7]),
+        },
+        at(0),
+    )
+    .unwrap();
     for i in 0..10 {
         serve(
             &mut l,
@@ -262,6 +274,79 @@ fn a_worker_that_looked_slow_is_measured_again_after_the_others_took_its_share()
     );
     // Sent work again, it is measured afresh: its new speed alone counts.
     serve(&mut l, 1, 1_000, 20, 300_000);
+    let e = slow(&l).expect("measured again");
+    assert!((e.ttft_secs(1_000.0) - 0.020).abs() < 1e-3, "{e:?}");
+}
+
+#[test]
+fn an_idle_worker_avoided_on_its_figures_is_measured_again_soon() {
+    // Worker 1 looked slow and has nothing in flight; every request goes to worker 2. Past
+    // `IDLE_STALE_PER_WORKER` bookings per worker elsewhere its figures are set aside.
+    let mut l = ledger();
+    let at = |ms: u64| Time::from_millis(ms);
+    for i in 0..11u64 {
+        let w = if i < 10 { 1 } else { 2 };
+        l.book(
+            &Booking {
+                request: RequestId(i),
+                worker: WorkerId(w),
+                prompt_tokens: 1_000 + 100 * i as usize,
+                cached_tokens: 0,
+                blocks: &seqs(&[i * 100]),
+            },
+            at(1_000 * i),
+        )
+        .unwrap();
+        l.first_token(RequestId(i), at(1_000 * i + 250)).unwrap();
+        if w == 1 {
+            l.finish(RequestId(i), at(1_000 * i + 260)).unwrap();
+        }
+    }
+    // Request 10 stays in flight on worker 2; its booking was the first elsewhere.
+    let slow = |l: &LoadLedger| l.views().next().unwrap().prefill;
+    let limit = IDLE_STALE_PER_WORKER * 2;
+    for i in 11..10 + limit {
+        l.book(
+            &Booking {
+                request: RequestId(i),
+                worker: WorkerId(2),
+                prompt_tokens: 1_000,
+                cached_tokens: 0,
+                blocks: &seqs(&[i * 100]),
+            },
+            at(1_000 * i),
+        )
+        .unwrap();
+    }
+    assert!(
+        slow(&l).is_some(),
+        "{limit} bookings elsewhere: still fresh"
+    );
+    l.book(
+        &Booking {
+            request: RequestId(100),
+            worker: WorkerId(2),
+            prompt_tokens: 1_000,
+            cached_tokens: 0,
+            blocks: &seqs(&[100 * 100]),
+        },
+        at(100_000),
+    )
+    .unwrap();
+    assert!(slow(&l).is_none(), "{limit} + 1 while idle: stale");
+    // Sent work, it is measured afresh: its new speed alone counts.
+    l.book(
+        &Booking {
+            request: RequestId(101),
+            worker: WorkerId(1),
+            prompt_tokens: 1_000,
+            cached_tokens: 0,
+            blocks: &seqs(&[101 * 100]),
+        },
+        at(101_000),
+    )
+    .unwrap();
+    l.first_token(RequestId(101), at(101_020)).unwrap();
     let e = slow(&l).expect("measured again");
     assert!((e.ttft_secs(1_000.0) - 0.020).abs() < 1e-3, "{e:?}");
 }
