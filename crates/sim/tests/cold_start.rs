@@ -7,8 +7,8 @@
 //! request for seconds (so no sample to correct them) while the others sat at their batch
 //! limit, until its figures went stale after 256 bookings per worker elsewhere
 //! (`kvroute_core::ledger::STALE_PER_WORKER`; an idle worker's now go stale after 4,
-//! `IDLE_STALE_PER_WORKER`). Checked from the records: per worker, the requests dispatched (admission `none`:
-//! at arrival) and not finished.
+//! `IDLE_STALE_PER_WORKER`). Checked from the records: per worker, the requests dispatched
+//! (admission `none`: at arrival) and not finished.
 
 use kvroute_core::admission::AdmissionMode;
 use kvroute_core::PolicyKind;
