@@ -62,7 +62,12 @@ const MAX_REPEATS: usize = 100;
 
 /// Runs the sweep and writes the report.
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let sweep = args.sweep.with_reference_run();
+    let mut sweep = args.sweep.with_reference_run();
+    // Live, the demo's fleet unless told otherwise: its engine profile (and, by default, its
+    // worker count), so a live bench measures what the demo shows.
+    if !args.sim && args.target.is_none() && sweep.profile.is_none() {
+        sweep.profile = Some(crate::demo::DEMO_PROFILE.to_string());
+    }
     let prepared = prepare(&sweep)?;
     let a = &BenchArgs {
         sweep: sweep.with_reference_window(&prepared.load),
@@ -195,11 +200,11 @@ fn info(a: &BenchArgs, p: &Prepared, live: bool) -> SweepInfo {
         (Some(t), _) => format!("live, endpoint {t}"),
         (None, true) => format!(
             "live: a fresh in-process gateway and simulated workers per cell, profile `{}`, workers at {}x",
-            s.profile, a.worker_speedup
+            s.profile(), a.worker_speedup
         ),
         (None, false) => format!(
             "fleet simulator, profile `{}`{}, admission `{:?}`, KV event delay {} ms{}",
-            s.profile,
+            s.profile(),
             s.block_size
                 .map_or(String::new(), |b| format!(", block size {b}")),
             s.admission,
@@ -298,7 +303,7 @@ async fn run_live(
                 port: 0,
                 workers,
                 worker_port: 0,
-                profile: s.profile.clone(),
+                profile: s.profile().to_string(),
                 speedup: a.worker_speedup,
                 policy,
                 tokenizer: "builtin".into(),
@@ -338,6 +343,10 @@ async fn run_live(
         Load::Rate(r) => config.rate = Some(r),
         Load::Concurrency(c) => config.concurrency = c,
         Load::Speedup(_) => {}
+    }
+    if a.target.is_none() {
+        // The demo's fleet: the demo's conversations, sized in tokens as the simulator's.
+        config.chat = crate::demo::demo_chat(&kvroute_preprocess::Preprocessor::builtin())?;
     }
     config.chat.max_tokens = a.max_tokens;
     config.synthetic.max_tokens = a.max_tokens;

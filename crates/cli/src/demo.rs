@@ -148,6 +148,20 @@ const DEMO_REFERENCES: [&str; 2] = [
     include_str!("../../../deploy/baselines/demo-goodput-w3.json"),
 ];
 
+/// The demo's conversations: the reference's shape in tokens (the simulator's
+/// `MultiTurnConfig`: starters of 3,500-4,000 tokens, questions of 20-60, 3-5 turns of 830
+/// output tokens), in as many words as the fleet's tokenizer needs for those tokens (measured
+/// on the generator's own text), so the live fleets carry the load the simulator predicts.
+pub fn demo_chat(pre: &Preprocessor) -> Result<kvroute_workload::ChatConfig> {
+    let base = kvroute_workload::ChatConfig::default();
+    let (text, words) = base.sample(0).map_err(anyhow::Error::msg)?;
+    let tokens = pre
+        .encode(&text)
+        .context("measuring the tokenizer's tokens per word")?;
+    let ratio = tokens.len() as f64 / words.max(1) as f64;
+    Ok(base.sized_like(&kvroute_workload::MultiTurnConfig::default(), ratio))
+}
+
 /// The tokenizer `builtin` or in a directory.
 pub fn preprocessor(spec: &str) -> Result<Preprocessor> {
     Ok(match spec {
@@ -445,9 +459,10 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
             None => None,
         };
         let url = fleet.gateway.url();
-        let arms_line = |f: &Fleet, a: &DemoArgs| {
+        // The first arm's lines as a single-fleet demo printed them (scripts read them).
+        let arms_line = |f: &Fleet, a: &DemoArgs, what: &str| {
             println!(
-                "  gateway {} (policy {}): {} simulated workers ({}, {}x real time)",
+                "kvroute demo: {what}gateway {} (policy {}), {} simulated workers ({}, {}x real time)",
                 f.gateway.url(),
                 a.policy.as_str(),
                 f.workers.len(),
@@ -455,16 +470,16 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
                 a.speedup
             );
             for w in &f.workers {
-                println!("    {} at {}", w.name(), w.url());
+                println!("  {} at {}", w.name(), w.url());
             }
             for g in &f.replicas {
-                println!("    gateway replica {} (load shared over NATS)", g.url());
+                println!("  gateway replica {} (load shared over NATS)", g.url());
             }
         };
-        println!("kvroute demo: a live A/B of identical fleets");
-        arms_line(&fleet, &args);
+        arms_line(&fleet, &args, "");
         if let (Some(f), Some(b)) = (&base_fleet, &baseline) {
-            arms_line(f, b);
+            arms_line(f, b, "baseline ");
+            println!("  the two fleets are identical but for their policy and get the same conversations");
         }
         if let Some(p) = &fleet.gateway.state().config().plane {
             println!("  event plane: {}", p.url);
@@ -490,6 +505,7 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
                 conversations: u64::MAX,
                 // A cold fleet would otherwise see every first turn at once.
                 ramp_secs: 10.0,
+                chat: demo_chat(&preprocessor(&args.tokenizer)?)?,
                 ..kvroute_loadgen::LoadgenConfig::default()
             };
             if let Some(n) = cmd.max_conversations {

@@ -37,9 +37,10 @@ pub struct SimulateArgs {
         default_value = "round_robin,kv,predictive,goodput"
     )]
     pub(crate) policy: Vec<PolicyKind>,
-    /// Engine profile (see `kvroute profiles`).
-    #[arg(long, default_value = "mocker-poly")]
-    pub(crate) profile: String,
+    /// Engine profile (see `kvroute profiles`) [default: mocker-poly; a live `kvroute bench`:
+    /// the demo's fleet, `demo`].
+    #[arg(long)]
+    pub(crate) profile: Option<String>,
     /// KV block size in tokens (default: the profile's; same KV memory).
     #[arg(long)]
     pub(crate) block_size: Option<usize>,
@@ -135,6 +136,11 @@ pub struct SimulateArgs {
 }
 
 impl SimulateArgs {
+    /// The engine profile: the one given, else the simulator's default.
+    pub(crate) fn profile(&self) -> &str {
+        self.profile.as_deref().unwrap_or(DEFAULT_PROFILE)
+    }
+
     /// Seconds over which closed-loop clients start.
     pub(crate) fn ramp(&self) -> f64 {
         self.ramp_secs.unwrap_or(0.0)
@@ -259,7 +265,7 @@ pub(crate) fn prepare(a: &SimulateArgs) -> Result<Prepared> {
     if !a.rate.is_empty() && a.duration_secs.is_none() && a.limit.is_none() {
         bail!("an open loop (--rate) needs --duration-secs or --limit to end");
     }
-    let profile = Profile::builtin(&a.profile)?;
+    let profile = Profile::builtin(a.profile())?;
     let load = match a.workload.split_once(':') {
         Some(("mooncake", path)) => {
             let opts = TraceOptions {
@@ -415,7 +421,7 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
     if let Some(dir) = &a.out {
         let report = format!(
             "# kvroute simulate\n\nworkload `{}`, profile `{}`, admission `{:?}`, seed {}, KV event delay {} ms{}\n\n{table}\n## Over time (requests by arrival decile)\n{over_time}",
-            a.workload, a.profile, a.admission, a.seed, a.kv_event_delay_ms, tiers_label(a)
+            a.workload, a.profile(), a.admission, a.seed, a.kv_event_delay_ms, tiers_label(a)
         );
         let file = dir.join("report.md");
         std::fs::write(&file, report).with_context(|| format!("writing {}", file.display()))?;
@@ -534,6 +540,9 @@ fn closed_loop_requests(a: &SimulateArgs, clients: usize) -> usize {
     }
 }
 
+/// The simulator's engine profile when none is given (a live bench runs the demo's instead).
+pub(crate) const DEFAULT_PROFILE: &str = "mocker-poly";
+
 /// The simulator's configuration of one cell.
 pub(crate) fn sim_config(
     a: &SimulateArgs,
@@ -557,7 +566,7 @@ pub(crate) fn sim_config(
     if let Some(t) = a.host_load_secs_per_token {
         engine.host_load_secs_per_token = t;
     }
-    let mut cfg = SimConfig::for_profile(&a.profile, workers)?;
+    let mut cfg = SimConfig::for_profile(a.profile(), workers)?;
     cfg.engine = engine;
     cfg.router.block_size = bs;
     cfg.router.seed = seed;

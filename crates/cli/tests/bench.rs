@@ -131,6 +131,68 @@ fn live_sweep_runs_fresh_fleets_and_kv_reuses_the_cache() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The demo's fleet, in the simulator on the demo's engine profile: at the slider's low end
+/// both policies meet the objectives, round-robin leaves them first, and the default policy
+/// holds to the slider's top (the claim the dashboard shows live; docs/dashboard.md).
+#[test]
+fn the_demo_fleet_shows_round_robin_leaving_the_objectives_first() {
+    let dir = temp_dir("bench-demo-fleet");
+    kvroute_ok(&[
+        "bench",
+        "--sim",
+        "--profile",
+        "demo",
+        "--workers",
+        "3",
+        "--policy",
+        "round_robin,goodput",
+        "--concurrency",
+        "60,120,160,180",
+        "--ramp-secs",
+        "30",
+        "--warmup-secs",
+        "60",
+        "--duration-secs",
+        "300",
+        "--repeats",
+        "2",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    let sweep = read_sweep(&dir);
+    let meets = |policy: &str, level: u64| {
+        let c = sweep["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["policy"] == policy && c["load"]["concurrency"] == level)
+            .unwrap_or_else(|| panic!("no cell {policy} at {level}"));
+        let m = &c["metrics"];
+        let (ttft, tpot) = (
+            m["ttft_all_p95_ms"].as_f64().unwrap_or(f64::INFINITY),
+            m["tpot_p95_ms"].as_f64().unwrap(),
+        );
+        (
+            ttft <= 600.0 && tpot <= 60.0,
+            format!("{policy} at {level}: TTFT p95 {ttft:.0} ms, TPOT p95 {tpot:.1} ms"),
+        )
+    };
+    for (policy, level, expected) in [
+        ("round_robin", 60, true),
+        ("goodput", 60, true),
+        ("round_robin", 160, false),
+        ("round_robin", 180, false),
+        ("goodput", 160, true),
+        ("goodput", 180, true),
+    ] {
+        let (ok, figures) = meets(policy, level);
+        assert_eq!(ok, expected, "{figures}");
+    }
+    let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(report.contains("| goodput | 180 |"), "{report}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn rate_sweeps_run_open_loops_in_the_simulator_and_live() {
     let dir = temp_dir("bench-rate");

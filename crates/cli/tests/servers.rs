@@ -181,3 +181,75 @@ async fn loadgen_serves_its_control_api_until_ctrl_c() {
     assert!(loadgen.interrupt(), "loadgen did not stop cleanly");
     assert!(demo.interrupt(), "the demo did not stop cleanly");
 }
+
+/// `kvroute demo --config FILE --admission MODE`: the demo's gateways start from a gateway
+/// config file (here: a worker is busy from its first request in flight) and the flag's
+/// admission mode wins over the file's (`shed`: a request finding every worker busy is
+/// refused at once, the load-shedding study's scenario); a config that cannot be read is
+/// said in words.
+#[tokio::test]
+async fn the_demo_takes_a_gateway_config_and_an_admission_mode() {
+    let dir = std::env::temp_dir().join(format!("kvroute-demo-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("gateway.toml");
+    std::fs::write(
+        &config,
+        "[router.admission]\nmode = \"queue\"\nbusy_batch_fraction = 0.01\n",
+    )
+    .unwrap();
+    let demo = Server::start(&[
+        "demo",
+        "--port",
+        "0",
+        "--no-ui",
+        "--workers",
+        "1",
+        "--baseline-policy",
+        "none",
+        "--speedup",
+        "2",
+        "--config",
+        config.to_str().unwrap(),
+        "--admission",
+        "shed",
+    ]);
+    let url = demo.value_after("gateway ");
+    let client = reqwest::Client::new();
+    let send = |max_tokens: u32| {
+        client
+            .post(format!("{url}/v1/chat/completions"))
+            .json(
+                &serde_json::json!({"model": "kvroute-sim", "max_tokens": max_tokens,
+                "messages": [{"role": "user", "content": "Hello!"}]}),
+            )
+            .timeout(Duration::from_secs(60))
+            .send()
+    };
+    let long = tokio::spawn(send(300));
+    let busy = eventually(Duration::from_secs(10), async || {
+        let v = get_json(&client, &format!("{url}/debug/workers")).await;
+        v["workers"][0]["load"]["inflight"].as_u64() == Some(1)
+    })
+    .await;
+    assert!(busy, "the long request did not start");
+    let refused = send(8).await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "all_workers_busy", "{body}");
+    assert_eq!(long.await.unwrap().unwrap().status(), 200);
+    assert!(demo.interrupt(), "the demo did not stop cleanly");
+    // A config file that is not there: a sentence and a failing exit, no panic.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(["demo", "--port", "0", "--no-ui", "--config"])
+        .arg(dir.join("missing.toml"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("missing.toml") && !err.contains("panicked"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -197,6 +197,40 @@ impl ChatConfig {
         }
         Ok(())
     }
+
+    /// The same conversations sized in tokens like the simulator's `m`, for a tokenizer
+    /// that makes `tokens_per_word` tokens of this generator's words: starters and
+    /// questions get the word counts whose token counts are `m`'s (so a live run and a
+    /// simulated one load a fleet alike); turns and answers are `m`'s.
+    pub fn sized_like(&self, m: &crate::MultiTurnConfig, tokens_per_word: f64) -> Self {
+        let words = |tokens: usize| {
+            if tokens_per_word.is_finite() && tokens_per_word > 0.0 {
+                ((tokens as f64 / tokens_per_word).round() as usize).max(1)
+            } else {
+                tokens.max(1)
+            }
+        };
+        Self {
+            starters: m.starters,
+            starter_min_words: words(m.starter_min_tokens),
+            starter_max_words: words(m.starter_max_tokens),
+            min_turns: m.min_turns,
+            max_turns: m.max_turns,
+            question_min_words: words(m.question_min_tokens),
+            question_max_words: words(m.question_max_tokens),
+            max_tokens: m.max_tokens,
+            ..self.clone()
+        }
+    }
+
+    /// A sample of this generator's text with its word count: the first starter, to measure
+    /// a tokenizer's tokens per word with.
+    pub fn sample(&self, seed: u64) -> Result<(String, usize), String> {
+        let w = ChatWorkload::new(self.clone(), seed)?;
+        let text = w.starters.first().cloned().unwrap_or_default();
+        let n = text.split_whitespace().count();
+        Ok((text, n))
+    }
 }
 
 /// A message of a conversation.
@@ -480,6 +514,27 @@ mod tests {
         assert_eq!(
             a2.messages.last().unwrap().content,
             b2.messages.last().unwrap().content
+        );
+    }
+
+    #[test]
+    fn conversations_sized_in_tokens_follow_the_simulators_shape() {
+        let m = crate::MultiTurnConfig::default();
+        let c = ChatConfig::default().sized_like(&m, 2.0);
+        assert_eq!((c.starter_min_words, c.starter_max_words), (1_750, 2_000));
+        assert_eq!((c.question_min_words, c.question_max_words), (10, 30));
+        assert_eq!(
+            (c.min_turns, c.max_turns, c.max_tokens),
+            (m.min_turns, m.max_turns, m.max_tokens)
+        );
+        assert!(c.validate().is_ok());
+        // A useless ratio leaves tokens as words, never zero.
+        let d = ChatConfig::default().sized_like(&m, 0.0);
+        assert_eq!(d.starter_min_words, m.starter_min_tokens);
+        let (text, n) = c.sample(1).unwrap();
+        assert!(
+            text.starts_with("Document 0.") && (1_750..=2_002).contains(&n),
+            "{n}"
         );
     }
 }

@@ -3,6 +3,7 @@
 mod accuracy;
 mod admission;
 mod auth;
+mod cold_start;
 mod engines;
 mod epp;
 mod events;
