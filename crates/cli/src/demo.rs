@@ -383,7 +383,7 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
         };
         if let Some(arm) = &args.arm {
             plane.stream = format!("{}_{arm}", plane.stream);
-            plane.prefix = format!("{}.{arm}", plane.prefix);
+            plane.prefix = format!("{}_{arm}", plane.prefix);
             plane.snapshot_bucket = format!("{}_{arm}", plane.snapshot_bucket);
         }
         config.plane = Some(plane);
