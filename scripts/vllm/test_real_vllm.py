@@ -15,7 +15,8 @@ tokens) of the reported figure. Scenarios:
 
   b. a conversation begun on engine 1 before the gateway starts is known after catch-up, and
      the engine's capacity is learned from its `vllm:cache_config_info`;
-  a. multi-turn conversations: no failure, no 499, every KV event applied, predictions right;
+  a. multi-turn conversations: no failure, no 499, every KV event applied, predictions right
+     (and most follow-ups sent where their prefix is: the policy weighs speed too);
   f. the same block-aligned prompt sent again: predicted exactly as the engine counts it (a
      full hit stops at prompt length - 1, so one block less than the prompt);
   c. engine 1 stalled 7 s (SIGSTOP/SIGCONT of its whole process group): index kept, and
@@ -480,9 +481,20 @@ class Run:
                f"to a worker without their prefix, predicted 0 == reported 0; "
                f"{len(misses) - len(moved_away)} mispredicted or failed: "
                f"{[self.fig(t) for t in misses if t not in moved_away][:4]})")
-        pct = 100.0 * len(good) / len(follow) if follow else 0.0
+        # Predictions are judged on every follow-up: one the policy sent to a worker without
+        # its prefix is predicted right when the gateway said 0 and the engine found 0. The
+        # policy weighs learned speeds too: on this tiny CPU model a 1,000-token prefill takes
+        # ~20 ms, less than the noise between two engines' decode estimates after a few
+        # 16-token answers, so it moves some follow-ups (4-5 of 48 in three runs of 2026-11-27);
+        # most must still land on their prefix, or the figures above would test nothing.
+        close = [t for t in follow if t.close]
+        pct = 100.0 * len(close) / len(follow) if follow else 0.0
         r.check(follow and pct >= 95.0,
-                f"follow-ups predicted right (within {BLOCK}) with both > 0: {len(good)}/{len(follow)} ({pct:.1f}%, need >= 95%)")
+                f"follow-ups predicted right (within {BLOCK}): {len(close)}/{len(follow)} ({pct:.1f}%, need >= 95%)")
+        pct_hit = 100.0 * len(good) / len(follow) if follow else 0.0
+        r.check(follow and pct_hit >= 75.0,
+                f"follow-ups sent where their prefix is, predicted right with both > 0: {len(good)}/{len(follow)} "
+                f"({pct_hit:.1f}%, need >= 75%)")
 
     def fig(self, t):
         s = t.fig()
