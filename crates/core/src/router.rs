@@ -359,6 +359,12 @@ impl Router {
         capacity: WorkerCapacity,
         tracking: Tracking,
     ) -> Result<(), RouteError> {
+        // `max_workers` counts every worker, however tracked (the approximate index has no
+        // limit of its own).
+        let limit = self.config.max_workers;
+        if self.ledger.capacity(worker).is_none() && self.ledger.worker_count() >= limit {
+            return Err(IndexError::TooManyWorkers { worker, limit }.into());
+        }
         let was = self.approximate.contains(&worker);
         match tracking {
             Tracking::Events => {

@@ -181,29 +181,29 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
 
 async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
     let reports = gw.registry.reports();
-    let r = gw.router();
-    let list: Vec<serde_json::Value> = reports
-        .into_iter()
-        .map(|w| {
-            let id = kvroute_core::WorkerId(w.id);
-            let load = r.ledger().load(id);
-            let blocks = r.cached_blocks(id);
-            let offloaded = r.offloaded();
-            serde_json::json!({
-                "worker": w,
-                "load": load,
-                "index_blocks": blocks,
-                "index_evicted_blocks": crate::state::evicted_blocks(&r, id),
-                "offloaded_blocks": {
-                    "host": offloaded.block_count(id, kvroute_core::Tier::Host),
-                    "disk": offloaded.block_count(id, kvroute_core::Tier::Disk),
-                },
-                "prefill": r.ledger().prefill_estimate(id),
-                "capacity": r.ledger().capacity(id),
+    let list: Vec<serde_json::Value> = gw.table.read(|r| {
+        reports
+            .into_iter()
+            .map(|w| {
+                let id = kvroute_core::WorkerId(w.id);
+                let load = r.ledger().load(id);
+                let blocks = r.cached_blocks(id);
+                let offloaded = r.offloaded();
+                serde_json::json!({
+                    "worker": w,
+                    "load": load,
+                    "index_blocks": blocks,
+                    "index_evicted_blocks": crate::state::evicted_blocks(r, id),
+                    "offloaded_blocks": {
+                        "host": offloaded.block_count(id, kvroute_core::Tier::Host),
+                        "disk": offloaded.block_count(id, kvroute_core::Tier::Disk),
+                    },
+                    "prefill": r.ledger().prefill_estimate(id),
+                    "capacity": r.ledger().capacity(id),
+                })
             })
-        })
-        .collect();
-    drop(r);
+            .collect()
+    });
     Json(serde_json::json!({ "policy": gw.policy, "workers": list })).into_response()
 }
 
@@ -226,12 +226,16 @@ async fn debug_explain(State(gw): State<Arc<Gateway>>, req: Request) -> Response
         };
         let (_, view) = parse_request(endpoint, &body, gw.config.limits.max_prompt_tokens)?;
         let prep = prepare(&gw, &view, None).await?;
-        let r = gw.router();
-        let explanation = r.explain(&RouteRequest {
-            prompt: &prep.prompt,
-            session: prep.session,
-            queue: gw.queue_state(),
-            eligible: &kvroute_core::ANY_WORKER,
+        // The queue's size first, its lock let go: the router's is never held while the
+        // queue's is taken (admission takes them the other way round).
+        let queue = gw.queue_state();
+        let explanation = gw.table.read(|r| {
+            r.explain(&RouteRequest {
+                prompt: &prep.prompt,
+                session: prep.session,
+                queue,
+                eligible: &kvroute_core::ANY_WORKER,
+            })
         });
         Ok::<_, GatewayError>(explanation)
     }

@@ -113,12 +113,13 @@ pub fn learn(gw: &Gateway, url: &str, text: &str) -> bool {
             kv_blocks: Some(blocks),
             max_batch: gw.config.capacity_of(&w.spec).max_batch,
         };
-        let mut router = gw.router();
-        if let Some(tracking) = router.tracking(w.id) {
-            if router.add_worker_with(w.id, capacity, tracking).is_ok() {
-                learned = true;
-                tracing::info!(worker = %w.name, kv_blocks = blocks, "capacity learned from the engine's metrics");
-            }
+        let added = gw.table.update(|r| {
+            r.tracking(w.id)
+                .is_some_and(|t| r.add_worker_with(w.id, capacity, t).is_ok())
+        });
+        if added {
+            learned = true;
+            tracing::info!(worker = %w.name, kv_blocks = blocks, "capacity learned from the engine's metrics");
         }
     }
     learned

@@ -145,7 +145,9 @@ fn load_snapshot(gw: &Gateway, entry: &WorkerEntry, t: &mut Tracker, snap: Snaps
             block_hashes: names,
             sequence_hashes: seqs,
         });
-        if let Err(e) = gw.router().apply_event(entry.id, &ev) {
+        // The router's lock is let go before `clear` takes it again.
+        let applied = gw.table.update(|r| r.apply_event(entry.id, &ev));
+        if let Err(e) = applied {
             tracing::warn!(worker = %entry.name, error = %e, "snapshot refused; the index rebuilds from the replay");
             clear(gw, entry);
             return;
@@ -556,8 +558,7 @@ fn finish_sync(entry: &WorkerEntry, t: &mut Tracker, next: u64) {
 /// Drops the worker's index entries (its engine lost its cache).
 fn clear(gw: &Gateway, entry: &WorkerEntry) {
     entry.events.degraded.store(false, Ordering::Relaxed);
-    let mut r = gw.router();
-    r.clear_worker(entry.id);
+    gw.table.update(|r| r.clear_worker(entry.id));
     *entry
         .events
         .last_mark
@@ -686,8 +687,7 @@ fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
             }
         };
     };
-    {
-        let mut router = gw.router();
+    gw.table.update(|router| {
         // Under the router's lock: a snapshot taken under it pairs the index with its batch.
         *entry
             .events
@@ -710,9 +710,12 @@ fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
                 judged(i, router.apply_tier_event(entry.id, tier, kv));
             }
         }
-    }
+    });
     tracing::debug!(worker = %name, seq = batch.seq, events = batch.events.len(), ?results, "KV event batch applied");
     for (kind, result) in results {
         count(gw, name, kind, result);
     }
 }
+
+#[cfg(test)]
+mod tests;

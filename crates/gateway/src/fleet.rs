@@ -62,14 +62,15 @@ pub fn add(gw: &Arc<Gateway>, spec: WorkerSpec) -> Result<Vec<WorkerId>, FleetEr
     for r in &ranks {
         let entry = gw.registry.insert(r);
         let t = tracking_of(gw.preprocessor.is_approximate(), r, false);
-        if let Err(e) = gw
-            .router()
-            .add_worker_with(entry.id, gw.config.capacity_of(r), t)
-        {
+        // The router's lock is let go before the refusal is undone (it takes it again).
+        let added = gw
+            .table
+            .update(|router| router.add_worker_with(entry.id, gw.config.capacity_of(r), t));
+        if let Err(e) = added {
             for e in entries.iter().chain([&entry]) {
                 let e: &Arc<WorkerEntry> = e;
                 gw.registry.remove(e.id);
-                gw.router().remove_worker(e.id);
+                gw.table.update(|router| router.remove_worker(e.id));
             }
             return Err(e.into());
         }
@@ -84,7 +85,7 @@ pub fn add(gw: &Arc<Gateway>, spec: WorkerSpec) -> Result<Vec<WorkerId>, FleetEr
     for e in &entries {
         tracing::info!(worker = %e.name, id = e.id.0, url = %e.spec.url, "worker joined the fleet");
     }
-    gw.wake.notify_one();
+    gw.table.wake();
     Ok(entries.iter().map(|e| e.id).collect())
 }
 
@@ -95,11 +96,10 @@ pub fn remove(gw: &Arc<Gateway>, id: WorkerId) -> bool {
         return false;
     };
     entry.stop_tasks();
-    gw.router().remove_worker(id);
+    gw.table.update(|r| r.remove_worker(id));
     gw.metrics.forget_worker(&entry.name);
     tracing::info!(worker = %entry.name, id = id.0, "worker left the fleet");
-    gw.released();
-    gw.wake.notify_one();
+    gw.table.wake();
     true
 }
 
@@ -113,7 +113,7 @@ pub fn start_events(
 ) -> std::io::Result<()> {
     for (i, entry) in entries.iter().enumerate() {
         let w = &entry.spec;
-        if gw.router().tracking(entry.id) == Some(Tracking::Approximate) {
+        if gw.table.read(|r| r.tracking(entry.id)) == Some(Tracking::Approximate) {
             entry.set_cache_state(CacheState::Approximate);
             continue;
         }

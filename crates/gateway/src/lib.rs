@@ -26,6 +26,7 @@ mod proxy;
 pub mod registry;
 mod routing;
 mod state;
+mod table;
 
 pub use config::{ConfigError, GatewayConfig, WorkerSpec};
 pub use error::GatewayError;
@@ -162,7 +163,7 @@ async fn prune(gw: Arc<Gateway>) {
     loop {
         tick.tick().await;
         let now = gw.now();
-        gw.router().prune(now);
+        gw.table.update(|r| r.prune(now));
     }
 }
 

@@ -38,7 +38,7 @@ pub async fn prepare(
     if tokens.len() > limit {
         return Err(ApiError::prompt_too_long(tokens.len(), limit).into());
     }
-    let block_size = gw.router().block_size();
+    let block_size = gw.table.block_size();
     // Hashed as the engines key their caches: per LoRA adapter (a `model` naming one) and
     // per cache salt.
     let lora = gw.adapter_of(&view.model);
@@ -92,7 +92,8 @@ impl LedgerGuard {
             self.first_token = true;
             let now = self.gw.now();
             // The worker may have been taken out meanwhile: nothing left to release then.
-            let _ = self.gw.router().first_token(self.request, now);
+            let request = self.request;
+            let _ = self.gw.table.update(|r| r.first_token(request, now));
             self.gw.share(|| LoadOp::FirstToken {
                 req: self.request.0,
             });
@@ -104,10 +105,11 @@ impl LedgerGuard {
 impl Drop for LedgerGuard {
     fn drop(&mut self) {
         let now = self.gw.now();
-        let _ = match self.output_tokens {
-            Some(n) => self.gw.router().finish_with(self.request, now, n),
-            None => self.gw.router().finish(self.request, now),
-        };
+        let (request, output) = (self.request, self.output_tokens);
+        let _ = self.gw.table.update(|r| match output {
+            Some(n) => r.finish_with(request, now, n),
+            None => r.finish(request, now),
+        });
         self.gw.share(|| LoadOp::Finish {
             req: self.request.0,
             output_tokens: self.output_tokens,
@@ -128,9 +130,7 @@ pub async fn admit(
     explain: bool,
     started: Time,
 ) -> Result<(Selection, LedgerGuard, Option<Explanation>), GatewayError> {
-    let first = {
-        let mut q = gw.queue();
-        let mut r = gw.router();
+    let (first, wake) = gw.table.with_both(|q, r| {
         let request = RouteRequest {
             prompt: &prep.prompt,
             session: prep.session,
@@ -141,17 +141,25 @@ pub async fn admit(
         let routed = if q.holds(eligible) {
             Ok(None)
         } else {
-            queue::route_and_book(gw, &mut r, &request, explain)
+            queue::route_and_book(gw, r, &request, explain)
         };
         match routed {
-            Ok(None) => match queue::enqueue(gw, &mut q, &request, explain) {
-                Ok(waiting) => Err(waiting),
-                Err(reason) => Ok(Err(GatewayError::Rejected(reason))),
-            },
-            Ok(Some(a)) => Ok(Ok(a)),
-            Err(e) => Ok(Err(e)),
+            Ok(None) => {
+                // The queue's task sleeps without a deadline while the queue is empty: it
+                // must learn this one. (Later arrivals' deadlines are never earlier.)
+                let wake = q.is_empty();
+                match queue::enqueue(gw, q, &request, explain) {
+                    Ok(waiting) => (Err(waiting), wake),
+                    Err(reason) => (Ok(Err(GatewayError::Rejected(reason))), false),
+                }
+            }
+            Ok(Some(a)) => (Ok(Ok(a)), false),
+            Err(e) => (Ok(Err(e)), false),
         }
-    };
+    });
+    if wake {
+        gw.table.wake();
+    }
     let (result, queued) = match first {
         Ok(result) => (result, false),
         Err((place, answer)) => {

@@ -1,23 +1,24 @@
-//! The gateway's shared state: the router behind one lock, the worker registry, the
-//! preprocessor, the HTTP client, metrics, and the admission queue's bookkeeping.
+//! The gateway's shared state: the routing table (router and admission queue, locked
+//! inside it), the worker registry, the preprocessor, the HTTP client and metrics.
 
 use crate::clock::Clock;
 use crate::config::GatewayConfig;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::routing::queue::Waiter;
-use kvroute_core::{AdmissionQueue, QueueState, RequestId, Router, Time, WorkerId};
+use crate::table::RoutingTable;
+use kvroute_core::{QueueState, RequestId, Router, Time, WorkerId};
 use kvroute_preprocess::Preprocessor;
 use kvroute_protocol::openai::ModelCard;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, RwLock};
-use tokio::sync::Notify;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
 
 /// Shared by every handler and background task.
 pub struct Gateway {
     /// The settings.
     pub(crate) config: GatewayConfig,
-    router: Mutex<Router>,
+    /// The router and the requests waiting for a free worker.
+    pub(crate) table: RoutingTable<Waiter>,
     /// The workers.
     pub(crate) registry: Registry,
     /// Chat template and tokenizer (or approximate mode).
@@ -31,13 +32,6 @@ pub struct Gateway {
     /// Where the gateway's times come from.
     pub(crate) clock: Clock,
     next_request: AtomicU64,
-    /// Requests waiting for a free worker (locked before the router when both are).
-    queue: Mutex<AdmissionQueue<Waiter>>,
-    /// The queue's length, read without its lock by [`Gateway::released`].
-    queued: AtomicUsize,
-    /// Rings the queue's task (`routing::queue::drive`) when load is released or workers
-    /// change while requests wait.
-    pub(crate) wake: Notify,
     models: RwLock<Vec<String>>,
     adapters: RwLock<Vec<String>>,
     /// Where bookings go to the other replicas (set once, when the plane shares load).
@@ -62,19 +56,17 @@ impl Gateway {
         let registry = Registry::new(&config.workers);
         let models = config.models.clone();
         let adapters = config.lora_adapters.clone();
+        let table = RoutingTable::new(router, metrics.queued.clone());
         Self {
             policy: config.router.policy.kind.as_str(),
             config,
-            router: Mutex::new(router),
+            table,
             registry,
             preprocessor,
             client,
             metrics,
             clock,
             next_request: AtomicU64::new(1),
-            queue: Mutex::new(AdmissionQueue::new()),
-            queued: AtomicUsize::new(0),
-            wake: Notify::new(),
             models: RwLock::new(models),
             adapters: RwLock::new(adapters),
             load_share: std::sync::OnceLock::new(),
@@ -92,34 +84,15 @@ impl Gateway {
         RequestId(self.next_request.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// The router, locked. Hold it briefly: no awaits while it is held.
-    pub fn router(&self) -> MutexGuard<'_, Router> {
-        self.router.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The admission queue's size.
     pub fn queue_state(&self) -> QueueState {
-        self.queue().state()
-    }
-
-    /// The admission queue, locked. Lock it before the router when both are needed; drop no
-    /// booking while it is held.
-    pub fn queue(&self) -> MutexGuard<'_, AdmissionQueue<Waiter>> {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Publishes the size of `queue` (locked by the caller) after a change.
-    pub fn queue_changed(&self, queue: &AdmissionQueue<Waiter>) {
-        self.queued.store(queue.len(), Ordering::Release);
-        self.metrics.queued.set(queue.len() as i64);
+        self.table.queue_state()
     }
 
     /// Load was released or the fleet changed: the queue's task makes a pass when requests
     /// wait (only the requests that go are woken).
     pub fn released(&self) {
-        if self.queued.load(Ordering::Acquire) > 0 {
-            self.wake.notify_one();
-        }
+        self.table.released();
     }
 
     /// The key to send a worker: its own, else `upstream.api_key`.
@@ -278,7 +251,7 @@ impl Gateway {
             return;
         };
         if w.set_up(false) {
-            self.router().set_available(id, false);
+            self.table.update(|r| r.set_available(id, false));
             self.metrics.worker_up.with_label_values(&[&w.name]).set(0);
             tracing::warn!(worker = %w.name, reason = why, "worker taken out of routing (its index is kept)");
             self.released();
@@ -321,7 +294,7 @@ impl Gateway {
             return;
         };
         if w.set_up(true) {
-            self.router().set_available(id, true);
+            self.table.update(|r| r.set_available(id, true));
             self.metrics.worker_up.with_label_values(&[&w.name]).set(1);
             tracing::info!(worker = %w.name, "worker back in service");
             self.released();
@@ -330,16 +303,26 @@ impl Gateway {
 
     /// Drops every index entry of every worker (`POST /debug/reset`).
     pub fn reset_index(&self) {
-        let mut r = self.router();
-        for w in self.registry.all().iter() {
-            r.clear_worker(w.id);
-        }
+        let workers = self.registry.all();
+        self.table.update(|r| {
+            for w in workers.iter() {
+                r.clear_worker(w.id);
+            }
+        });
     }
 
     /// Copies the router's per-worker figures into the gauges (at scrape time).
     pub fn refresh_gauges(&self) {
-        let r = self.router();
-        for w in self.registry.all().iter() {
+        let workers = self.registry.all();
+        self.table.read(|r| self.refresh_gauges_from(r, &workers));
+    }
+
+    fn refresh_gauges_from(
+        &self,
+        r: &Router,
+        workers: &[std::sync::Arc<crate::registry::WorkerEntry>],
+    ) {
+        for w in workers {
             let load = r.ledger().load(w.id).unwrap_or_default();
             let labels = [w.name.as_str()];
             self.metrics
@@ -356,7 +339,7 @@ impl Gateway {
                 .with_label_values(&labels)
                 .set(i64::try_from(blocks).unwrap_or(i64::MAX));
             // Monotonic in the index (kept across clears): the counter follows it.
-            let evicted = evicted_blocks(&r, w.id);
+            let evicted = evicted_blocks(r, w.id);
             let counter = self.metrics.index_evicted.with_label_values(&labels);
             counter.inc_by(evicted.saturating_sub(counter.get()));
             for tier in kvroute_core::Tier::OFFLOADED {

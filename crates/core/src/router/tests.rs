@@ -565,3 +565,36 @@ fn a_dispatched_prompt_counts_as_cached_until_its_events_come_or_time_passes() {
     r.prune(Time::from_millis(5_300));
     assert_eq!(depth(&r)[1], (WorkerId(2), 0));
 }
+
+#[test]
+fn max_workers_counts_every_worker_however_tracked() {
+    let cfg = RouterConfig {
+        block_size: BS,
+        max_workers: 2,
+        ..RouterConfig::default()
+    };
+    let mut r = Router::new(cfg).unwrap();
+    let cap = WorkerCapacity::default();
+    r.add_worker_with(WorkerId(1), cap, Tracking::Approximate)
+        .unwrap();
+    r.add_worker_with(WorkerId(2), cap, Tracking::Events)
+        .unwrap();
+    // A third is refused, whichever way it would be tracked.
+    for tracking in [Tracking::Approximate, Tracking::Events] {
+        let err = r.add_worker_with(WorkerId(3), cap, tracking).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RouteError::Index(IndexError::TooManyWorkers { limit: 2, .. })
+            ),
+            "{err}"
+        );
+    }
+    // A known worker may change its tracking or capacity; one that left frees its place.
+    r.add_worker_with(WorkerId(1), cap, Tracking::Events)
+        .unwrap();
+    r.remove_worker(WorkerId(2));
+    r.add_worker_with(WorkerId(3), cap, Tracking::Approximate)
+        .unwrap();
+    assert_eq!(r.ledger().worker_count(), 2);
+}

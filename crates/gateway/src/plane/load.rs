@@ -194,9 +194,8 @@ async fn receive(gw: Arc<Gateway>, client: async_nats::Client, subject: String, 
                 .collect();
         }
         let (mut applied, mut unknown, mut refused) = (0, 0, 0);
-        let released = {
-            let now = gw.now();
-            let mut r = gw.router();
+        let now = gw.now();
+        let released = gw.table.update(|r| {
             let _ = r.peer_seen(m.replica, now);
             for op in &m.ops {
                 let ok = match op {
@@ -242,7 +241,7 @@ async fn receive(gw: Arc<Gateway>, client: async_nats::Client, subject: String, 
                 .as_ref()
                 .map_or(0, |l| r.peer_inflight(m.replica, l, now));
             listed > 0 || m.ops.iter().any(|o| !matches!(o, LoadOp::Dispatch { .. }))
-        };
+        });
         count("applied", applied);
         if unknown > 0 {
             count("unknown_worker", unknown);
@@ -262,7 +261,7 @@ async fn expire(gw: Arc<Gateway>, ttl_secs: f64) {
     loop {
         tick.tick().await;
         let now = gw.now();
-        let gone = gw.router().expire_peers(now, ttl_secs);
+        let gone = gw.table.update(|r| r.expire_peers(now, ttl_secs));
         if gone > 0 {
             tracing::warn!(
                 replicas = gone,

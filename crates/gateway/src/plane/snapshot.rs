@@ -65,13 +65,17 @@ pub fn start(
                 if !w.spec.events_from_plane() || w.cache_state() != CacheState::Exact {
                     continue;
                 }
-                let (mark, pairs) = {
-                    let r = gw.router();
+                let taken = gw.table.read(|r| {
                     let mark = *w.events.last_mark.lock().unwrap_or_else(|p| p.into_inner());
                     match mark {
-                        Some(m) if written.get(&w.name) != Some(&m) => (m, r.export_worker(w.id)),
-                        _ => continue,
+                        Some(m) if written.get(&w.name) != Some(&m) => {
+                            Some((m, r.export_worker(w.id)))
+                        }
+                        _ => None,
                     }
+                });
+                let Some((mark, pairs)) = taken else {
+                    continue;
                 };
                 let snap = Snapshot {
                     v: VERSION,

@@ -6,8 +6,8 @@
 //! a worker is handed its booking (a [`LedgerGuard`]) over a oneshot: only the requests that
 //! go are woken, never every waiter. A request whose client leaves takes itself out
 //! ([`Place`]); a booking sent to a request that left meanwhile is dropped with its channel,
-//! and so released. Locks: the queue's, then the router's, never the other way round; no
-//! booking is dropped while either is held.
+//! and so released. Both locks are the routing table's ([`crate::table::RoutingTable`]):
+//! the queue's, then the router's; no booking is dropped while either is held.
 
 use super::LedgerGuard;
 use crate::error::GatewayError;
@@ -50,17 +50,14 @@ pub struct Place {
 impl Drop for Place {
     fn drop(&mut self) {
         // The waiter (with its channel) is dropped after the lock is given back.
-        let _gone = {
-            let mut q = self.gw.queue();
-            let gone = q.remove(self.ticket);
-            self.gw.queue_changed(&q);
-            gone
-        };
+        let ticket = self.ticket;
+        let _gone = self.gw.table.with_queue(|q| q.remove(ticket));
     }
 }
 
 /// Puts a request that must wait into `queue` (locked by the caller, with the router):
-/// its place and the channel its answer comes on, or the reason it cannot wait.
+/// its place and the channel its answer comes on, or the reason it cannot wait. The caller
+/// wakes the queue's task, after the locks, when the queue was empty.
 pub fn enqueue(
     gw: &Arc<Gateway>,
     queue: &mut kvroute_core::AdmissionQueue<Waiter>,
@@ -76,7 +73,6 @@ pub fn enqueue(
     };
     let admission = &gw.config.router.admission;
     let tokens = request.prompt.tokens as u64;
-    let first = queue.is_empty();
     let ticket = queue
         .push(
             admission,
@@ -86,12 +82,6 @@ pub fn enqueue(
             waiter,
         )
         .map_err(|(reason, _)| reason)?;
-    gw.queue_changed(queue);
-    if first {
-        // The queue's task sleeps without a deadline: it must learn this one. (Later
-        // arrivals' deadlines are never earlier: every request waits as long.)
-        gw.wake.notify_one();
-    }
     let place = Place {
         gw: gw.clone(),
         ticket,
@@ -148,8 +138,7 @@ pub fn route_and_book(
 pub fn drain(gw: &Arc<Gateway>) -> Option<Time> {
     let now = gw.now();
     let mut answers: Vec<(oneshot::Sender<Answer>, Answer)> = Vec::new();
-    let next = {
-        let mut q = gw.queue();
+    let next = gw.table.with_both(|q, r| {
         for e in q.expire(now) {
             answers.push((
                 e.item.tx,
@@ -157,7 +146,6 @@ pub fn drain(gw: &Arc<Gateway>) -> Option<Time> {
             ));
         }
         if !q.is_empty() {
-            let mut r = gw.router();
             let mut pass = q.drain();
             while let Some(e) = pass.next() {
                 if e.item.tx.is_closed() {
@@ -170,16 +158,15 @@ pub fn drain(gw: &Arc<Gateway>) -> Option<Time> {
                     queue: pass.state(),
                     eligible: &e.eligible,
                 };
-                match route_and_book(gw, &mut r, &request, e.item.explain) {
+                match route_and_book(gw, r, &request, e.item.explain) {
                     Ok(None) => pass.wait(e),
                     Ok(Some(a)) => answers.push((e.item.tx, Ok(a))),
                     Err(err) => answers.push((e.item.tx, Err(err))),
                 }
             }
         }
-        gw.queue_changed(&q);
         q.next_deadline()
-    };
+    });
     for (tx, answer) in answers {
         // A booking whose request left is dropped here, outside the locks: released.
         let _ = tx.send(answer);
@@ -191,7 +178,7 @@ pub fn drain(gw: &Arc<Gateway>) -> Option<Time> {
 pub async fn drive(gw: Arc<Gateway>) {
     loop {
         let next = drain(&gw);
-        let rung = gw.wake.notified();
+        let rung = gw.table.rung();
         match next {
             Some(t) => {
                 tokio::select! {

@@ -72,6 +72,57 @@ async fn workers_join_and_leave_while_the_gateway_runs() {
     b.shutdown().await;
 }
 
+/// Runs `f` on a thread of its own (inside the runtime) and waits for it at most 20 s: a
+/// deadlock fails the test instead of hanging it (a stuck thread does not keep the test
+/// binary from ending).
+async fn within_20s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let handle = tokio::runtime::Handle::current();
+    std::thread::spawn(move || {
+        let _in_runtime = handle.enter();
+        let _ = tx.send(f());
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(20), rx)
+        .await
+        .expect("did not return within 20 s: a deadlock")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_the_router_refuses_is_turned_away_and_the_gateway_goes_on() {
+    // Issue 39: the refusal was undone while the router's lock of the `if let` that saw it
+    // was still held (a second lock of the same mutex, which never returns).
+    let a = worker("a").await;
+    let b = worker("b").await;
+    let mut cfg = config(&[&a], "round_robin");
+    cfg.router.max_workers = 1;
+    let gw = gateway(&[&a], cfg).await;
+    let url = gw.url();
+    let state = gw.state().clone();
+    let spec = WorkerSpec {
+        url: b.url(),
+        name: Some("b".into()),
+        ..WorkerSpec::default()
+    };
+    let refused = within_20s(move || fleet::add(&state, spec)).await;
+    assert!(
+        matches!(refused, Err(fleet::FleetError::Route(_))),
+        "{refused:?}"
+    );
+    // Nothing of b is left, and the gateway still serves.
+    assert_eq!(worker_names(&url).await, ["a"]);
+    let (status, w, _) = post(
+        &url,
+        "/v1/chat/completions",
+        &chat(&[("user", "still here")], false, 2),
+    )
+    .await;
+    assert_eq!((status, w.as_deref()), (200, Some("a")));
+    gw.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watched_file_brings_and_takes_workers() {
     let a = worker("a").await;

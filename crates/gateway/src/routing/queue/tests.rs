@@ -130,7 +130,11 @@ async fn requests_go_in_arrival_order_and_a_new_one_waits_behind_them() {
     let (_, guard, _) = Pin::new(&mut late).await.unwrap();
     assert_eq!(gw.queue_state().requests, 0);
     drop(guard);
-    assert_eq!(gw.router().ledger().inflight(), 0, "every booking released");
+    assert_eq!(
+        gw.table.read(|r| r.ledger().inflight()),
+        0,
+        "every booking released"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -182,9 +186,9 @@ async fn a_client_that_leaves_gives_its_place_back_and_the_next_one_goes() {
     drop(busy);
     let (_, guard, _) = staying.await.unwrap().unwrap();
     assert_eq!(gw.queue_state().requests, 0);
-    assert_eq!(gw.router().ledger().inflight(), 1);
+    assert_eq!(gw.table.read(|r| r.ledger().inflight()), 1);
     drop(guard);
-    assert_eq!(gw.router().ledger().inflight(), 0);
+    assert_eq!(gw.table.read(|r| r.ledger().inflight()), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -208,10 +212,10 @@ async fn a_request_that_left_while_it_was_being_booked_is_released() {
     drop(busy);
     // A pass now books the head on the free worker ...
     assert_eq!(drain(&gw), None);
-    assert_eq!(gw.router().ledger().inflight(), 1);
+    assert_eq!(gw.table.read(|r| r.ledger().inflight()), 1);
     // ... whose client leaves before reading the answer.
     drop(head);
-    assert_eq!(gw.router().ledger().inflight(), 0);
+    assert_eq!(gw.table.read(|r| r.ledger().inflight()), 0);
     assert_eq!(gw.queue_state().requests, 0);
     let (_, again, _) = admit(&gw, &prompt(2), &kvroute_core::ANY_WORKER, false, gw.now())
         .await

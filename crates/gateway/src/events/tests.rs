@@ -1,0 +1,68 @@
+//! Ingestion's paths that the integration tests cannot reach on purpose: a stored snapshot
+//! the router refuses.
+
+use super::*;
+use crate::clock::Clock;
+use crate::config::{GatewayConfig, WorkerSpec};
+use kvroute_core::{EngineHash, Router, SequenceHash, Tracking, WorkerCapacity};
+use std::time::Duration;
+
+#[test]
+fn a_snapshot_the_router_refuses_leaves_the_index_empty_and_returns() {
+    // Issue 39: the refusal was handled (the index cleared, which locks the router) while
+    // the router's lock of the `if let` that saw it was still held: it never returned.
+    let mut config = GatewayConfig {
+        workers: vec![WorkerSpec {
+            url: "http://127.0.0.1:9".into(),
+            name: Some("w".into()),
+            ..WorkerSpec::default()
+        }],
+        ..GatewayConfig::default()
+    };
+    // One worker at most, and that place taken by another: worker 1's blocks are refused.
+    config.router.max_workers = 1;
+    let mut router = Router::new(config.router.clone()).unwrap();
+    router
+        .add_worker_with(WorkerId(2), WorkerCapacity::default(), Tracking::Events)
+        .unwrap();
+    let gw = Arc::new(Gateway::new(
+        config,
+        kvroute_preprocess::Preprocessor::approximate(),
+        router,
+        reqwest::Client::new(),
+        crate::metrics::Metrics::new().unwrap(),
+        Clock::starting_now(),
+    ));
+    let entry = gw.registry.get(WorkerId(1)).expect("worker 1 configured");
+    *entry
+        .events
+        .last_mark
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = Some(Mark::from_parts(3, 3));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let state = gw.clone();
+    std::thread::spawn(move || {
+        let mut t = Tracker::default();
+        let snap = Snapshot {
+            mark: Mark::from_parts(9, 9),
+            blocks: vec![(EngineHash(1), SequenceHash(1))],
+        };
+        load_snapshot(&state, &entry, &mut t, snap);
+        let _ = tx.send((t.last, t.next));
+    });
+    let (last, next) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("load_snapshot did not return within 20 s: a deadlock");
+    // Not taken as applied: the start's re-synchronisation replays from the beginning.
+    assert_eq!((last, next), (None, None));
+    let entry = gw.registry.get(WorkerId(1)).unwrap();
+    assert_eq!(
+        *entry
+            .events
+            .last_mark
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()),
+        None
+    );
+    assert_eq!(gw.table.read(|r| r.cached_blocks(WorkerId(1))), 0);
+}
