@@ -1,13 +1,21 @@
 //! The gateway's settings: one struct tree, read from a TOML file, then overridden by the
 //! command line, then checked by [`GatewayConfig::validate`]. Defaults are written once, here.
 
+mod accuracy;
+mod discovery;
+mod epp;
+mod plane;
 mod ranks;
 
 pub(crate) use ranks::expand as expand_ranks;
 
+pub use accuracy::AccuracyConfig;
+pub use discovery::{url_host, DiscoveryConfig, DnsSource, KubernetesSource};
+pub use epp::EppConfig;
 use kvroute_core::{RouterConfig, WorkerCapacity};
 pub use kvroute_protocol::openai::http::Secret;
 use kvroute_protocol::openai::Endpoint;
+pub use plane::{PlaneConfig, PlaneConfigError};
 use serde::{Deserialize, Serialize};
 
 /// Everything the gateway needs to know.
@@ -44,17 +52,17 @@ pub struct GatewayConfig {
     /// Calls to workers.
     pub upstream: UpstreamConfig,
     /// The closed loop on prediction accuracy.
-    pub accuracy: crate::accuracy::AccuracyConfig,
+    pub accuracy: AccuracyConfig,
     /// Who may call the gateway.
     pub auth: AuthConfig,
     /// TLS for the listener.
     pub tls: TlsConfig,
     /// The NATS event plane, for workers whose events come through it (`events = "nats"`).
-    pub plane: Option<crate::plane::PlaneConfig>,
+    pub plane: Option<PlaneConfig>,
     /// Workers found while running (a watched file, DNS names) besides `workers`.
-    pub discovery: crate::discovery::DiscoveryConfig,
+    pub discovery: DiscoveryConfig,
     /// The endpoint picker (`kvroute epp`): its ports and limits.
-    pub epp: crate::epp::EppConfig,
+    pub epp: EppConfig,
 }
 
 /// TLS for the listener: off unless both files are given.
@@ -116,12 +124,12 @@ impl Default for GatewayConfig {
             limits: Limits::default(),
             health: HealthConfig::default(),
             upstream: UpstreamConfig::default(),
-            accuracy: crate::accuracy::AccuracyConfig::default(),
+            accuracy: AccuracyConfig::default(),
             auth: AuthConfig::default(),
             tls: TlsConfig::default(),
             plane: None,
-            discovery: crate::discovery::DiscoveryConfig::default(),
-            epp: crate::epp::EppConfig::default(),
+            discovery: DiscoveryConfig::default(),
+            epp: EppConfig::default(),
         }
     }
 }
@@ -257,7 +265,7 @@ impl WorkerSpec {
                 self.url
             ));
         }
-        if let Err(e) = crate::registry::endpoint_url(&self.url, Endpoint::Chat) {
+        if let Err(e) = endpoint_url(&self.url, Endpoint::Chat) {
             return bad(format!("worker URL {:?} is not a valid URL: {e}", self.url));
         }
         let events = self.event_socket().map(|e| e.0);
@@ -637,6 +645,17 @@ impl GatewayConfig {
         }
         Ok(())
     }
+}
+
+/// The URL of `endpoint` on the worker at `base`.
+pub fn endpoint_url(base: &str, endpoint: Endpoint) -> Result<reqwest::Url, String> {
+    let mut url = reqwest::Url::parse(base).map_err(|e| e.to_string())?;
+    if url.host().is_none() {
+        return Err("no host".into());
+    }
+    let path = format!("{}{}", url.path().trim_end_matches('/'), endpoint.path());
+    url.set_path(&path);
+    Ok(url)
 }
 
 #[cfg(test)]

@@ -5,32 +5,32 @@
 //! - Sequence numbers are consecutive per engine incarnation. A gap means batches were lost:
 //!   the task asks the engine's replay service for them. A number going back is a batch
 //!   delivered twice or late (dropped, counted) or, when its number 0 or its content says so
-//!   ([`sync::judge_back`]) and the replay service agrees, a restarted engine: the worker's
+//!   ([`crate::sequence::judge_back`]) and the replay service agrees, a restarted engine: the worker's
 //!   entries are dropped before the new batch applies.
 //! - At start, and whenever the publisher comes back after a disconnect (or the worker's
 //!   health check passes again after failing), the task asks the replay service for the
-//!   batch it applied last ([`sync::verdict`]): the same batch means the same engine, whose
+//!   batch it applied last ([`crate::sequence::verdict`]): the same batch means the same engine, whose
 //!   cache the index still mirrors (the batches after it are applied); another one means
 //!   the engine restarted, and the index is rebuilt from the replay.
 //! - The worker's [`CacheState`] says how far the index can be trusted: exact, catching up,
 //!   or unknown (events lost for good, history older than the replay buffer, publisher
 //!   away). Nothing here drops an index because an engine is slow or unreachable.
 
-pub mod groups;
 mod poll;
-pub mod sync;
 mod zmq;
 
 pub use self::poll::{poll_feeds, PollSubscription};
 pub use self::zmq::{zmq_feed, ZmqReplay, ZmqSubscription, END_SEQ};
 
 use crate::registry::{CacheState, WorkerEntry};
+use crate::sequence::{
+    classify, complete_from_start, judge_back, verdict, Back, Mark, Recent, Step, Verdict,
+};
 use crate::state::Gateway;
 use kvroute_core::{IndexError, WorkerId};
 use kvroute_protocol::kv_events::{Event, EventBatch};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use sync::{classify, complete_from_start, judge_back, verdict, Back, Mark, Recent, Step, Verdict};
 use tokio::sync::mpsc;
 
 /// Fetches batches from a sequence number on, from an engine's replay service.

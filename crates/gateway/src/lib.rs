@@ -20,11 +20,13 @@ pub mod events;
 mod explanation;
 pub mod fleet;
 mod health;
+pub mod kv_groups;
 mod metrics;
 pub mod plane;
 mod proxy;
 pub mod registry;
 mod routing;
+pub mod sequence;
 mod state;
 mod table;
 

@@ -4,6 +4,7 @@
 //! connection) is offered to no policy until it passes again, but keeps its index entries:
 //! only its event stream can say that its engine lost its cache (a restart).
 
+pub use crate::config::endpoint_url;
 use crate::config::WorkerSpec;
 use kvroute_core::WorkerId;
 use kvroute_protocol::openai::Endpoint;
@@ -108,7 +109,7 @@ pub struct WorkerEntry {
 #[derive(Default)]
 pub struct EventStats {
     /// Which of its events count for its prefix cache (hybrid groups, tiers).
-    pub groups: std::sync::Mutex<crate::events::groups::Groups>,
+    pub groups: std::sync::Mutex<crate::kv_groups::Groups>,
     /// Next sequence number expected (0 before the first batch).
     pub next_seq: AtomicU64,
     /// Batches applied.
@@ -129,7 +130,7 @@ pub struct EventStats {
     pub degraded: AtomicBool,
     /// The batch applied last to the index (set under the router's lock, with the batch), for
     /// snapshots.
-    pub last_mark: Mutex<Option<crate::events::sync::Mark>>,
+    pub last_mark: Mutex<Option<crate::sequence::Mark>>,
 }
 
 impl WorkerEntry {
@@ -227,17 +228,6 @@ pub struct WorkerReport {
     pub degraded: bool,
     /// Its predictions against the engine's reports: the recent window and totals.
     pub accuracy: crate::accuracy::Summary,
-}
-
-/// The URL of `endpoint` on the worker at `base`.
-pub fn endpoint_url(base: &str, endpoint: Endpoint) -> Result<reqwest::Url, String> {
-    let mut url = reqwest::Url::parse(base).map_err(|e| e.to_string())?;
-    if url.host().is_none() {
-        return Err("no host".into());
-    }
-    let path = format!("{}{}", url.path().trim_end_matches('/'), endpoint.path());
-    url.set_path(&path);
-    Ok(url)
 }
 
 impl WorkerEntry {

@@ -15,7 +15,6 @@ use crate::config::WorkerSpec;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, WatchStreamExt};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tokio::sync::watch;
 
@@ -27,57 +26,7 @@ pub const EVENTS_ANNOTATION: &str = "kvroute.io/events";
 /// The annotation giving a Pod's replay endpoint (`{host}` is the Pod's IP).
 pub const REPLAY_ANNOTATION: &str = "kvroute.io/replay";
 
-/// `[discovery.kubernetes]`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct KubernetesSource {
-    /// The namespace of the Pods; empty: the gateway's own (its service account's in the
-    /// cluster, the kubeconfig context's outside).
-    pub namespace: String,
-    /// Their label selector, e.g. `app=vllm`.
-    pub selector: String,
-    /// The name of the container port serving the OpenAI API.
-    pub port_name: String,
-    /// The HTTP port by number, instead of `port_name` (an InferencePool's target port).
-    pub port: Option<u16>,
-    /// An InferencePool (`inference.networking.k8s.io/v1`) of the namespace whose selector
-    /// and target port choose the Pods (instead of `selector` and the port settings).
-    pub inference_pool: Option<String>,
-    /// The name of the container port of the KV event publisher (ZMQ), if any.
-    pub events_port_name: Option<String>,
-    /// The name of the container port of the replay service, if any.
-    pub replay_port_name: Option<String>,
-    /// `http` or `https`.
-    pub scheme: String,
-    /// Data-parallel ranks per engine.
-    pub dp_size: Option<u32>,
-    /// KV blocks per engine (or rank), when known.
-    pub kv_blocks: Option<u64>,
-    /// Batch limit per engine (or rank), when known.
-    pub max_batch: Option<u32>,
-    /// The API server's URL when not inside the cluster and not the kubeconfig's (e.g.
-    /// `kubectl proxy` at `http://127.0.0.1:8001`).
-    pub api_url: Option<String>,
-}
-
-impl Default for KubernetesSource {
-    fn default() -> Self {
-        Self {
-            namespace: String::new(),
-            selector: String::new(),
-            port_name: "http".into(),
-            port: None,
-            inference_pool: None,
-            events_port_name: None,
-            replay_port_name: None,
-            scheme: "http".into(),
-            dp_size: None,
-            kv_blocks: None,
-            max_batch: None,
-            api_url: None,
-        }
-    }
-}
+pub use crate::config::KubernetesSource;
 
 /// Whether the Pod takes traffic: Ready, not terminating.
 fn serving(pod: &Pod) -> bool {

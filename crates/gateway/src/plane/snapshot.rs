@@ -9,8 +9,8 @@
 
 use super::feed::Connection;
 use super::{unix_ns, PlaneConfig};
-use crate::events::sync::Mark;
 use crate::registry::CacheState;
+use crate::sequence::Mark;
 use crate::state::Gateway;
 use async_nats::jetstream::{self, object_store};
 use kvroute_core::{EngineHash, SequenceHash};
