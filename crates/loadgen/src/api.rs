@@ -18,7 +18,10 @@
 //! control calls need the admin key (`Authorization: Bearer`) when one is set, or else a
 //! loopback listener; no route answers another site's page (`Origin`): 401 / 403.
 
-use crate::service::{LiveStats, Service, ServiceError};
+use crate::conversations::ConversationSummary;
+use crate::fleet::{DashboardConfig, Fleet};
+use crate::service::{ArmConfig, LevelPoint, LiveStats, Service, ServiceError};
+use crate::LoadKind;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
@@ -26,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvroute_protocol::openai::http::{require, Access, AccessPolicy};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -40,6 +43,58 @@ pub const MAX_WEBSOCKETS: usize = 256;
 
 /// How long one update may take to reach a client before its socket is closed.
 const WS_SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `GET /api/config`: the dashboard's settings, the arms and what the load is.
+#[derive(Clone, Debug, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+pub struct ConfigAnswer {
+    /// Objectives, slider, baseline files.
+    pub dashboard: DashboardConfig,
+    /// The arms, in order.
+    pub arms: Vec<ArmConfig>,
+    /// What the requests are.
+    pub workload: LoadKind,
+    /// The open loop's rate, if the load is open.
+    pub rate: Option<f64>,
+}
+
+/// One arm's fleet in `GET /api/fleet`.
+#[derive(Clone, Debug, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+pub struct ArmFleet {
+    /// The arm's name.
+    pub arm: String,
+    /// Whether it is the baseline.
+    pub baseline: bool,
+    /// The endpoint it drives.
+    pub target: String,
+    /// The fleet behind it.
+    pub fleet: Fleet,
+}
+
+/// `GET /api/fleet`: the fleet behind each arm.
+#[derive(Clone, Debug, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+pub struct FleetsAnswer {
+    /// One per arm, in order.
+    pub arms: Vec<ArmFleet>,
+}
+
+/// `GET /api/conversations`: the newest conversations first.
+#[derive(Clone, Debug, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+pub struct ConversationsAnswer {
+    /// At most the limit asked for.
+    pub conversations: Vec<ConversationSummary>,
+}
+
+/// `GET /api/levels`: what every arm measured at each level it held.
+#[derive(Clone, Debug, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+pub struct LevelsAnswer {
+    /// Ascending concurrency.
+    pub levels: Vec<LevelPoint>,
+}
 
 impl IntoResponse for ServiceError {
     fn into_response(self) -> Response {
@@ -144,7 +199,10 @@ async fn conversations(State(s): State<Service>, Query(q): Query<ListQuery>) -> 
     } else {
         observer.conversations(limit)
     };
-    Json(serde_json::json!({"conversations": list})).into_response()
+    Json(ConversationsAnswer {
+        conversations: list,
+    })
+    .into_response()
 }
 
 async fn conversation(
@@ -169,29 +227,32 @@ async fn conversation(
 
 async fn config(State(s): State<Service>) -> Response {
     let st = s.stats();
-    Json(serde_json::json!({
-        "dashboard": s.dashboard(),
-        "arms": s.arms(),
-        "workload": st.workload,
-        "rate": st.rate,
-    }))
+    Json(ConfigAnswer {
+        dashboard: s.dashboard().clone(),
+        arms: s.arms(),
+        workload: st.workload,
+        rate: st.rate,
+    })
     .into_response()
 }
 
 async fn fleet(State(s): State<Service>) -> Response {
-    let arms: Vec<serde_json::Value> = s
+    let arms = s
         .fleets()
         .await
         .into_iter()
-        .map(|(arm, fleet)| {
-            serde_json::json!({"arm": arm.name, "baseline": arm.baseline, "target": arm.target, "fleet": fleet})
+        .map(|(arm, fleet)| ArmFleet {
+            arm: arm.name,
+            baseline: arm.baseline,
+            target: arm.target,
+            fleet,
         })
         .collect();
-    Json(serde_json::json!({ "arms": arms })).into_response()
+    Json(FleetsAnswer { arms }).into_response()
 }
 
 async fn levels(State(s): State<Service>) -> Response {
-    Json(serde_json::json!({ "levels": s.levels() })).into_response()
+    Json(LevelsAnswer { levels: s.levels() }).into_response()
 }
 
 async fn metrics(State(s): State<Service>) -> Response {

@@ -9,6 +9,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Where a conversation stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(rename_all = "snake_case")]
 pub enum ConversationStatus {
     /// A turn is in flight or about to be sent.
@@ -23,6 +24,7 @@ pub enum ConversationStatus {
 
 /// One turn as the dashboard shows it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct TurnView {
     /// The turn number, from 1.
     pub turn: u32,
@@ -58,6 +60,7 @@ pub struct TurnView {
 
 /// A conversation in the list.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct ConversationSummary {
     /// Its number, in start order.
     pub id: u64,
@@ -77,13 +80,27 @@ pub struct ConversationSummary {
     pub error: Option<String>,
 }
 
-/// A conversation with its transcript.
+/// A conversation with its transcript: its list entry's fields, with `turns` the turns
+/// themselves (not flattened from [`ConversationSummary`]: its count of turns would be a second
+/// `turns` key in the same JSON object).
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct ConversationDetail {
-    /// The list entry.
-    #[serde(flatten)]
-    pub summary: ConversationSummary,
-    /// Its turns, in order.
+    /// Its number, in start order.
+    pub id: u64,
+    /// Where it stands.
+    pub status: ConversationStatus,
+    /// A short topic line.
+    pub topic: String,
+    /// Turns planned.
+    pub planned_turns: u32,
+    /// When it started, in milliseconds since the Unix epoch.
+    pub started_unix_ms: u64,
+    /// How long it ran (so far), in milliseconds.
+    pub duration_ms: f64,
+    /// The last error, if any.
+    pub error: Option<String>,
+    /// Its turns so far, in order.
     pub turns: Vec<TurnView>,
 }
 
@@ -296,8 +313,15 @@ impl Conversations {
     /// One conversation with its transcript.
     pub fn get(&self, id: u64) -> Option<ConversationDetail> {
         let c = self.map.get(&id)?;
+        let s = Self::summary(id, c, Instant::now());
         Some(ConversationDetail {
-            summary: Self::summary(id, c, Instant::now()),
+            id: s.id,
+            status: s.status,
+            topic: s.topic,
+            planned_turns: s.planned_turns,
+            started_unix_ms: s.started_unix_ms,
+            duration_ms: s.duration_ms,
+            error: s.error,
             turns: c.turns.clone(),
         })
     }
@@ -341,8 +365,12 @@ mod tests {
             Some(ConversationStatus::Completed),
         );
         let d = s.get(7).unwrap();
-        assert_eq!(d.summary.status, ConversationStatus::Completed);
-        assert_eq!((d.summary.turns, d.summary.planned_turns), (2, 2));
+        assert_eq!(d.status, ConversationStatus::Completed);
+        assert_eq!((d.turns.len(), d.planned_turns), (2, 2));
+        // One `turns` key: the transcript.
+        let json = serde_json::to_string(&d).unwrap();
+        assert_eq!(json.matches("\"turns\":").count(), 1, "{json}");
+        assert!(json.contains("\"turns\":[{"), "{json}");
         assert_eq!(d.turns[0].user, "first question");
         assert_eq!(d.turns[1].assistant, "second answer");
         assert_eq!(d.turns[1].cached_tokens, 64);
@@ -358,18 +386,15 @@ mod tests {
         failed.status = "rejected".into();
         failed.error = Some("all_workers_busy".into());
         s.end_turn(1, failed, Some(ConversationStatus::Error));
-        assert_eq!(
-            s.get(1).unwrap().summary.error.as_deref(),
-            Some("all_workers_busy")
-        );
+        assert_eq!(s.get(1).unwrap().error.as_deref(), Some("all_workers_busy"));
         s.begin_turn(2, 1, 3, "t", "q");
         s.end(2, ConversationStatus::Stopped);
         let d = s.get(2).unwrap();
-        assert_eq!(d.summary.status, ConversationStatus::Stopped);
+        assert_eq!(d.status, ConversationStatus::Stopped);
         assert_eq!(d.turns[0].status, "cancelled");
         // Ending an ended conversation again changes nothing.
         s.end(1, ConversationStatus::Stopped);
-        assert_eq!(s.get(1).unwrap().summary.status, ConversationStatus::Error);
+        assert_eq!(s.get(1).unwrap().status, ConversationStatus::Error);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 /// The dashboard's settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(default, deny_unknown_fields)]
 pub struct DashboardConfig {
     /// TTFT p95 objective, in milliseconds.
@@ -26,6 +27,7 @@ pub struct DashboardConfig {
     pub slider_step: usize,
     /// Baseline files' contents (`kvroute bench` writes them; each names its policy and
     /// says whether the fleet simulator made it): compared with where no live arm measured.
+    #[cfg_attr(feature = "ts", ts(type = "Array<Baseline>"))]
     pub baselines: Vec<serde_json::Value>,
 }
 
@@ -84,6 +86,7 @@ impl DashboardConfig {
 
 /// One worker as the dashboard shows it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct WorkerCard {
     /// Its name.
     pub name: String,
@@ -119,6 +122,7 @@ pub struct WorkerCard {
 
 /// How well the gateway predicted a worker's cached tokens (its `/debug/workers` accuracy).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct AccuracyCard {
     /// Requests in the recent window.
     pub samples: u64,
@@ -153,6 +157,7 @@ impl AccuracyCard {
 
 /// The fleet behind the target.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Fleet {
     /// Whether the target told its workers (a kvroute gateway does).
     pub available: bool,

@@ -43,6 +43,7 @@ use std::time::Duration;
 
 /// What the requests are.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(rename_all = "snake_case")]
 pub enum LoadKind {
     /// Multi-turn chat conversations on `/v1/chat/completions`.

@@ -68,6 +68,7 @@ impl ObserverConfig {
 
 /// Counts since the current run started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Totals {
     /// Requests that ended (completed, failed or rejected).
     pub sent: u64,

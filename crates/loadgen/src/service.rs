@@ -92,6 +92,7 @@ pub enum ServiceError {
 
 /// What the dashboard sees, published every tick and after every change.
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct LiveStats {
     /// When these figures were taken, in milliseconds since the Unix epoch.
     pub time_unix_ms: u64,

@@ -55,6 +55,7 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
 /// A kvroute gateway's explanation of one routing decision, as its `x-kvroute-route` header
 /// gives it (asked for with `x-kvroute-explain: 1`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(default)]
 pub struct RouteExplanation {
     /// The routing policy.
@@ -71,6 +72,7 @@ pub struct RouteExplanation {
 
 /// One worker's terms in a routing decision.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(default)]
 pub struct RouteTerms {
     /// The worker's name.

@@ -20,6 +20,7 @@ pub struct Window {
 
 /// A window's figures at one instant.
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct WindowStats {
     /// The window's length asked for, in seconds.
     pub span_secs: f64,

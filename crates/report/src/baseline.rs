@@ -20,6 +20,7 @@ pub const MAX_POINTS: usize = 1_000;
 
 /// A median and a 95th percentile, milliseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(deny_unknown_fields)]
 pub struct P50P95 {
     /// Median.
@@ -30,6 +31,7 @@ pub struct P50P95 {
 
 /// One concurrency level.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct BaselinePoint {
     /// Conversations in flight.
     pub concurrency: usize,
@@ -71,6 +73,7 @@ impl BaselinePoint {
 
 /// A baseline file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Baseline {
     /// Always [`FORMAT`].
     pub format: String,

@@ -126,6 +126,7 @@ impl RequestRecord {
 
 /// A service level objective for goodput; an unset limit always holds.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(default, deny_unknown_fields)]
 pub struct Slo {
     /// Largest TTFT, in milliseconds.
@@ -153,6 +154,7 @@ impl Slo {
 
 /// Requests meeting the SLO.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Goodput {
     /// The objective.
     pub slo: Slo,
@@ -167,15 +169,19 @@ pub struct Goodput {
 /// TTFT percentiles over every sent request, failures and rejections counting as infinite.
 /// Serialized with `"inf"` for infinite values and `null` without requests.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct AllSentTtft {
     /// Median, in milliseconds.
     #[serde(serialize_with = "inf_as_string")]
+    #[cfg_attr(feature = "ts", ts(type = r#"number | "inf" | null"#))]
     pub p50: Option<f64>,
     /// 95th percentile, in milliseconds.
     #[serde(serialize_with = "inf_as_string")]
+    #[cfg_attr(feature = "ts", ts(type = r#"number | "inf" | null"#))]
     pub p95: Option<f64>,
     /// 99th percentile, in milliseconds.
     #[serde(serialize_with = "inf_as_string")]
+    #[cfg_attr(feature = "ts", ts(type = r#"number | "inf" | null"#))]
     pub p99: Option<f64>,
 }
 
@@ -190,6 +196,7 @@ fn inf_as_string<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error
 
 /// The summary of a run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Summary {
     /// Requests sent (records given).
     pub sent: u64,

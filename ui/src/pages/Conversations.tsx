@@ -2,14 +2,14 @@
 import { Link } from "react-router-dom";
 import { usePoll } from "../api";
 import { clock, duration } from "../format";
-import type { ConversationSummary } from "../types";
+import type { ConversationsAnswer } from "../types";
 
 export function StatusBadge(props: { status: string }) {
   return <span className={`badge badge-${props.status}`}>{props.status}</span>;
 }
 
 export function Conversations() {
-  const { data, error } = usePoll<{ conversations: ConversationSummary[] }>("/api/conversations?limit=200", 5000);
+  const { data, error } = usePoll<ConversationsAnswer>("/api/conversations?limit=200", 5000);
   const list = data?.conversations ?? [];
   return (
     <section>

@@ -16,6 +16,7 @@ import type {
   Fleet,
   FleetsAnswer,
   LevelPoint,
+  LevelsAnswer,
   LiveStats,
   P50P95,
 } from "../types";
@@ -268,7 +269,7 @@ export function WorkerCards(props: { fleet: Fleet | null }) {
 export function Dashboard(props: { stats: LiveStats | null; config: DashboardConfig | null }) {
   const { stats, config } = props;
   const { data: fleets } = usePoll<FleetsAnswer>("/api/fleet", 2000);
-  const { data: levelsAnswer } = usePoll<{ levels: LevelPoint[] }>("/api/levels", 5000);
+  const { data: levelsAnswer } = usePoll<LevelsAnswer>("/api/levels", 5000);
   const levels = levelsAnswer?.levels ?? [];
   const [ttft, setTtft] = useState<Record<string, Point[]>>({});
   const [tpot, setTpot] = useState<Record<string, Point[]>>({});

@@ -3,7 +3,7 @@
 // on the worker that served it, and every worker of the fleet with its policy.
 import { usePoll } from "../api";
 import { num } from "../format";
-import type { ConversationDetail, ConversationSummary, FleetsAnswer, TurnView } from "../types";
+import type { ConversationDetail, ConversationsAnswer, FleetsAnswer, TurnView } from "../types";
 
 /** Blocks drawn for a prompt (each stands for an equal share of its tokens). */
 const CELLS = 16;
@@ -70,7 +70,7 @@ export function HowItWorks() {
   const fleet = (fleets?.arms.find((a) => !a.baseline) ?? fleets?.arms[0])?.fleet ?? null;
   // The newest conversation with a completed follow-up turn (the server filters: under load
   // the newest conversations are all on their first turn).
-  const { data: list } = usePoll<{ conversations: ConversationSummary[] }>("/api/conversations?limit=1&followup=1", 5000);
+  const { data: list } = usePoll<ConversationsAnswer>("/api/conversations?limit=1&followup=1", 5000);
   const candidate = list?.conversations[0];
   const { data: detail } = usePoll<ConversationDetail>(candidate ? `/api/conversations/${candidate.id}` : null, 5000);
   return (

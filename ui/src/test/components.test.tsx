@@ -4,11 +4,11 @@ import { Kpi } from "../components/Kpi";
 import { ConcurrencySlider } from "../components/Slider";
 import { RouteTable } from "../pages/ConversationPage";
 import { LiveTable, WorkerCards, accuracyText } from "../pages/Dashboard";
-import type { AccuracyCard, DashboardConfig, LiveStats } from "../types";
+import type { AccuracyCard, ArmStats, DashboardConfig, LiveStats } from "../types";
 
 const dist = (p50: number | null, p95: number | null) => ({ count: 10, mean: p50, p50, p90: p95, p95, p99: p95 });
 
-function arm(name: string, baseline: boolean, ttftP95: number, failed = 1) {
+function arm(name: string, baseline: boolean, ttftP95: number, failed = 1): ArmStats {
   return {
     name,
     target: "http://127.0.0.1:8000",
@@ -23,7 +23,8 @@ function arm(name: string, baseline: boolean, ttftP95: number, failed = 1) {
         sent: 10, completed: 9, failed, rejected: 0, failed_by_reason: { stream_broken: 1 }, rejected_by_reason: {},
         duration_secs: 60, ttft_ms: dist(300, ttftP95), ttft_all_ms: { p50: 300, p95: "inf", p99: "inf" },
         tpot_ms: dist(20, 55), itl_ms: dist(19, 30), e2e_ms: dist(9000, 12000), input_tokens: 100, cached_tokens: 60,
-        output_tokens: 50, hit_rate: 0.6, output_tokens_per_s: 120, requests_per_s: 0.15,
+        predicted_cached_tokens: 60, output_tokens: 50, hit_rate: 0.6, prediction_ratio: 1, prediction_error: 0,
+        output_tokens_per_s: 120, requests_per_s: 0.15, goodput: null,
       },
     },
   };
@@ -59,7 +60,7 @@ const config: DashboardConfig = {
   slider_max: 180,
   slider_step: 20,
   baselines: [
-    { policy: "round_robin", workers: 3, workload: "multiturn", source: "test", simulated: false, points: [60, 80].map((c) => point(c, 900, 58)) },
+    { format: "kvroute-baseline", version: 1, policy: "round_robin", workers: 3, workload: "multiturn", source: "test", simulated: false, points: [60, 80].map((c) => point(c, 900, 58)) },
   ],
 };
 
@@ -111,7 +112,7 @@ describe("the comparison table", () => {
       ...config,
       baselines: [
         ...config.baselines,
-        { policy: "goodput", workers: 3, workload: "multiturn", source: "sim", simulated: true, points: [60, 80, 100].map((c) => point(c, 450, 40)) },
+        { format: "kvroute-baseline", version: 1, policy: "goodput", workers: 3, workload: "multiturn", source: "sim", simulated: true, points: [60, 80, 100].map((c) => point(c, 450, 40)) },
       ],
     };
     const levels = [
@@ -223,8 +224,8 @@ describe("a turn's routing explanation", () => {
     const route = {
       policy: "kv", prompt_tokens: 700, block_size: 16, omitted: 2,
       workers: [
-        { name: "a", matched_blocks: 40, uncached_tokens: 60, inflight: 1, prefill_tokens: 0, busy: false, eligible: true, cost: 3.75, chosen: true },
-        { name: "b", matched_blocks: 0, uncached_tokens: 700, inflight: 0, prefill_tokens: 0, busy: false, eligible: true, cost: 43.75, chosen: false },
+        { name: "a", matched_blocks: 40, host_blocks: 0, disk_blocks: 0, uncached_tokens: 60, inflight: 1, prefill_tokens: 0, busy: false, eligible: true, cost: 3.75, chosen: true },
+        { name: "b", matched_blocks: 0, host_blocks: 0, disk_blocks: 0, uncached_tokens: 700, inflight: 0, prefill_tokens: 0, busy: false, eligible: true, cost: 43.75, chosen: false },
         { name: "c", matched_blocks: 2, host_blocks: 5, disk_blocks: 1, uncached_tokens: 572, inflight: 0, prefill_tokens: 0, busy: false, eligible: true, cost: 50.1, chosen: false },
       ],
     };

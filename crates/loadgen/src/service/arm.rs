@@ -20,6 +20,7 @@ pub const DEFAULT_ARM: &str = "live";
 
 /// An arm's settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 #[serde(deny_unknown_fields)]
 pub struct ArmConfig {
     /// Its name in the statistics, the metrics' `arm` label and the dashboard (the demo
@@ -127,6 +128,7 @@ impl ArmRun {
 
 /// An arm's figures, as the dashboard sees them.
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct ArmStats {
     /// Its name.
     pub name: String,

@@ -13,6 +13,7 @@ pub const MAX_LEVELS: usize = 64;
 
 /// One arm's figures at one level.
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct ArmPoint {
     /// The arm.
     pub name: String,
@@ -28,6 +29,7 @@ pub struct ArmPoint {
 
 /// Every arm's figures at one concurrency level.
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct LevelPoint {
     /// Conversations in flight.
     pub concurrency: usize,

@@ -74,6 +74,7 @@ pub fn weighted_percentile(sorted: &[(f64, u64)], q: f64) -> Option<f64> {
 /// Summary of a set of samples (milliseconds in reports); fields are `None` (JSON null)
 /// without samples.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
 pub struct Distribution {
     /// Number of samples.
     pub count: u64,
