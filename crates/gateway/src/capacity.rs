@@ -11,6 +11,7 @@
 use crate::registry::WorkerEntry;
 use crate::state::Gateway;
 use kvroute_core::WorkerCapacity;
+use kvroute_protocol::prometheus_text::{samples, Sample};
 use std::sync::atomic::Ordering;
 
 /// One engine core's KV cache as its metrics give it: its data-parallel rank, its blocks and
@@ -25,54 +26,31 @@ pub struct CacheConfig {
     pub block_size: u64,
 }
 
-/// The value of label `name` in a sample's label set (`a="x",b="y"`).
-fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
-    let key = format!("{name}=\"");
-    let start = labels
-        .match_indices(&key)
-        .find(|(i, _)| *i == 0 || labels.as_bytes()[i - 1] == b',')?
-        .0
-        + key.len();
-    let end = labels[start..].find('"')?;
-    Some(&labels[start..start + end])
-}
-
-/// A sample line of metric `name`: its labels (empty when it has none) and its value.
-fn sample<'a>(line: &'a str, name: &str) -> Option<(&'a str, &'a str)> {
-    let rest = line.strip_prefix(name)?;
-    let (labels, value) = match rest.strip_prefix('{') {
-        Some(rest) => rest.split_once('}')?,
-        None if rest.starts_with(' ') => ("", rest),
-        None => return None,
-    };
-    Some((labels, value.split_whitespace().next()?))
-}
-
 /// Every engine core's KV cache a metrics text names: vLLM's `vllm:cache_config_info` lines
 /// with their blocks and block size (vLLM writes `None` before the cache is allocated:
 /// skipped) and SGLang's `sglang:max_total_num_tokens` lines.
 pub fn cache_configs(text: &str) -> Vec<CacheConfig> {
-    text.lines()
-        .filter_map(|l| {
-            if let Some((labels, _)) = sample(l, "vllm:cache_config_info") {
-                return Some(CacheConfig {
-                    engine: label(labels, "engine").and_then(|v| v.parse().ok()),
-                    blocks: label(labels, "num_gpu_blocks")?.parse().ok()?,
-                    block_size: label(labels, "block_size")?.parse().ok()?,
-                });
-            }
-            let (labels, value) = sample(l, "sglang:max_total_num_tokens")?;
-            let tokens: f64 = value.parse().ok()?;
-            Some(CacheConfig {
-                engine: label(labels, "dp_rank").and_then(|v| v.parse().ok()),
+    fn number<T: std::str::FromStr>(s: &Sample, label: &str) -> Option<T> {
+        s.label(label)?.parse().ok()
+    }
+    samples(text)
+        .filter_map(|s| match s.name {
+            "vllm:cache_config_info" => Some(CacheConfig {
+                engine: number(&s, "engine"),
+                blocks: number(&s, "num_gpu_blocks")?,
+                block_size: number(&s, "block_size")?,
+            }),
+            "sglang:max_total_num_tokens" => Some(CacheConfig {
+                engine: number(&s, "dp_rank"),
                 // A gauge of a whole number of tokens; NaN and negatives are refused below.
-                blocks: if (1.0..1e15).contains(&tokens) {
-                    tokens as u64
+                blocks: if (1.0..1e15).contains(&s.value) {
+                    s.value as u64
                 } else {
                     0
                 },
                 block_size: 1,
-            })
+            }),
+            _ => None,
         })
         .filter(|c| c.blocks > 0 && c.block_size > 0)
         .collect()
@@ -189,6 +167,24 @@ mod tests {
             vllm:cache_config_info_other{num_gpu_blocks=\"5\",block_size=\"16\"} 1\n";
         assert!(cache_configs(none).is_empty(), "{:?}", cache_configs(none));
         assert_eq!(blocks_for(&[], None, 16), None);
+    }
+
+    #[test]
+    fn a_real_vllm_engines_metrics_give_its_cache() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../cli/tests/fixtures/vllm-0.32.0-metrics.txt"
+        );
+        let c = cache_configs(&std::fs::read_to_string(path).unwrap());
+        assert_eq!(
+            c,
+            [CacheConfig {
+                engine: Some(0),
+                blocks: 2048,
+                block_size: 32
+            }]
+        );
+        assert_eq!(blocks_for(&c, None, 16), Some(4096));
     }
 
     #[test]

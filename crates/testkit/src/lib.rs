@@ -1,6 +1,6 @@
 //! Helpers the integration tests of several crates share: serving a stub app, reading a URL
-//! as JSON or text, polling until a condition holds, reading one sample of a Prometheus
-//! metrics text; ZMQ sockets playing an engine's KV event publisher ([`zmq`]).
+//! as JSON or text, polling until a condition holds, reading one series of a Prometheus
+//! metrics text (with `kvroute_protocol::prometheus_text`); ZMQ sockets playing an engine's KV event publisher ([`zmq`]).
 //!
 //! A dev-dependency only. The HTTP helpers panic with the URL when a request fails, which is
 //! what a test wants.
@@ -66,12 +66,10 @@ pub async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -
     }
 }
 
-/// The value of the unlabelled sample `name` in a metrics text.
-pub fn sample(text: &str, name: &str) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        let (n, v) = l.rsplit_once(' ')?;
-        (n == name).then(|| v.parse().ok()).flatten()
-    })
+/// The value of series `series` in a metrics text: `name` (the sample without labels) or
+/// `name{a="x",b="y"}` (exactly these labels, in any order).
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    kvroute_protocol::prometheus_text::series_value(text, series)
 }
 
 /// Whether `program --version` runs and succeeds (a tool the tests start is installed).
@@ -90,10 +88,12 @@ mod tests {
 
     #[test]
     fn samples_are_found_by_exact_name() {
-        let text = "# HELP a x\n# TYPE a gauge\na 1.5\nab 2\na{l=\"v\"} 3\n";
+        let text = "# HELP a x\n# TYPE a gauge\na 1.5\nab 2\na{l=\"v\",m=\"w\"} 3\n";
         assert_eq!(sample(text, "a"), Some(1.5));
         assert_eq!(sample(text, "ab"), Some(2.0));
         assert_eq!(sample(text, "b"), None);
+        assert_eq!(sample(text, "a{m=\"w\",l=\"v\"}"), Some(3.0));
+        assert_eq!(sample(text, "a{l=\"v\"}"), None);
     }
 
     #[tokio::test(start_paused = true)]
