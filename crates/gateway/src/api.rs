@@ -53,7 +53,7 @@ pub(crate) fn request_id_of(gw: &Gateway, given: Option<&str>) -> String {
     given
         .filter(|s| !s.is_empty() && s.len() <= 128)
         .map_or_else(
-            || format!("kvr-{:016x}", gw.next_request().0),
+            || format!("kvr-{:016x}", gw.bookings.next_request().0),
             str::to_string,
         )
 }

@@ -5,14 +5,13 @@
 
 pub mod queue;
 
+pub use crate::bookings::LedgerGuard;
 use crate::error::GatewayError;
 use crate::state::Gateway;
 use kvroute_core::{
-    BlockedPrompt, Eligible, Explanation, Namespace, RequestId, RouteRequest, Selection, Time,
-    WorkerId,
+    BlockedPrompt, Eligible, Explanation, Namespace, RouteRequest, Selection, Time,
 };
 use kvroute_protocol::openai::{ApiError, RequestView};
-use kvroute_protocol::plane::LoadOp;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -54,69 +53,6 @@ pub async fn prepare(
             h.finish()
         });
     Ok(Prepared { prompt, session })
-}
-
-/// A dispatched request's booking; releases the ledger when dropped.
-pub struct LedgerGuard {
-    gw: Arc<Gateway>,
-    /// The ledger's id of the request.
-    pub request: RequestId,
-    /// The worker booked.
-    pub worker: WorkerId,
-    first_token: bool,
-    /// Tokens the worker wrote, once its answer completed (teaches its decode speed).
-    output_tokens: Option<u64>,
-}
-
-impl LedgerGuard {
-    /// The booking of `request` on `worker`, just dispatched (counted in flight).
-    fn booked(gw: &Arc<Gateway>, request: RequestId, worker: WorkerId) -> Self {
-        gw.metrics.inflight.inc();
-        Self {
-            gw: gw.clone(),
-            request,
-            worker,
-            first_token: false,
-            output_tokens: None,
-        }
-    }
-
-    /// The worker's answer completed with `tokens` output tokens of its own.
-    pub fn completed(&mut self, tokens: u64) {
-        self.output_tokens = Some(tokens);
-    }
-
-    /// The first token arrived: the prefill part of the booking is released.
-    pub fn first_token(&mut self) {
-        if !self.first_token {
-            self.first_token = true;
-            let now = self.gw.now();
-            // The worker may have been taken out meanwhile: nothing left to release then.
-            let request = self.request;
-            let _ = self.gw.table.update(|r| r.first_token(request, now));
-            self.gw.share(|| LoadOp::FirstToken {
-                req: self.request.0,
-            });
-            self.gw.released();
-        }
-    }
-}
-
-impl Drop for LedgerGuard {
-    fn drop(&mut self) {
-        let now = self.gw.now();
-        let (request, output) = (self.request, self.output_tokens);
-        let _ = self.gw.table.update(|r| match output {
-            Some(n) => r.finish_with(request, now, n),
-            None => r.finish(request, now),
-        });
-        self.gw.share(|| LoadOp::Finish {
-            req: self.request.0,
-            output_tokens: self.output_tokens,
-        });
-        self.gw.metrics.inflight.dec();
-        self.gw.released();
-    }
 }
 
 /// Routes `prep` and books the chosen worker, waiting in the admission queue (in arrival

@@ -1,24 +1,26 @@
 //! The gateway's shared state: the routing table (router and admission queue, locked
 //! inside it), the worker registry, the preprocessor, the HTTP client and metrics.
 
+use crate::bookings::{Bookings, Waiter};
 use crate::clock::Clock;
 use crate::config::GatewayConfig;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
-use crate::routing::queue::Waiter;
 use crate::table::RoutingTable;
-use kvroute_core::{QueueState, RequestId, Router, Time, WorkerId};
+use kvroute_core::{QueueState, Router, Time, WorkerId};
 use kvroute_preprocess::Preprocessor;
 use kvroute_protocol::openai::ModelCard;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
 
 /// Shared by every handler and background task.
 pub struct Gateway {
     /// The settings.
     pub(crate) config: GatewayConfig,
     /// The router and the requests waiting for a free worker.
-    pub(crate) table: RoutingTable<Waiter>,
+    pub(crate) table: Arc<RoutingTable<Waiter>>,
+    /// Booking on the table: request ids, the in-flight count, load shared with replicas.
+    pub(crate) bookings: Arc<Bookings>,
     /// The workers.
     pub(crate) registry: Registry,
     /// Chat template and tokenizer (or approximate mode).
@@ -31,11 +33,8 @@ pub struct Gateway {
     pub(crate) policy: &'static str,
     /// Where the gateway's times come from.
     pub(crate) clock: Clock,
-    next_request: AtomicU64,
     models: RwLock<Vec<String>>,
     adapters: RwLock<Vec<String>>,
-    /// Where bookings go to the other replicas (set once, when the plane shares load).
-    pub(crate) load_share: std::sync::OnceLock<crate::plane::LoadShare>,
     /// The event plane's connection, when the gateway has one.
     pub(crate) plane: std::sync::OnceLock<crate::plane::Connection>,
 }
@@ -56,20 +55,24 @@ impl Gateway {
         let registry = Registry::new(&config.workers);
         let models = config.models.clone();
         let adapters = config.lora_adapters.clone();
-        let table = RoutingTable::new(router, metrics.queued.clone());
+        let table = Arc::new(RoutingTable::new(router, metrics.queued.clone()));
+        let bookings = Arc::new(Bookings::new(
+            table.clone(),
+            clock,
+            metrics.inflight.clone(),
+        ));
         Self {
             policy: config.router.policy.kind.as_str(),
             config,
             table,
+            bookings,
             registry,
             preprocessor,
             client,
             metrics,
             clock,
-            next_request: AtomicU64::new(1),
             models: RwLock::new(models),
             adapters: RwLock::new(adapters),
-            load_share: std::sync::OnceLock::new(),
             plane: std::sync::OnceLock::new(),
         }
     }
@@ -77,11 +80,6 @@ impl Gateway {
     /// Time since the gateway started: the router's clock.
     pub fn now(&self) -> Time {
         self.clock.now()
-    }
-
-    /// A fresh request id for the ledger.
-    pub fn next_request(&self) -> RequestId {
-        RequestId(self.next_request.fetch_add(1, Ordering::Relaxed))
     }
 
     /// The admission queue's size.
@@ -395,9 +393,7 @@ impl Gateway {
 
     /// Shares a booking with the other gateway replicas (when the event plane carries load).
     pub fn share(&self, op: impl FnOnce() -> kvroute_protocol::plane::LoadOp) {
-        if let Some(s) = self.load_share.get() {
-            s.share(op());
-        }
+        self.bookings.share(op);
     }
 }
 

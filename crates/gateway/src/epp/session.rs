@@ -346,7 +346,7 @@ impl Session {
             .into_iter()
             .filter(|w| w.is_up() && eligible.allows(w.id))
             .collect();
-        let n = self.gw.next_request().0 as usize;
+        let n = self.gw.bookings.next_request().0 as usize;
         let Some(w) = (!up.is_empty()).then(|| &up[n % up.len()]) else {
             return self.refuse(&ApiError::unavailable(
                 "no_healthy_workers",

@@ -9,36 +9,13 @@
 //! and so released. Both locks are the routing table's ([`crate::table::RoutingTable`]):
 //! the queue's, then the router's; no booking is dropped while either is held.
 
-use super::LedgerGuard;
+use crate::bookings::{Admitted, Answer, LedgerGuard, Waiter};
 use crate::error::GatewayError;
 use crate::state::Gateway;
-use kvroute_core::{
-    BlockedPrompt, Explanation, RejectReason, RouteOutcome, RouteRequest, Selection, Ticket, Time,
-};
+use kvroute_core::{RejectReason, RouteOutcome, RouteRequest, Ticket, Time};
 use kvroute_protocol::plane::LoadOp;
 use std::sync::Arc;
 use tokio::sync::oneshot;
-
-/// A waiting request, as the queue keeps it.
-pub struct Waiter {
-    prompt: BlockedPrompt,
-    session: Option<u64>,
-    explain: bool,
-    tx: oneshot::Sender<Answer>,
-}
-
-/// What a waiting request is told.
-type Answer = Result<Admitted, GatewayError>;
-
-/// A booked worker for a request.
-pub struct Admitted {
-    /// The worker chosen.
-    pub sel: Selection,
-    /// Its booking.
-    pub guard: LedgerGuard,
-    /// The decision's explanation, when asked for.
-    pub explanation: Option<Explanation>,
-}
 
 /// A request's place in the queue: taken out when dropped (its client left, or it was
 /// answered; the second is a no-op).
@@ -104,11 +81,11 @@ pub fn route_and_book(
     };
     match outcome {
         RouteOutcome::Dispatch(sel) => {
-            let id = gw.next_request();
+            let id = gw.bookings.next_request();
             router
                 .dispatch(id, request, &sel, gw.now())
                 .map_err(|e| GatewayError::Internal(e.to_string()))?;
-            gw.share(|| LoadOp::Dispatch {
+            gw.bookings.share(|| LoadOp::Dispatch {
                 req: id.0,
                 worker: gw
                     .registry
@@ -119,7 +96,7 @@ pub fn route_and_book(
                 cached_tokens: sel.cached_tokens as u64,
                 blocks: request.prompt.sequence.iter().map(|s| s.0).collect(),
             });
-            let guard = LedgerGuard::booked(gw, id, sel.worker);
+            let guard = LedgerGuard::booked(&gw.bookings, id, sel.worker);
             Ok(Some(Admitted {
                 sel,
                 guard,

@@ -6,7 +6,8 @@ use crate::clock::Clock;
 use crate::config::{GatewayConfig, WorkerSpec};
 use crate::routing::{admit, Prepared};
 use kvroute_core::{
-    AdmissionMode, BlockSize, Namespace, Router, Tracking, WorkerCapacity, WorkerId,
+    AdmissionMode, BlockSize, BlockedPrompt, Explanation, Namespace, Router, Selection, Tracking,
+    WorkerCapacity, WorkerId,
 };
 use std::future::Future;
 use std::pin::Pin;
