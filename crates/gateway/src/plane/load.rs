@@ -49,6 +49,12 @@ impl LoadShare {
     }
 }
 
+impl crate::bookings::ShareBookings for LoadShare {
+    fn share(&self, op: LoadOp) {
+        LoadShare::share(self, op);
+    }
+}
+
 /// Starts sharing `gw`'s bookings as `replica` and counting its peers'. Returns the tasks.
 pub fn start(
     gw: &Arc<Gateway>,
@@ -57,14 +63,11 @@ pub fn start(
     replica: u64,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let (tx, rx) = mpsc::channel(SHARE_BUFFER);
-    if gw
-        .load_share
-        .set(LoadShare {
-            tx,
-            dropped: AtomicU64::new(0),
-        })
-        .is_err()
-    {
+    let share = Arc::new(LoadShare {
+        tx,
+        dropped: AtomicU64::new(0),
+    });
+    if !gw.bookings.share_with(share.clone()) {
         return Vec::new();
     }
     let subject = plane.load_subject();
@@ -78,7 +81,7 @@ pub fn start(
             heartbeat,
         )),
         tokio::spawn(receive(gw.clone(), conn.client.clone(), subject, replica)),
-        tokio::spawn(expire(gw.clone(), plane.peer_ttl_secs)),
+        tokio::spawn(expire(gw.clone(), plane.peer_ttl_secs, share)),
     ]
 }
 
@@ -255,7 +258,7 @@ async fn receive(gw: Arc<Gateway>, client: async_nats::Client, subject: String, 
     }
 }
 
-async fn expire(gw: Arc<Gateway>, ttl_secs: f64) {
+async fn expire(gw: Arc<Gateway>, ttl_secs: f64, share: Arc<LoadShare>) {
     let mut tick = tokio::time::interval(Duration::from_secs_f64(ttl_secs / 4.0));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -270,9 +273,7 @@ async fn expire(gw: Arc<Gateway>, ttl_secs: f64) {
             );
             gw.released();
         }
-        if let Some(s) = gw.load_share.get() {
-            let dropped = gw.metrics.peer_messages.with_label_values(&["dropped"]);
-            dropped.inc_by(s.dropped().saturating_sub(dropped.get()));
-        }
+        let dropped = gw.metrics.peer_messages.with_label_values(&["dropped"]);
+        dropped.inc_by(share.dropped().saturating_sub(dropped.get()));
     }
 }
