@@ -116,24 +116,24 @@ pub struct DashboardArgs {
     #[arg(
         long = "slo-ttft-ms",
         visible_alias = "slo-ttft-p95-ms",
-        default_value_t = kvroute_loadgen::fleet::default_objectives_ms().0
+        default_value_t = kvroute_loadgen::dashboard_config::default_objectives_ms().0
     )]
     pub slo_ttft_p95_ms: f64,
     /// TPOT p95 objective of the dashboard, ms.
     #[arg(
         long = "slo-tpot-ms",
         visible_alias = "slo-tpot-p95-ms",
-        default_value_t = kvroute_loadgen::fleet::default_objectives_ms().1
+        default_value_t = kvroute_loadgen::dashboard_config::default_objectives_ms().1
     )]
     pub slo_tpot_p95_ms: f64,
     /// Lowest concurrency of the dashboard's slider.
-    #[arg(long, default_value_t = kvroute_loadgen::fleet::DEFAULT_SLIDER.0)]
+    #[arg(long, default_value_t = kvroute_loadgen::dashboard_config::DEFAULT_SLIDER.0)]
     pub slider_min: usize,
     /// Highest concurrency of the slider.
-    #[arg(long, default_value_t = kvroute_loadgen::fleet::DEFAULT_SLIDER.1)]
+    #[arg(long, default_value_t = kvroute_loadgen::dashboard_config::DEFAULT_SLIDER.1)]
     pub slider_max: usize,
     /// Step of the slider.
-    #[arg(long, default_value_t = kvroute_loadgen::fleet::DEFAULT_SLIDER.2)]
+    #[arg(long, default_value_t = kvroute_loadgen::dashboard_config::DEFAULT_SLIDER.2)]
     pub slider_step: usize,
     /// Seconds a concurrency level must hold before every arm's 60 s window counts as
     /// measured at it (the comparison table's live rows, `/api/baseline`).

@@ -19,9 +19,9 @@
 //! loopback listener; no route answers another site's page (`Origin`): 401 / 403.
 
 use crate::conversations::ConversationSummary;
-use crate::fleet::{DashboardConfig, Fleet};
 use crate::service::{ArmConfig, LevelPoint, LiveStats, Service, ServiceError};
 use crate::LoadKind;
+use crate::{DashboardConfig, Fleet};
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};

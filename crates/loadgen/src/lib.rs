@@ -15,7 +15,7 @@
 pub mod api;
 mod closed_loop;
 pub mod conversations;
-pub mod fleet;
+pub mod dashboard_config;
 mod job;
 pub mod observer;
 mod open_loop;
@@ -25,9 +25,10 @@ pub mod service;
 mod turn;
 mod user_model;
 pub mod window;
+pub mod worker_cards;
 
 pub use closed_loop::{Control, MAX_CONCURRENCY};
-pub use fleet::{DashboardConfig, Fleet, WorkerCard};
+pub use dashboard_config::DashboardConfig;
 pub use observer::{Observer, ObserverConfig, Totals};
 pub use replay::{replay, ReplayConfig};
 pub use service::{
@@ -35,6 +36,7 @@ pub use service::{
 };
 pub use turn::{RouteExplanation, RouteTerms, TurnResult};
 pub use user_model::UserModelConfig;
+pub use worker_cards::{Fleet, WorkerCard};
 
 use kvroute_workload::{ChatConfig, RequestRecord, SyntheticConfig};
 use serde::{Deserialize, Serialize};

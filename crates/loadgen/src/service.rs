@@ -16,8 +16,8 @@ pub use levels::{ArmPoint, LevelPoint, MAX_LEVELS};
 
 use crate::closed_loop::MAX_CONCURRENCY;
 use crate::conversations::unix_ms;
-use crate::fleet::{DashboardConfig, Fleet};
 use crate::observer::Observer;
+use crate::{DashboardConfig, Fleet};
 use crate::{LoadKind, LoadgenConfig, LoadgenError};
 use arm::{Arm, ArmRun};
 use levels::Levels;

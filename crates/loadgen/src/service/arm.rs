@@ -4,9 +4,9 @@
 //! conversations, seeded alike, at the same concurrency) against its own endpoint.
 
 use crate::closed_loop::Control;
-use crate::fleet::FleetReader;
 use crate::observer::{Observer, ObserverConfig, Totals};
 use crate::window::WindowStats;
+use crate::worker_cards::FleetReader;
 use crate::RunResult;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;

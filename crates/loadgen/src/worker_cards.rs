@@ -1,88 +1,14 @@
-//! What the dashboard shows beside the load: its settings (`GET /api/config`: SLO thresholds,
-//! the concurrency slider's range, the baseline files) and the fleet behind the target
-//! (`GET /api/fleet`: the routing policy and every worker's in-flight requests from a kvroute
-//! gateway's `/debug/workers`, with KV usage, busy ratio, queue time and running / waiting
-//! requests scraped from each worker's `/metrics`, kvroute or vLLM names). Fleet answers are
-//! cached for a second, every upstream call is bounded in time and size, and a target that
-//! is not a kvroute gateway gives `available: false` with the reason.
+//! What the dashboard shows of the fleet behind the target (`GET /api/fleet`): the routing
+//! policy and every worker's in-flight requests from a kvroute gateway's `/debug/workers`, with
+//! KV usage, busy ratio, queue time and running / waiting requests read from each worker's
+//! `/metrics` (kvroute or vLLM names, through `kvroute_protocol::prometheus_text`), as
+//! `WorkerCard`s. Answers are cached for a second, every upstream call is bounded in time and
+//! size, and a target that is not a kvroute gateway gives `available: false` with the reason.
 
-use serde::{Deserialize, Serialize};
+use kvroute_protocol::prometheus_text::{first_value, samples};
+use serde::Serialize;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-/// The dashboard's settings.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
-#[serde(default, deny_unknown_fields)]
-pub struct DashboardConfig {
-    /// TTFT p95 objective, in milliseconds.
-    pub slo_ttft_p95_ms: f64,
-    /// TPOT p95 objective, in milliseconds.
-    pub slo_tpot_p95_ms: f64,
-    /// Lowest concurrency of the slider.
-    pub slider_min: usize,
-    /// Highest concurrency of the slider.
-    pub slider_max: usize,
-    /// Step of the slider.
-    pub slider_step: usize,
-    /// Baseline files' contents (`kvroute bench` writes them; each names its policy and
-    /// says whether the fleet simulator made it): compared with where no live arm measured.
-    #[cfg_attr(feature = "ts", ts(type = "Array<Baseline>"))]
-    pub baselines: Vec<serde_json::Value>,
-}
-
-/// The slider's default range and step: the reference demo's 60-180 conversations in steps of
-/// 20 (the demo's fleet is sized for it).
-pub const DEFAULT_SLIDER: (usize, usize, usize) = (60, 180, 20);
-
-/// The dashboard's default objectives, in milliseconds: the `goodput` policy's, so the
-/// gateways route for what the dashboard judges by.
-pub fn default_objectives_ms() -> (f64, f64) {
-    let g = kvroute_core::policy::GoodputConfig::default();
-    (g.ttft_secs * 1e3, g.tpot_secs * 1e3)
-}
-
-impl Default for DashboardConfig {
-    fn default() -> Self {
-        let (ttft, tpot) = default_objectives_ms();
-        Self {
-            slo_ttft_p95_ms: ttft,
-            slo_tpot_p95_ms: tpot,
-            slider_min: DEFAULT_SLIDER.0,
-            slider_max: DEFAULT_SLIDER.1,
-            slider_step: DEFAULT_SLIDER.2,
-            baselines: Vec::new(),
-        }
-    }
-}
-
-impl DashboardConfig {
-    /// Checks the settings.
-    pub fn validate(&self) -> Result<(), String> {
-        for (name, v) in [
-            ("slo_ttft_p95_ms", self.slo_ttft_p95_ms),
-            ("slo_tpot_p95_ms", self.slo_tpot_p95_ms),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(format!("{name} must be > 0, got {v}"));
-            }
-        }
-        if self.slider_min == 0
-            || self.slider_step == 0
-            || self.slider_min > self.slider_max
-            || self.slider_max > crate::MAX_CONCURRENCY
-        {
-            return Err(format!(
-                "the slider needs 1 <= min <= max <= {} and step >= 1, got {}..{} step {}",
-                crate::MAX_CONCURRENCY,
-                self.slider_min,
-                self.slider_max,
-                self.slider_step
-            ));
-        }
-        Ok(())
-    }
-}
 
 /// One worker as the dashboard shows it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -285,36 +211,17 @@ impl FleetReader {
             policy: v["policy"].as_str().map(str::to_string),
             queued: gateway
                 .ok()
-                .and_then(|t| sample(&t, "kvroute_queued_requests")),
+                .and_then(|t| first_value(&t, "kvroute_queued_requests")),
             workers,
         })
     }
 }
 
-/// The first sample of `name` (any labels) in Prometheus text.
-fn sample(text: &str, name: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        let rest = l.strip_prefix(name)?;
-        let rest = match rest.chars().next()? {
-            ' ' => rest,
-            '{' => &rest[rest.find('}')? + 1..],
-            _ => return None,
-        };
-        rest.split_whitespace().next()?.parse().ok()
-    })
-}
-
 /// The value of label `label` on the first series whose name starts with `prefix`.
 fn label_value(text: &str, prefix: &str, label: &str) -> Option<String> {
-    let needle = format!("{label}=\"");
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .find_map(|l| {
-            let labels = &l[l.find('{')? + 1..l.find('}')?];
-            let start = labels.find(&needle)? + needle.len();
-            let end = labels[start..].find('"')?;
-            Some(labels[start..start + end].chars().take(128).collect())
-        })
+    samples(text)
+        .filter(|s| s.name.starts_with(prefix))
+        .find_map(|s| Some(s.label(label)?.chars().take(128).collect()))
 }
 
 /// The engine and model of a worker, from its metrics: kvroute's simulated engine names
@@ -325,7 +232,7 @@ fn engine_of(text: &str) -> (Option<String>, Option<String>) {
         return (Some(format!("kvroute simulated ({profile})")), model);
     }
     for (prefix, engine) in [("vllm:", "vLLM"), ("sglang:", "SGLang")] {
-        if text.lines().any(|l| l.starts_with(prefix)) {
+        if samples(text).any(|s| s.name.starts_with(prefix)) {
             return (Some(engine.into()), label_value(text, prefix, "model_name"));
         }
     }
@@ -335,7 +242,7 @@ fn engine_of(text: &str) -> (Option<String>, Option<String>) {
 /// Fills a card from a worker's metrics (kvroute names first, vLLM's otherwise).
 fn apply_metrics(w: &mut WorkerCard, text: &str) {
     (w.engine, w.model) = engine_of(text);
-    let first = |names: &[&str]| names.iter().find_map(|n| sample(text, n));
+    let first = |names: &[&str]| names.iter().find_map(|n| first_value(text, n));
     w.kv_usage = first(&["kvroute_engine_kv_usage_ratio", "vllm:kv_cache_usage_perc"]);
     w.busy = first(&["kvroute_engine_busy_ratio"]);
     w.running = first(&[
@@ -389,26 +296,24 @@ mod tests {
             (Some("vLLM".into()), Some("/m/llama".into()))
         );
         assert_eq!(engine_of("up 1\n"), (None, None));
+        // Quoted label values are read whole, escapes undone.
+        let quoted = "vllm:num_requests_running{model_name=\"a \\\"b\\\" }, c\"} 2\n";
+        assert_eq!(engine_of(quoted).1.as_deref(), Some("a \"b\" }, c"));
     }
 
     #[test]
-    fn the_slider_and_objectives_are_checked() {
-        assert!(DashboardConfig::default().validate().is_ok());
-        for bad in [
-            DashboardConfig {
-                slider_min: 0,
-                ..DashboardConfig::default()
-            },
-            DashboardConfig {
-                slider_min: 200,
-                ..DashboardConfig::default()
-            },
-            DashboardConfig {
-                slo_ttft_p95_ms: -1.0,
-                ..DashboardConfig::default()
-            },
-        ] {
-            assert!(bad.validate().is_err());
-        }
+    fn a_real_vllm_engines_metrics_fill_its_card() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../cli/tests/fixtures/vllm-0.32.0-metrics.txt"
+        );
+        let mut w = WorkerCard::default();
+        apply_metrics(&mut w, &std::fs::read_to_string(path).unwrap());
+        assert_eq!(w.engine.as_deref(), Some("vLLM"));
+        assert_eq!(w.model.as_deref(), Some("tiny-llama"));
+        assert_eq!(w.kv_usage, Some(0.0));
+        assert_eq!(w.running, Some(0.0));
+        assert_eq!(w.waiting, Some(0.0));
+        assert_eq!((w.busy, w.queue_time_secs), (None, None));
     }
 }
