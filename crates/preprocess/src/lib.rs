@@ -17,8 +17,8 @@
 //! (`strftime_now` in templates formats the fixed [`FIXED_DATE`]).
 
 mod approx;
-mod config;
 mod error;
+mod hf_files;
 mod jinja;
 mod pieces;
 pub use pieces::CACHE_BYTES as PIECE_CACHE_BYTES;
@@ -60,9 +60,9 @@ const BUILTIN_CONFIG: &[u8] = include_bytes!("../assets/tokenizer/tokenizer_conf
 
 /// The builtin tokenizer, parsed once per process.
 static BUILTIN: LazyLock<Arc<Inner>> = LazyLock::new(|| {
-    let tokenizer = config::load_tokenizer(BUILTIN_TOKENIZER, "builtin tokenizer.json")
+    let tokenizer = hf_files::load_tokenizer(BUILTIN_TOKENIZER, "builtin tokenizer.json")
         .expect("the embedded tokenizer.json is valid (covered by tests)");
-    let chat = config::parse_tokenizer_config(BUILTIN_CONFIG, "builtin tokenizer_config.json")
+    let chat = hf_files::parse_tokenizer_config(BUILTIN_CONFIG, "builtin tokenizer_config.json")
         .expect("the embedded tokenizer_config.json is valid (covered by tests)");
     let state = TokenizerState::new(
         tokenizer,
@@ -118,7 +118,7 @@ impl TokenizerState {
     fn new(
         tokenizer: Tokenizer,
         json: &[u8],
-        chat: config::ChatConfig,
+        chat: hf_files::ChatConfig,
         source: Source,
         origin: &str,
     ) -> Result<Self, PreprocessError> {
@@ -170,14 +170,14 @@ impl Preprocessor {
     pub fn from_dir(dir: &Path) -> Result<Self, PreprocessError> {
         let tokenizer_path = dir.join("tokenizer.json");
         let config_path = dir.join("tokenizer_config.json");
-        let tokenizer_bytes = config::read(&tokenizer_path)?;
-        let config_bytes = config::read(&config_path)?;
+        let tokenizer_bytes = hf_files::read(&tokenizer_path)?;
+        let config_bytes = hf_files::read(&config_path)?;
         let tokenizer =
-            config::load_tokenizer(&tokenizer_bytes, &tokenizer_path.display().to_string())?;
+            hf_files::load_tokenizer(&tokenizer_bytes, &tokenizer_path.display().to_string())?;
         let config_origin = config_path.display().to_string();
-        let mut chat = config::parse_tokenizer_config(&config_bytes, &config_origin)?;
+        let mut chat = hf_files::parse_tokenizer_config(&config_bytes, &config_origin)?;
         if let Err(missing) = &chat.template {
-            chat.template = config::fallback_template(dir, missing.clone())?;
+            chat.template = hf_files::fallback_template(dir, missing.clone())?;
         }
         let state = TokenizerState::new(
             tokenizer,
