@@ -82,7 +82,7 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
         .map_err(unknown)?;
         let (_, view) =
             parse_request(endpoint, &body, gw.config.limits.max_prompt_tokens).map_err(unknown)?;
-        if !gw.serves(&view.model) {
+        if !gw.models.serves(&view.model) {
             // Counted under one label: a client's names must not grow the metric's series.
             return Err((
                 ApiError::model_not_found(&view.model).into(),
@@ -140,7 +140,7 @@ async fn models(State(gw): State<Arc<Gateway>>) -> Response {
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let (models, adapters) = (gw.models(), gw.adapters());
+    let (models, adapters) = (gw.models.names(), gw.models.adapters());
     let base = (models.len() == 1).then(|| models[0].as_str());
     Json(ModelList::with_adapters(
         &models, base, &adapters, created, "kvroute",

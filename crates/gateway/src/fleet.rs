@@ -133,14 +133,15 @@ pub fn start_events(
                 let sub = events::PollSubscription {
                     worker: entry.name.clone(),
                     url: w.event_poll_url().unwrap_or_default(),
-                    api_key: gw.upstream_key(w).map(str::to_string),
+                    api_key: gw.upstream.key_for(w).map(str::to_string),
                     interval_secs: up.event_poll_secs,
                     timeout_secs: up.event_poll_timeout_secs,
                     max_bytes: up.max_event_message_bytes,
                     block_size: gw.config.router.block_size as u64,
                     ranks,
                 };
-                let mut rank_feeds = events::poll_feeds(gw.client.clone(), sub).into_iter();
+                let mut rank_feeds =
+                    events::poll_feeds(gw.upstream.client().clone(), sub).into_iter();
                 let Some(first) = rank_feeds.next() else {
                     continue;
                 };

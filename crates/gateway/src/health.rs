@@ -7,6 +7,7 @@
 //! the model names the workers serve.
 
 use crate::state::Gateway;
+use crate::upstream::with_key;
 use kvroute_core::WorkerId;
 use kvroute_protocol::openai::ModelList;
 use std::collections::HashMap;
@@ -41,7 +42,7 @@ async fn pass(gw: &Arc<Gateway>) {
     let workers = gw.registry.all();
     let mut urls: Vec<(&str, Option<&str>)> = workers
         .iter()
-        .map(|w| (w.spec.url.as_str(), gw.upstream_key(&w.spec)))
+        .map(|w| (w.spec.url.as_str(), gw.upstream.key_for(&w.spec)))
         .collect();
     urls.sort_unstable();
     urls.dedup_by_key(|u| u.0);
@@ -99,7 +100,7 @@ async fn pass(gw: &Arc<Gateway>) {
 async fn probe(gw: &Gateway, url: &str, key: Option<&str>) -> Probe {
     let base = url.trim_end_matches('/');
     let timeout = Duration::from_secs_f64(gw.config.health.timeout_secs);
-    match with_key(gw.client.get(format!("{base}/health")), key)
+    match with_key(gw.upstream.client().get(format!("{base}/health")), key)
         .timeout(timeout)
         .send()
         .await
@@ -108,14 +109,6 @@ async fn probe(gw: &Gateway, url: &str, key: Option<&str>) -> Probe {
         Ok(_) => Probe::Failed,
         Err(e) if e.is_connect() && !e.is_timeout() => Probe::Refused,
         Err(_) => Probe::Failed,
-    }
-}
-
-/// `req` with the worker's key, when it has one.
-pub(crate) fn with_key(req: reqwest::RequestBuilder, key: Option<&str>) -> reqwest::RequestBuilder {
-    match key {
-        Some(k) => req.bearer_auth(k),
-        None => req,
     }
 }
 
@@ -130,7 +123,10 @@ async fn get_bounded(
     limit: usize,
 ) -> Option<Vec<u8>> {
     let read = async {
-        let mut resp = with_key(gw.client.get(url), key).send().await.ok()?;
+        let mut resp = with_key(gw.upstream.client().get(url), key)
+            .send()
+            .await
+            .ok()?;
         if !resp.status().is_success() {
             return None;
         }
@@ -153,7 +149,7 @@ async fn learn_models(gw: &Gateway, base: &str, key: Option<&str>, timeout: Dura
         return;
     };
     if let Ok(list) = serde_json::from_slice::<ModelList>(&bytes) {
-        gw.learn_models(list.data);
+        gw.models.learn(&list.data);
     }
 }
 

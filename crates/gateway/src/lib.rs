@@ -23,6 +23,7 @@ pub mod fleet;
 mod health;
 pub mod kv_groups;
 mod metrics;
+mod models;
 pub mod plane;
 mod proxy;
 pub mod registry;
@@ -30,6 +31,7 @@ mod routing;
 pub mod sequence;
 mod state;
 mod table;
+mod upstream;
 
 pub use config::{ConfigError, GatewayConfig, WorkerSpec};
 pub use error::GatewayError;

@@ -175,7 +175,8 @@ async fn send(
         .url(call.view.endpoint)
         .map_err(|e| GatewayError::Internal(format!("worker {} URL: {e}", w.name)))?;
     let mut req = gw
-        .client
+        .upstream
+        .client()
         .post(url)
         .header(header::CONTENT_TYPE, "application/json")
         .header(REQUEST_ID_HEADER, &call.request_id);
@@ -186,7 +187,7 @@ async fn send(
         Some(client) if gw.config.upstream.forward_authorization => {
             req.header(header::AUTHORIZATION, client)
         }
-        _ => crate::health::with_key(req, gw.upstream_key(&w.spec)),
+        _ => crate::upstream::with_key(req, gw.upstream.key_for(&w.spec)),
     };
     let req = req.body(body).send();
     let timeout = Duration::from_secs_f64(gw.config.upstream.first_byte_timeout_secs);
@@ -327,7 +328,7 @@ fn answer(
 /// Reads a whole answer, bounded; on failure returns an error body and a code.
 async fn read_body(gw: &Gateway, mut resp: reqwest::Response) -> (Option<&'static str>, Bytes) {
     let limit = gw.config.limits.max_response_bytes;
-    let idle = gw.upstream_idle_timeout();
+    let idle = gw.upstream.idle_timeout();
     let mut buf = Vec::new();
     loop {
         let Ok(chunk) = tokio::time::timeout(idle, resp.chunk()).await else {

@@ -40,7 +40,7 @@ pub async fn prepare(
     let block_size = gw.table.block_size();
     // Hashed as the engines key their caches: per LoRA adapter (a `model` naming one) and
     // per cache salt.
-    let lora = gw.adapter_of(&view.model);
+    let lora = gw.models.adapter_of(&view.model);
     let salt = view.cache_salt.as_deref();
     let namespace = Namespace::new(lora, salt);
     let prompt = BlockedPrompt::new(&tokens, block_size, namespace);

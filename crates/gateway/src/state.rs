@@ -5,13 +5,14 @@ use crate::bookings::{Bookings, Waiter};
 use crate::clock::Clock;
 use crate::config::GatewayConfig;
 use crate::metrics::Metrics;
+use crate::models::Models;
 use crate::registry::Registry;
 use crate::table::RoutingTable;
+use crate::upstream::Upstream;
 use kvroute_core::{QueueState, Router, Time, WorkerId};
 use kvroute_preprocess::Preprocessor;
-use kvroute_protocol::openai::ModelCard;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 /// Shared by every handler and background task.
 pub struct Gateway {
@@ -25,22 +26,19 @@ pub struct Gateway {
     pub(crate) registry: Registry,
     /// Chat template and tokenizer (or approximate mode).
     pub(crate) preprocessor: Preprocessor,
-    /// Calls to workers.
-    pub(crate) client: reqwest::Client,
+    /// Calls to workers: the client, keys, timeouts.
+    pub(crate) upstream: Upstream,
+    /// The model and adapter names served.
+    pub(crate) models: Models,
     /// Metrics.
     pub(crate) metrics: Metrics,
     /// The policy's name (metric label).
     pub(crate) policy: &'static str,
     /// Where the gateway's times come from.
     pub(crate) clock: Clock,
-    models: RwLock<Vec<String>>,
-    adapters: RwLock<Vec<String>>,
     /// The event plane's connection, when the gateway has one.
     pub(crate) plane: std::sync::OnceLock<crate::plane::Connection>,
 }
-
-/// At most this many model names and adapter names are learned from workers.
-const MAX_LEARNED_NAMES: usize = 1024;
 
 impl Gateway {
     /// The state for `config` (checked) with `preprocessor`, on `clock`.
@@ -53,8 +51,8 @@ impl Gateway {
         clock: Clock,
     ) -> Self {
         let registry = Registry::new(&config.workers);
-        let models = config.models.clone();
-        let adapters = config.lora_adapters.clone();
+        let models = Models::new(config.models.clone(), config.lora_adapters.clone());
+        let upstream = Upstream::new(client, &config);
         let table = Arc::new(RoutingTable::new(router, metrics.queued.clone()));
         let bookings = Arc::new(Bookings::new(
             table.clone(),
@@ -68,11 +66,10 @@ impl Gateway {
             bookings,
             registry,
             preprocessor,
-            client,
+            upstream,
             metrics,
             clock,
-            models: RwLock::new(models),
-            adapters: RwLock::new(adapters),
+            models,
             plane: std::sync::OnceLock::new(),
         }
     }
@@ -93,63 +90,9 @@ impl Gateway {
         self.table.released();
     }
 
-    /// The key to send a worker: its own, else `upstream.api_key`.
-    pub fn upstream_key<'a>(&'a self, spec: &'a crate::WorkerSpec) -> Option<&'a str> {
-        spec.api_key
-            .as_ref()
-            .or(self.config.upstream.api_key.as_ref())
-            .map(|k| k.0.as_str())
-    }
-
     /// How long a client may take to send a request body.
     pub fn body_read_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(self.config.limits.body_read_timeout_secs)
-    }
-
-    /// How long a worker's answer may go silent after its first byte.
-    pub fn upstream_idle_timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_secs_f64(self.config.upstream.idle_timeout_secs)
-    }
-
-    /// The model names served: configured, else learned from workers.
-    pub fn models(&self) -> Vec<String> {
-        self.models
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Whether `model` is served (always, while nothing is known): a model, or a LoRA
-    /// adapter of one.
-    pub fn serves(&self, model: &str) -> bool {
-        let known = {
-            let models = self.models.read().unwrap_or_else(|p| p.into_inner());
-            models.is_empty() || models.iter().any(|m| m == model)
-        };
-        known || self.adapter_of(model).is_some()
-    }
-
-    /// Adds the model names a worker listed (when none were configured) and the LoRA
-    /// adapters among them (entries with a parent model).
-    pub fn learn_models(&self, cards: Vec<ModelCard>) {
-        let learn = |list: &RwLock<Vec<String>>, names: &mut dyn Iterator<Item = &String>| {
-            let mut list = list.write().unwrap_or_else(|p| p.into_inner());
-            for n in names {
-                if !list.contains(n) && list.len() < MAX_LEARNED_NAMES {
-                    list.push(n.clone());
-                }
-            }
-        };
-        if self.config.models.is_empty() {
-            learn(&self.models, &mut cards.iter().map(|c| &c.id));
-        }
-        learn(
-            &self.adapters,
-            &mut cards
-                .iter()
-                .filter(|c| c.parent.as_ref().is_some_and(|p| *p != c.id))
-                .map(|c| &c.id),
-        );
     }
 
     /// Compares a request's prediction with what the engine reported, per worker; a worker
@@ -220,26 +163,6 @@ impl Gateway {
             .set(0);
         tracing::warn!(worker = %name, reason = verdict.as_str(), "rebuilding the worker's index from its replay service");
         entry.repair.notify_one();
-    }
-
-    /// The LoRA adapter names known.
-    pub fn adapters(&self) -> Vec<String> {
-        self.adapters
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// The LoRA adapter a request's `model` names (configured or listed by a worker): the
-    /// adapter's name itself (vLLM), or `base:adapter` (SGLang).
-    pub fn adapter_of<'m>(&self, model: &'m str) -> Option<&'m str> {
-        let adapters = self.adapters.read().unwrap_or_else(|p| p.into_inner());
-        let is = |name: &str| adapters.iter().any(|a| a == name);
-        if is(model) {
-            return Some(model);
-        }
-        let (_, adapter) = model.rsplit_once(':')?;
-        is(adapter).then_some(adapter)
     }
 
     /// Takes a worker out of routing (it keeps its index entries and load: an engine that

@@ -263,7 +263,7 @@ impl Session {
         let (_, view) = parse_request(endpoint, &self.body, gw.config().limits.max_prompt_tokens)
             .map_err(unknown)?;
         let model = view.model.clone();
-        if !gw.serves(&view.model) {
+        if !gw.models.serves(&view.model) {
             // Counted under one label: a client's names must not grow the metric's series.
             return Err((
                 ApiError::model_not_found(&view.model).into(),

@@ -165,7 +165,7 @@ fn split(outs: &mut [Out], events: Vec<PulledEvent>) {
 
 /// One call: the answer's body, read up to `max_bytes`.
 async fn fetch(client: &reqwest::Client, sub: &PollSubscription) -> Result<Vec<u8>, String> {
-    let mut resp = crate::health::with_key(client.post(&sub.url), sub.api_key.as_deref())
+    let mut resp = crate::upstream::with_key(client.post(&sub.url), sub.api_key.as_deref())
         .timeout(Duration::from_secs_f64(sub.timeout_secs))
         .send()
         .await

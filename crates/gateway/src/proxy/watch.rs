@@ -44,7 +44,7 @@ impl Watch {
         prediction: Prediction,
     ) -> Self {
         Self {
-            idle: gw.upstream_idle_timeout(),
+            idle: gw.upstream.idle_timeout(),
             gw,
             guard: Some(guard),
             guard_first_token: false,
