@@ -217,10 +217,8 @@ fn required_matcher(f: Family) -> &'static str {
 
 /// The sample names of a Prometheus text exposition.
 fn sample_names(text: &str) -> BTreeSet<String> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| l.split(['{', ' ']).next())
-        .map(str::to_string)
+    kvroute_protocol::prometheus_text::samples(text)
+        .map(|s| s.name.to_string())
         .collect()
 }
 

@@ -136,9 +136,9 @@ async fn concurrency_changes_take_effect_without_cutting_conversations() {
             .text()
             .await
             .unwrap();
-        text.lines()
-            .filter(|l| l.starts_with("kvroute_requests_total{"))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        kvroute_protocol::prometheus_text::samples(&text)
+            .filter(|s| s.name == "kvroute_requests_total")
+            .map(|s| s.value)
             .sum::<f64>()
     };
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);

@@ -255,6 +255,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvroute_protocol::prometheus_text;
 
     #[test]
     fn every_sample_line_is_name_labels_value_and_counters_follow_the_snapshot() {
@@ -294,9 +295,7 @@ mod tests {
             "{text}"
         );
         for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let (name, value) = line.rsplit_once(' ').unwrap();
-            assert!(value.parse::<f64>().is_ok(), "{line}");
-            assert!(!name.is_empty(), "{line}");
+            assert!(prometheus_text::parse_line(line).is_some(), "{line}");
         }
         snap.lock().unwrap().prompt_tokens_total = 12;
         let text = metrics.render().unwrap();

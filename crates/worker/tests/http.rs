@@ -339,19 +339,8 @@ async fn models_health_and_metrics() {
         assert_eq!(r.status(), 200);
         let text = scrape(&client, &w.url()).await;
         for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let (name, value) = line.rsplit_once(' ').expect(line);
-            assert!(value.parse::<f64>().is_ok(), "value of {line:?}");
-            let bare = name.split('{').next().unwrap();
-            assert!(
-                !bare.is_empty()
-                    && bare
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
-                "name of {line:?}"
-            );
-            if let Some(labels) = name.strip_prefix(bare) {
-                assert!(labels.is_empty() || (labels.starts_with('{') && labels.ends_with('}')));
-            }
+            let parsed = kvroute_protocol::prometheus_text::parse_line(line);
+            assert!(parsed.is_some(), "{line:?}");
         }
         assert_eq!(sample(&text, "kvroute_engine_prompt_tokens_total"), Some(40.0));
         assert_eq!(sample(&text, "kvroute_engine_generation_tokens_total"), Some(4.0));
