@@ -22,6 +22,8 @@ mod zmq;
 pub use self::poll::{poll_feeds, PollSubscription};
 pub use self::zmq::{zmq_feed, ZmqReplay, ZmqSubscription, END_SEQ};
 
+use crate::backoff;
+use crate::clock::Clock;
 use crate::registry::{CacheState, WorkerEntry};
 use crate::sequence::{
     classify, complete_from_start, judge_back, verdict, Back, Mark, Recent, Step, Verdict,
@@ -196,7 +198,7 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
             load_snapshot(&gw, entry, &mut t, snap);
         }
     }
-    let mut retry = Retry::default();
+    let mut retry = Retry::new(gw.clock);
     let synced = resync(&gw, entry, replay, &mut t, "start").await;
     retry.after(synced, replay.is_some());
     loop {
@@ -277,30 +279,31 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
     tracing::info!(worker = %entry.name, "KV event feed ended");
 }
 
-/// When to ask an unanswering replay service again: after 1 s, doubling up to 30 s, until
-/// it answers.
-#[derive(Default)]
+/// When to ask an unanswering replay service again: [`backoff::replay`]'s pauses (1 s,
+/// doubling up to 30 s) on the gateway's clock, until it answers.
 struct Retry {
+    clock: Clock,
     at: Option<tokio::time::Instant>,
-    backoff: std::time::Duration,
+    pauses: backoff::Pauses,
 }
 
 impl Retry {
-    const FIRST: std::time::Duration = std::time::Duration::from_secs(1);
-    const MAX: std::time::Duration = std::time::Duration::from_secs(30);
+    fn new(clock: Clock) -> Self {
+        Self {
+            clock,
+            at: None,
+            pauses: backoff::Pauses::new(backoff::replay()),
+        }
+    }
 
     /// Notes what a re-synchronisation found.
     fn after(&mut self, synced: Synced, has_replay: bool) {
         if synced == Synced::NoAnswer && has_replay {
-            self.backoff = if self.backoff.is_zero() {
-                Self::FIRST
-            } else {
-                (self.backoff * 2).min(Self::MAX)
-            };
-            self.at = Some(tokio::time::Instant::now() + self.backoff);
+            let due = self.clock.now().plus(self.pauses.next());
+            self.at = Some(self.clock.instant(due));
         } else {
             self.at = None;
-            self.backoff = std::time::Duration::ZERO;
+            self.pauses.reset();
         }
     }
 

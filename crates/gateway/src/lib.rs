@@ -10,6 +10,7 @@
 
 pub mod accuracy;
 mod api;
+mod backoff;
 mod bookings;
 pub mod capacity;
 pub mod clock;

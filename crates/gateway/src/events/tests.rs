@@ -1,5 +1,5 @@
 //! Ingestion's paths that the integration tests cannot reach on purpose: a stored snapshot
-//! the router refuses.
+//! the router refuses; when an unanswering replay service is asked again.
 
 use super::*;
 use crate::clock::Clock;
@@ -65,4 +65,30 @@ fn a_snapshot_the_router_refuses_leaves_the_index_empty_and_returns() {
         None
     );
     assert_eq!(gw.table.read(|r| r.cached_blocks(WorkerId(1))), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unanswering_replay_service_is_asked_again_after_doubling_pauses_until_it_answers() {
+    let mut retry = Retry::new(Clock::starting_now());
+    let start = tokio::time::Instant::now();
+    let mut asked = Vec::new();
+    retry.after(Synced::NoAnswer, true);
+    for _ in 0..7 {
+        retry.due().await;
+        asked.push(start.elapsed().as_secs());
+        retry.after(Synced::NoAnswer, true);
+    }
+    // 1, 2, 4, 8, 16, 30 and 30 s apart, on the gateway's (paused) clock.
+    assert_eq!(asked, [1, 3, 7, 15, 31, 61, 91]);
+    // It answered: nothing is pending, and the next silence begins at 1 s again.
+    retry.after(Synced::Same, true);
+    let never = Duration::from_secs(3600);
+    assert!(tokio::time::timeout(never, retry.due()).await.is_err());
+    let t = tokio::time::Instant::now();
+    retry.after(Synced::NoAnswer, true);
+    retry.due().await;
+    assert_eq!(t.elapsed(), Duration::from_secs(1));
+    // Without a replay service there is no one to ask.
+    retry.after(Synced::NoAnswer, false);
+    assert!(tokio::time::timeout(never, retry.due()).await.is_err());
 }

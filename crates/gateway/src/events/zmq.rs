@@ -16,6 +16,7 @@
 //!   `["", 0xFF..FF, ""]`. Both are read.
 
 use super::{EventFeed, FeedItem, Replay};
+use crate::backoff;
 use futures_util::future::BoxFuture;
 use kvroute_protocol::kv_events::{decode_message, EventBatch};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -88,18 +89,19 @@ enum Ended {
 
 /// Runs sockets one after another until the feed is dropped. In connect mode a socket
 /// whose publisher went away, or whose handshake failed, is replaced by a new one (after a
-/// backoff that grows while no handshake succeeds): libzmq reconnects by itself after a lost
+/// pause of [`backoff::reconnect`], growing while no handshake succeeds; the thread sleeps,
+/// on the system's clock: it runs no tokio runtime): libzmq reconnects by itself after a lost
 /// connection, but never after a protocol error (a frame over the size limit, a bad
 /// handshake, a TCP connection to itself), which shows only as a disconnect or a failed
 /// handshake.
 fn subscribe_thread(ctx: &zmq::Context, sub: ZmqSubscription, tx: mpsc::Sender<FeedItem>) {
-    let mut backoff = Duration::from_millis(100);
+    let mut pauses = backoff::Pauses::new(backoff::reconnect());
     loop {
         match run_socket(ctx, &sub, &tx) {
             Ok(Ended::Dropped) => return,
             Ok(Ended::Reconnect { handshaked }) => {
                 if handshaked {
-                    backoff = Duration::from_millis(100);
+                    pauses.reset();
                 }
             }
             Err(e) => {
@@ -109,8 +111,7 @@ fn subscribe_thread(ctx: &zmq::Context, sub: ZmqSubscription, tx: mpsc::Sender<F
         if tx.is_closed() {
             return;
         }
-        std::thread::sleep(backoff);
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        std::thread::sleep(pauses.next());
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::items;
 use super::PlaneConfig;
+use crate::backoff;
 use crate::events::{EventFeed, FeedItem, Replay};
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig, consumer::DeliverPolicy};
 use futures_util::future::BoxFuture;
@@ -10,14 +11,10 @@ use futures_util::StreamExt;
 use kvroute_protocol::kv_events::EventBatch;
 use kvroute_protocol::plane::{self as wire, Envelope, ReplayPage, ReplayRequest};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 /// Items buffered between the consumer and the ingestion.
 const FEED_BUFFER: usize = 4096;
-
-/// The longest pause before the consumer is made again after an error.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// A connection to the plane and whether it is up now.
 #[derive(Clone, Debug)]
@@ -97,7 +94,8 @@ async fn consume(conn: Connection, plane: PlaneConfig, worker: String, tx: mpsc:
     let mut last: Option<u64> = None;
     // When the stream read was made: another time means it was deleted and made again.
     let mut created_at: Option<i128> = None;
-    let mut backoff = Duration::from_millis(100);
+    // Before the consumer is made again after an error; reset once it is made.
+    let mut pauses = backoff::Pauses::new(backoff::reconnect());
     loop {
         if tx.is_closed() {
             return;
@@ -140,14 +138,13 @@ async fn consume(conn: Connection, plane: PlaneConfig, worker: String, tx: mpsc:
                 }
                 Err(e) => {
                     tracing::warn!(%worker, error = %e, "event plane: consumer not made; trying again");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    tokio::time::sleep(pauses.next()).await;
                     continue;
                 }
             },
             () = tx.closed() => return,
         };
-        backoff = Duration::from_millis(100);
+        pauses.reset();
         let mut remake = false;
         loop {
             let item = tokio::select! {

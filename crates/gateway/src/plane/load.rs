@@ -9,7 +9,9 @@
 
 use super::feed::Connection;
 use super::{unix_ns, PlaneConfig};
+use crate::backoff;
 use crate::state::Gateway;
+use backon::Retryable;
 use futures_util::StreamExt;
 use kvroute_core::{PeerBooking, SequenceHash, WorkerId};
 use kvroute_protocol::plane::{LoadMessage, LoadOp, VERSION};
@@ -143,16 +145,15 @@ async fn publish(
 }
 
 async fn receive(gw: Arc<Gateway>, client: async_nats::Client, subject: String, replica: u64) {
-    let mut backoff = Duration::from_millis(100);
-    let mut sub = loop {
-        match client.subscribe(subject.clone()).await {
-            Ok(s) => break s,
-            Err(e) => {
-                tracing::warn!(%subject, error = %e, "cannot subscribe to the replicas' load; trying again");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-            }
-        }
+    let subscribed = (|| client.subscribe(subject.clone()))
+        .retry(backoff::reconnect())
+        .notify(|e, _| {
+            tracing::warn!(%subject, error = %e, "cannot subscribe to the replicas' load; trying again");
+        })
+        .await;
+    // The policy never gives up: subscribed.
+    let Ok(mut sub) = subscribed else {
+        return;
     };
     // Worker names to ids, made again whenever the fleet changed.
     let mut names: HashMap<String, WorkerId> = HashMap::new();

@@ -10,13 +10,14 @@
 
 use super::items;
 use super::PlaneConfig;
+use crate::backoff;
 use crate::events::{EventFeed, Replay};
 use async_nats::jetstream;
+use backon::Retryable;
 use futures_util::StreamExt;
 use kvroute_protocol::kv_events::EventFormat;
 use kvroute_protocol::plane::{self as wire, Envelope, ReplayPage, ReplayRequest, VERSION};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// What a relay publishes and how.
 #[derive(Clone, Debug)]
@@ -30,9 +31,6 @@ pub struct RelayOptions {
     /// The relay's incarnation (distinct for every start: the dedup ids depend on it).
     pub incarnation: u64,
 }
-
-/// The longest pause between two tries of a publish.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Publishes `feed` until it ends, answering replay requests meanwhile. Returns how many
 /// items were published.
@@ -60,58 +58,55 @@ pub async fn run_relay(client: async_nats::Client, opts: RelayOptions, mut feed:
     n
 }
 
-/// Creates the stream when it is missing, trying until NATS answers.
+/// Creates the stream when it is missing, trying until NATS answers (after pauses of
+/// [`backoff::reconnect`]).
 pub(super) async fn ensure_stream(js: &jetstream::Context, plane: &PlaneConfig) {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        match js.get_or_create_stream(plane.stream_config()).await {
-            Ok(_) => return,
-            Err(e) => {
-                tracing::warn!(stream = %plane.stream, error = %e, "event plane: stream not ready; trying again");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-            }
-        }
-    }
+    // The policy never gives up: the stream is there when this returns.
+    let _ = (|| js.get_or_create_stream(plane.stream_config()))
+        .retry(backoff::reconnect())
+        .notify(|e, _| {
+            tracing::warn!(stream = %plane.stream, error = %e, "event plane: stream not ready; trying again");
+        })
+        .await;
 }
 
-/// Publishes one envelope, retrying with the same dedup id until it is acknowledged.
+/// Publishes one envelope, retrying with the same dedup id until it is acknowledged (after
+/// pauses of [`backoff::publish`]).
 async fn publish(js: &jetstream::Context, subject: &str, e: &Envelope) {
     let bytes: bytes::Bytes = e.encode().into();
     let id = e.dedup_id();
-    let mut backoff = Duration::from_millis(50);
+    let id = id.as_str();
     let mut tries = 0u32;
-    loop {
+    let acked = (|| {
         let mut headers = async_nats::HeaderMap::new();
-        headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
-        let result = match js
-            .publish_with_headers(subject.to_string(), headers, bytes.clone())
-            .await
-        {
-            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        match result {
-            Ok(()) => {
-                if tries > 0 {
-                    tracing::info!(
-                        subject,
-                        n = e.n,
-                        tries,
-                        "event plane: published after retries"
-                    );
-                }
-                return;
-            }
-            Err(err) => {
-                tries += 1;
-                if tries == 1 || tries.is_power_of_two() {
-                    tracing::warn!(subject, n = e.n, tries, error = %err, "event plane: publish not acknowledged; trying again");
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
+        let bytes = bytes.clone();
+        async move {
+            match js
+                .publish_with_headers(subject.to_string(), headers, bytes)
+                .await
+            {
+                Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
             }
         }
+    })
+    .retry(backoff::publish())
+    .notify(|err: &String, _| {
+        tries += 1;
+        if tries == 1 || tries.is_power_of_two() {
+            tracing::warn!(subject, n = e.n, tries, error = %err, "event plane: publish not acknowledged; trying again");
+        }
+    })
+    .await;
+    // The policy never gives up: the envelope is acknowledged.
+    if acked.is_ok() && tries > 0 {
+        tracing::info!(
+            subject,
+            n = e.n,
+            tries,
+            "event plane: published after retries"
+        );
     }
 }
 
@@ -123,16 +118,15 @@ async fn serve_replay(
     replay: Option<Arc<dyn Replay>>,
 ) {
     let subject = opts.plane.replay_subject(&opts.worker);
-    let mut backoff = Duration::from_millis(100);
-    let mut sub = loop {
-        match client.subscribe(subject.clone()).await {
-            Ok(s) => break s,
-            Err(e) => {
-                tracing::warn!(%subject, error = %e, "relay: cannot subscribe for replay requests; trying again");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-            }
-        }
+    let subscribed = (|| client.subscribe(subject.clone()))
+        .retry(backoff::reconnect())
+        .notify(|e, _| {
+            tracing::warn!(%subject, error = %e, "relay: cannot subscribe for replay requests; trying again");
+        })
+        .await;
+    // The policy never gives up: subscribed.
+    let Ok(mut sub) = subscribed else {
+        return;
     };
     let timeout = opts.plane.request_timeout();
     while let Some(msg) = sub.next().await {
