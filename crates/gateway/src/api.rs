@@ -2,10 +2,10 @@
 //! endpoints (`/debug/workers`, `/debug/explain`, `/debug/reset`).
 
 use crate::error::{error_response, GatewayError};
+use crate::headers::REQUEST_ID_HEADER;
 use crate::proxy::{forward, Call};
 use crate::routing::prepare;
 use crate::state::Gateway;
-use crate::REQUEST_ID_HEADER;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -42,20 +42,8 @@ pub fn routes(gw: Arc<Gateway>, policy: &Arc<AccessPolicy>) -> Router {
 }
 
 fn request_id(gw: &Gateway, headers: &HeaderMap) -> String {
-    request_id_of(
-        gw,
-        headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()),
-    )
-}
-
-/// The request's id: the one it came with (up to 128 bytes), or a new one.
-pub(crate) fn request_id_of(gw: &Gateway, given: Option<&str>) -> String {
-    given
-        .filter(|s| !s.is_empty() && s.len() <= 128)
-        .map_or_else(
-            || format!("kvr-{:016x}", gw.bookings.next_request().0),
-            str::to_string,
-        )
+    gw.bookings
+        .request_id(headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()))
 }
 
 async fn chat(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
@@ -126,7 +114,7 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
 /// or `0`).
 fn migration_off(headers: &HeaderMap) -> bool {
     headers
-        .get(crate::MIGRATE_HEADER)
+        .get(crate::headers::MIGRATE_HEADER)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| {
             matches!(

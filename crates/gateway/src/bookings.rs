@@ -47,6 +47,16 @@ impl Bookings {
         RequestId(self.next_request.fetch_add(1, Ordering::Relaxed))
     }
 
+    /// A request's id: the one it came with (up to 128 bytes), or a new one.
+    pub fn request_id(&self, given: Option<&str>) -> String {
+        given
+            .filter(|s| !s.is_empty() && s.len() <= 128)
+            .map_or_else(
+                || format!("kvr-{:016x}", self.next_request().0),
+                str::to_string,
+            )
+    }
+
     /// Shares bookings with the other replicas from now on (set once; false when set
     /// already).
     pub fn share_with(&self, sharer: Arc<dyn ShareBookings>) -> bool {

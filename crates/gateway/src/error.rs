@@ -100,7 +100,8 @@ impl GatewayError {
 pub fn error_response(e: &ApiError, request_id: &str) -> Response {
     let mut resp = kvroute_protocol::openai::http::error_response(e);
     if let Ok(v) = HeaderValue::from_str(request_id) {
-        resp.headers_mut().insert(crate::REQUEST_ID_HEADER, v);
+        resp.headers_mut()
+            .insert(crate::headers::REQUEST_ID_HEADER, v);
     }
     resp
 }
@@ -155,7 +156,7 @@ mod tests {
             assert_eq!(api.status(), status, "{e}");
             let resp = error_response(&api, "id-1");
             assert_eq!(resp.status().as_u16(), status);
-            assert_eq!(resp.headers()[crate::REQUEST_ID_HEADER], "id-1");
+            assert_eq!(resp.headers()[crate::headers::REQUEST_ID_HEADER], "id-1");
             assert_eq!(
                 resp.headers().contains_key(axum::http::header::RETRY_AFTER),
                 status == 503

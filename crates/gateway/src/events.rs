@@ -155,11 +155,7 @@ fn load_snapshot(gw: &Gateway, entry: &WorkerEntry, t: &mut Tracker, snap: Snaps
             return;
         }
     }
-    *entry
-        .events
-        .last_mark
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) = Some(snap.mark);
+    entry.events.set_last_mark(Some(snap.mark));
     t.last = Some(snap.mark);
     t.recent.push(snap.mark);
     t.next = Some(snap.mark.seq.wrapping_add(1));
@@ -562,11 +558,7 @@ fn finish_sync(entry: &WorkerEntry, t: &mut Tracker, next: u64) {
 fn clear(gw: &Gateway, entry: &WorkerEntry) {
     entry.events.degraded.store(false, Ordering::Relaxed);
     gw.table.update(|r| r.clear_worker(entry.id));
-    *entry
-        .events
-        .last_mark
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) = None;
+    entry.events.set_last_mark(None);
 }
 
 /// Batches from `from` on, from the replay service within the configured time; None (and a
@@ -655,12 +647,7 @@ fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
     let mut device: Vec<kvroute_core::KvEvent> = Vec::with_capacity(batch.events.len());
     let mut device_at: Vec<usize> = Vec::with_capacity(batch.events.len());
     let mut offloaded: Vec<(usize, kvroute_core::Tier, kvroute_core::KvEvent)> = Vec::new();
-    {
-        let mut groups = entry
-            .events
-            .groups
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+    entry.events.with_groups(|groups| {
         for (i, e) in batch.events.iter().enumerate() {
             if let Err(ignored) = groups.judge(e) {
                 results[i].1 = ignored;
@@ -675,7 +662,7 @@ fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
                 Some(kv) => offloaded.push((i, e.tier(), kv)),
             }
         }
-    }
+    });
     let mut judged = |i: usize, r: Result<(), IndexError>| {
         results[i].1 = match r {
             Ok(()) => "applied",
@@ -692,11 +679,7 @@ fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
     };
     gw.table.update(|router| {
         // Under the router's lock: a snapshot taken under it pairs the index with its batch.
-        *entry
-            .events
-            .last_mark
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(Mark::of(batch));
+        entry.events.set_last_mark(Some(Mark::of(batch)));
         if offloaded.is_empty() {
             // The device's events in one pass (the index reads ahead across removals).
             router.apply_events_with(entry.id, &device, |k, r| judged(device_at[k], r));

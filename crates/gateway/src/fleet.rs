@@ -176,9 +176,5 @@ pub fn start_events(
 }
 
 fn own(entry: &WorkerEntry, task: tokio::task::JoinHandle<()>) {
-    entry
-        .tasks
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(task);
+    entry.own_task(task);
 }

@@ -21,10 +21,12 @@ mod error;
 pub mod events;
 mod explanation;
 pub mod fleet;
+pub mod headers;
 mod health;
 pub mod kv_groups;
 mod metrics;
 mod models;
+mod nats;
 pub mod plane;
 mod proxy;
 pub mod registry;
@@ -38,6 +40,9 @@ pub use config::{ConfigError, GatewayConfig, WorkerSpec};
 pub use error::GatewayError;
 pub use events::{EventFeed, FeedItem, Replay};
 pub use explanation::{EXPLAIN_HEADER, MAX_EXPLAINED_WORKERS, ROUTE_HEADER};
+pub use headers::{
+    DP_RANK_HEADER, MIGRATE_HEADER, PREDICTED_CACHED_HEADER, REQUEST_ID_HEADER, WORKER_HEADER,
+};
 pub use state::Gateway;
 
 use kvroute_core::Router;
@@ -46,22 +51,6 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
-
-/// The header carrying a request's id, both ways.
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
-/// The header that steers a request to one data-parallel rank of an engine (vLLM reads it
-/// in `_get_data_parallel_rank`, SGLang in its data-parallel controller).
-pub const DP_RANK_HEADER: &str = "x-data-parallel-rank";
-
-/// The header naming the worker that served a request.
-pub const WORKER_HEADER: &str = "x-kvroute-worker";
-
-/// The header carrying the prompt tokens the router expected the chosen worker to have
-/// cached (compare with the answer's `usage.prompt_tokens_details.cached_tokens`).
-pub const PREDICTED_CACHED_HEADER: &str = "x-kvroute-predicted-cached-tokens";
-
-/// The header by which a request opts out of mid-stream migration (`off`, `false` or `0`).
-pub const MIGRATE_HEADER: &str = "x-kvroute-migrate";
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]

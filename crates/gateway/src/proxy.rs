@@ -181,7 +181,7 @@ async fn send(
         .header(header::CONTENT_TYPE, "application/json")
         .header(REQUEST_ID_HEADER, &call.request_id);
     if let Some(rank) = w.spec.dp_rank {
-        req = req.header(crate::DP_RANK_HEADER, rank);
+        req = req.header(crate::headers::DP_RANK_HEADER, rank);
     }
     req = match &call.authorization {
         Some(client) if gw.config.upstream.forward_authorization => {

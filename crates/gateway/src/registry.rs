@@ -8,9 +8,10 @@ pub use crate::config::endpoint_url;
 use crate::config::WorkerSpec;
 use kvroute_core::WorkerId;
 use kvroute_protocol::openai::Endpoint;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 
 /// Whether a worker takes requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -89,9 +90,9 @@ pub struct WorkerEntry {
     /// A passing health check asked for `verify`, not answered yet.
     pub verifying: AtomicBool,
     /// Its recent predictions against what the engine reported.
-    pub accuracy: std::sync::Mutex<crate::accuracy::Tracker>,
+    accuracy: Mutex<crate::accuracy::Tracker>,
     /// When its index was last repaired (gateway time).
-    pub last_repair: std::sync::Mutex<Option<kvroute_core::Time>>,
+    last_repair: Mutex<Option<kvroute_core::Time>>,
     /// Notified when its predictions keep missing: its event ingestion rebuilds the index
     /// from the replay service.
     pub repair: tokio::sync::Notify,
@@ -102,14 +103,14 @@ pub struct WorkerEntry {
     /// Whether the gateway said admission judges this worker by its KV cache only.
     pub batch_warned: AtomicBool,
     /// The tasks that ingest its events (ended when it leaves the fleet).
-    pub tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 /// Counters of one worker's KV event stream.
 #[derive(Default)]
 pub struct EventStats {
     /// Which of its events count for its prefix cache (hybrid groups, tiers).
-    pub groups: std::sync::Mutex<crate::kv_groups::Groups>,
+    groups: Mutex<crate::kv_groups::Groups>,
     /// Next sequence number expected (0 before the first batch).
     pub next_seq: AtomicU64,
     /// Batches applied.
@@ -130,7 +131,24 @@ pub struct EventStats {
     pub degraded: AtomicBool,
     /// The batch applied last to the index (set under the router's lock, with the batch), for
     /// snapshots.
-    pub last_mark: Mutex<Option<crate::sequence::Mark>>,
+    last_mark: Mutex<Option<crate::sequence::Mark>>,
+}
+
+impl EventStats {
+    /// Runs `f` on the worker's prefix groups, locked for its duration.
+    pub fn with_groups<R>(&self, f: impl FnOnce(&mut crate::kv_groups::Groups) -> R) -> R {
+        f(&mut self.groups.lock())
+    }
+
+    /// The batch applied last to the index.
+    pub fn last_mark(&self) -> Option<crate::sequence::Mark> {
+        *self.last_mark.lock()
+    }
+
+    /// Notes the batch applied last to the index (`None`: the index was cleared).
+    pub fn set_last_mark(&self, mark: Option<crate::sequence::Mark>) {
+        *self.last_mark.lock() = mark;
+    }
 }
 
 impl WorkerEntry {
@@ -256,14 +274,44 @@ impl WorkerEntry {
         }
     }
 
+    /// Records a prediction sample: what it was judged, and the window's summary after it.
+    pub fn record_prediction(
+        &self,
+        sample: crate::accuracy::Sample,
+        config: &crate::config::AccuracyConfig,
+    ) -> (crate::accuracy::Recorded, crate::accuracy::Summary) {
+        let mut t = self.accuracy.lock();
+        let rec = t.record(sample, config);
+        (rec, t.summary())
+    }
+
+    /// The predictions' summary now.
+    pub fn prediction_summary(&self) -> crate::accuracy::Summary {
+        self.accuracy.lock().summary()
+    }
+
+    /// Takes a repair of the index at `now` unless the last one is under `cooldown` old
+    /// (true: repair now; the accuracy window starts afresh).
+    pub fn take_repair(&self, now: kvroute_core::Time, cooldown: std::time::Duration) -> bool {
+        {
+            let mut last = self.last_repair.lock();
+            if last.is_some_and(|t| now.0.saturating_sub(t.0) < cooldown) {
+                return false;
+            }
+            *last = Some(now);
+        }
+        self.accuracy.lock().repaired();
+        true
+    }
+
+    /// Makes `task` one of the worker's own: ended when it leaves.
+    pub fn own_task(&self, task: tokio::task::JoinHandle<()>) {
+        self.tasks.lock().push(task);
+    }
+
     /// Ends the tasks that ingest its events.
     pub fn stop_tasks(&self) {
-        for t in self
-            .tasks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
+        for t in self.tasks.lock().drain(..) {
             t.abort();
         }
     }
@@ -305,12 +353,12 @@ impl Registry {
         self.generation.load(Ordering::Acquire)
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<WorkerEntry>>> {
-        self.workers.read().unwrap_or_else(|p| p.into_inner())
+    fn read(&self) -> RwLockReadGuard<'_, Vec<Arc<WorkerEntry>>> {
+        self.workers.read()
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Arc<WorkerEntry>>> {
-        self.workers.write().unwrap_or_else(|p| p.into_inner())
+    fn write(&self) -> RwLockWriteGuard<'_, Vec<Arc<WorkerEntry>>> {
+        self.workers.write()
     }
 
     /// Every worker now, in id order.
@@ -365,11 +413,7 @@ impl Registry {
                 disconnects: w.events.disconnects.load(Ordering::Relaxed),
                 resubscribes: w.events.resubscribes.load(Ordering::Relaxed),
                 degraded: w.events.degraded.load(Ordering::Relaxed),
-                accuracy: w
-                    .accuracy
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .summary(),
+                accuracy: w.prediction_summary(),
             })
             .collect()
     }

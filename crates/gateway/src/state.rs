@@ -37,7 +37,7 @@ pub struct Gateway {
     /// Where the gateway's times come from.
     pub(crate) clock: Clock,
     /// The event plane's connection, when the gateway has one.
-    pub(crate) plane: std::sync::OnceLock<crate::plane::Connection>,
+    pub(crate) plane: std::sync::OnceLock<crate::nats::Connection>,
 }
 
 impl Gateway {
@@ -106,11 +106,7 @@ impl Gateway {
         let cfg = &self.config.accuracy;
         let name = entry.name.as_str();
         let m = &self.metrics;
-        let (rec, summary) = {
-            let mut t = entry.accuracy.lock().unwrap_or_else(|p| p.into_inner());
-            let rec = t.record(sample, cfg);
-            (rec, t.summary())
-        };
+        let (rec, summary) = entry.record_prediction(sample, cfg);
         m.predictions
             .with_label_values(&[name, rec.outcome.as_str()])
             .inc();
@@ -141,20 +137,11 @@ impl Gateway {
             return;
         }
         let now = self.now();
-        {
-            let mut last = entry.last_repair.lock().unwrap_or_else(|p| p.into_inner());
-            let cooldown = std::time::Duration::from_secs_f64(cfg.repair_cooldown_secs);
-            if last.is_some_and(|t| now.0.saturating_sub(t.0) < cooldown) {
-                tracing::info!(worker = %name, "index repair skipped: the last one is too recent");
-                return;
-            }
-            *last = Some(now);
+        let cooldown = std::time::Duration::from_secs_f64(cfg.repair_cooldown_secs);
+        if !entry.take_repair(now, cooldown) {
+            tracing::info!(worker = %name, "index repair skipped: the last one is too recent");
+            return;
         }
-        entry
-            .accuracy
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .repaired();
         m.prediction_repairs
             .with_label_values(&[name, verdict.as_str()])
             .inc();
@@ -310,7 +297,7 @@ impl Gateway {
     }
 
     /// The event plane's connection, when there is one.
-    pub fn plane(&self) -> Option<&crate::plane::Connection> {
+    pub fn plane(&self) -> Option<&crate::nats::Connection> {
         self.plane.get()
     }
 

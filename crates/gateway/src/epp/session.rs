@@ -195,8 +195,10 @@ impl Session {
     }
 
     async fn on_request_headers(&mut self, h: &HttpHeaders) -> Vec<ProcessingResponse> {
-        self.request_id =
-            crate::api::request_id_of(&self.gw, wire::header(h, crate::REQUEST_ID_HEADER));
+        self.request_id = self
+            .gw
+            .bookings
+            .request_id(wire::header(h, crate::headers::REQUEST_ID_HEADER));
         self.path = wire::header(h, ":path").unwrap_or("/").to_string();
         self.session_header = wire::header(h, "x-session-id").map(str::to_string);
         if h.end_of_stream || inference_endpoint(&self.path).is_none() {
@@ -289,9 +291,9 @@ impl Session {
                 worker.name, worker.spec.url
             )))
         })?;
-        let mut more = vec![(crate::REQUEST_ID_HEADER, self.request_id.clone())];
+        let mut more = vec![(crate::headers::REQUEST_ID_HEADER, self.request_id.clone())];
         if let Some(rank) = worker.spec.dp_rank {
-            more.push((crate::DP_RANK_HEADER, rank.to_string()));
+            more.push((crate::headers::DP_RANK_HEADER, rank.to_string()));
         }
         tracing::debug!(request_id = %self.request_id, worker = %worker.name, %endpoint, matched_blocks = sel.matched_blocks, "endpoint picked");
         self.pick = Some(Pick {
@@ -368,7 +370,7 @@ impl Session {
             .inc();
         vec![wire::routed(
             &endpoint,
-            &[(crate::REQUEST_ID_HEADER, self.request_id.clone())],
+            &[(crate::headers::REQUEST_ID_HEADER, self.request_id.clone())],
             false,
         )]
     }
@@ -426,12 +428,12 @@ impl Session {
             }
         };
         let set = [
-            (crate::WORKER_HEADER, pick.worker_name.clone()),
+            (crate::headers::WORKER_HEADER, pick.worker_name.clone()),
             (
-                crate::PREDICTED_CACHED_HEADER,
+                crate::headers::PREDICTED_CACHED_HEADER,
                 pick.prediction.predicted.to_string(),
             ),
-            (crate::REQUEST_ID_HEADER, self.request_id.clone()),
+            (crate::headers::REQUEST_ID_HEADER, self.request_id.clone()),
         ];
         let out = vec![wire::response_headers(&set)];
         if h.end_of_stream || self.no_response_body {

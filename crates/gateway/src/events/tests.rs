@@ -34,11 +34,7 @@ fn a_snapshot_the_router_refuses_leaves_the_index_empty_and_returns() {
         Clock::starting_now(),
     ));
     let entry = gw.registry.get(WorkerId(1)).expect("worker 1 configured");
-    *entry
-        .events
-        .last_mark
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) = Some(Mark::from_parts(3, 3));
+    entry.events.set_last_mark(Some(Mark::from_parts(3, 3)));
     let (tx, rx) = std::sync::mpsc::channel();
     let state = gw.clone();
     std::thread::spawn(move || {
@@ -56,14 +52,7 @@ fn a_snapshot_the_router_refuses_leaves_the_index_empty_and_returns() {
     // Not taken as applied: the start's re-synchronisation replays from the beginning.
     assert_eq!((last, next), (None, None));
     let entry = gw.registry.get(WorkerId(1)).unwrap();
-    assert_eq!(
-        *entry
-            .events
-            .last_mark
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()),
-        None
-    );
+    assert_eq!(entry.events.last_mark(), None);
     assert_eq!(gw.table.read(|r| r.cached_blocks(WorkerId(1))), 0);
 }
 

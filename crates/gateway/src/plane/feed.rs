@@ -16,14 +16,7 @@ use tokio::sync::{mpsc, watch};
 /// Items buffered between the consumer and the ingestion.
 const FEED_BUFFER: usize = 4096;
 
-/// A connection to the plane and whether it is up now.
-#[derive(Clone, Debug)]
-pub struct Connection {
-    /// The client.
-    pub client: async_nats::Client,
-    /// True while connected.
-    pub up: watch::Receiver<bool>,
-}
+pub use crate::nats::Connection;
 
 /// Connects to the plane as `name`. The client keeps trying in the background when the
 /// server is not there yet (and after every disconnect), so a gateway or relay starts

@@ -66,7 +66,7 @@ pub fn start(
                     continue;
                 }
                 let taken = gw.table.read(|r| {
-                    let mark = *w.events.last_mark.lock().unwrap_or_else(|p| p.into_inner());
+                    let mark = w.events.last_mark();
                     match mark {
                         Some(m) if written.get(&w.name) != Some(&m) => {
                             Some((m, r.export_worker(w.id)))
