@@ -7,16 +7,44 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-/// Libraries a pure crate must not depend on.
+/// Libraries a pure crate must not depend on: async runtimes, HTTP, gRPC, WebSocket, message
+/// and socket libraries, Kubernetes clients and TLS stacks. Not listed, as they do no IO:
+/// `k8s-openapi` (Kubernetes' API types), `prost` (protobuf), `futures-*` (the preprocess
+/// crate's reply channel), `rustls-pki-types`.
 const IO_LIBRARIES: &[&str] = &[
+    // async runtime
     "tokio",
+    "tokio-util",
+    "tokio-stream",
+    "mio",
+    // HTTP and gRPC
     "axum",
     "hyper",
     "hyper-util",
+    "h2",
     "reqwest",
+    "tower-http",
+    "tonic",
+    "tonic-health",
+    "envoy-types",
+    // messages and sockets
     "zmq",
-    "mio",
+    "async-nats",
+    "socket2",
+    "quinn",
+    // WebSocket
+    "tokio-tungstenite",
+    "tungstenite",
+    "tokio-websockets",
+    // Kubernetes clients
+    "kube",
+    "kube-client",
+    "kube-runtime",
+    // TLS (rustls-native-certs reads the system's certificates)
+    "rustls",
     "tokio-rustls",
+    "hyper-rustls",
+    "rustls-native-certs",
 ];
 
 fn root() -> PathBuf {
