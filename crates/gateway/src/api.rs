@@ -156,7 +156,7 @@ async fn live() -> Response {
 }
 
 async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
-    gw.refresh_gauges();
+    gw.workers.refresh_gauges();
     (
         [(
             header::CONTENT_TYPE,
@@ -181,7 +181,7 @@ async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
                     "worker": w,
                     "load": load,
                     "index_blocks": blocks,
-                    "index_evicted_blocks": crate::state::evicted_blocks(r, id),
+                    "index_evicted_blocks": crate::workers::evicted_blocks(r, id),
                     "offloaded_blocks": {
                         "host": offloaded.block_count(id, kvroute_core::Tier::Host),
                         "disk": offloaded.block_count(id, kvroute_core::Tier::Disk),
@@ -235,7 +235,7 @@ async fn debug_explain(State(gw): State<Arc<Gateway>>, req: Request) -> Response
 }
 
 async fn debug_reset(State(gw): State<Arc<Gateway>>) -> Response {
-    gw.reset_index();
+    gw.workers.reset_index();
     tracing::info!("index reset by request");
     Json(serde_json::json!({"status": "ok"})).into_response()
 }

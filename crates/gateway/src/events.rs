@@ -28,12 +28,28 @@ use crate::registry::{CacheState, WorkerEntry};
 use crate::sequence::{
     classify, complete_from_start, judge_back, verdict, Back, Mark, Recent, Step, Verdict,
 };
-use crate::state::Gateway;
+use crate::bookings::Waiter;
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+use crate::table::RoutingTable;
+use crate::workers::Workers;
 use kvroute_core::{IndexError, WorkerId};
 use kvroute_protocol::kv_events::{Event, EventBatch};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc;
+
+/// What ingestion writes through: the workers' registry and standing, the routing table
+/// (the index), the event counters; the replay service's time limit and the clock.
+pub struct Ingestion {
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) table: Arc<RoutingTable<Waiter>>,
+    pub(crate) workers: Arc<Workers>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) clock: Clock,
+    /// How long a replay service may take to answer.
+    pub(crate) replay_timeout: std::time::Duration,
+}
 
 /// Fetches batches from a sequence number on, from an engine's replay service.
 pub trait Replay: Send + Sync {
@@ -138,7 +154,7 @@ impl EventFeed {
 
 /// Loads `snap` into the worker's (empty) index and takes its batch as the one applied last:
 /// the start's re-synchronisation then asks the replay service for what followed.
-fn load_snapshot(gw: &Gateway, entry: &WorkerEntry, t: &mut Tracker, snap: Snapshot) {
+fn load_snapshot(ix: &Ingestion, entry: &WorkerEntry, t: &mut Tracker, snap: Snapshot) {
     let n = snap.blocks.len();
     for chunk in snap.blocks.chunks(SNAPSHOT_CHUNK) {
         let (names, seqs): (Vec<_>, Vec<_>) = chunk.iter().copied().unzip();
@@ -148,10 +164,10 @@ fn load_snapshot(gw: &Gateway, entry: &WorkerEntry, t: &mut Tracker, snap: Snaps
             sequence_hashes: seqs,
         });
         // The router's lock is let go before `clear` takes it again.
-        let applied = gw.table.update(|r| r.apply_event(entry.id, &ev));
+        let applied = ix.table.update(|r| r.apply_event(entry.id, &ev));
         if let Err(e) = applied {
             tracing::warn!(worker = %entry.name, error = %e, "snapshot refused; the index rebuilds from the replay");
-            clear(gw, entry);
+            clear(ix, entry);
             return;
         }
     }
@@ -180,8 +196,8 @@ struct Tracker {
 }
 
 /// Runs a worker's ingestion until its feed ends.
-pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
-    let Some(entry) = gw.registry.get(worker) else {
+pub async fn ingest(ix: Arc<Ingestion>, worker: WorkerId, mut feed: EventFeed) {
+    let Some(entry) = ix.registry.get(worker) else {
         return;
     };
     let entry = &*entry;
@@ -191,11 +207,11 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
     let replay = replay.as_deref();
     if let Some(r) = replay {
         if let Some(snap) = r.snapshot().await {
-            load_snapshot(&gw, entry, &mut t, snap);
+            load_snapshot(&ix, entry, &mut t, snap);
         }
     }
-    let mut retry = Retry::new(gw.clock);
-    let synced = resync(&gw, entry, replay, &mut t, "start").await;
+    let mut retry = Retry::new(ix.clock);
+    let synced = resync(&ix, entry, replay, &mut t, "start").await;
     retry.after(synced, replay.is_some());
     loop {
         let item = tokio::select! {
@@ -204,7 +220,7 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
                 // relay may reconnect after the gateway): ask again, unless events came
                 // meanwhile and made the index whole.
                 if entry.cache_state() == CacheState::Unknown && !t.away {
-                    let synced = resync(&gw, entry, replay, &mut t, "replay asked again").await;
+                    let synced = resync(&ix, entry, replay, &mut t, "replay asked again").await;
                     retry.after(synced, true);
                 } else {
                     retry.after(Synced::Same, true);
@@ -218,21 +234,21 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
             () = entry.repair.notified() => {
                 // Its predictions keep missing while the stream looked whole (events lost
                 // without a gap, a reset that kept its sequence).
-                repair(&gw, entry, replay, &mut t).await;
+                repair(&ix, entry, replay, &mut t).await;
                 continue;
             }
             () = entry.verify.notified() => {
                 // The worker answers again after failing: whether its engine restarted is
                 // for the replay service to say (even while the publisher is still away),
                 // before requests go there again.
-                let synced = resync(&gw, entry, replay, &mut t, "health check passed again").await;
+                let synced = resync(&ix, entry, replay, &mut t, "health check passed again").await;
                 retry.after(synced, replay.is_some());
-                gw.verified(entry.id);
+                ix.workers.verified(entry.id);
                 continue;
             }
         };
         match item {
-            FeedItem::Batch(b) => on_batch(&gw, entry, replay, &mut t, &b).await,
+            FeedItem::Batch(b) => on_batch(&ix, entry, replay, &mut t, &b).await,
             FeedItem::Connected => {
                 if t.away {
                     entry.events.resubscribes.fetch_add(1, Ordering::Relaxed);
@@ -240,7 +256,7 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
                 t.away = false;
                 // What the engine published before this subscription held (at start, or
                 // while it was away) is in its replay buffer.
-                let synced = resync(&gw, entry, replay, &mut t, "publisher connected").await;
+                let synced = resync(&ix, entry, replay, &mut t, "publisher connected").await;
                 retry.after(synced, replay.is_some());
             }
             FeedItem::Disconnected => {
@@ -250,7 +266,7 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
             }
             FeedItem::Lost { reason } => {
                 tracing::warn!(worker = %entry.name, %reason, "KV events lost for good; dropping the worker's index, which rebuilds from the events that follow");
-                clear(&gw, entry);
+                clear(&ix, entry);
                 entry.events.gaps.fetch_add(1, Ordering::Relaxed);
                 entry.events.degraded.store(true, Ordering::Relaxed);
                 t.lost = true;
@@ -259,19 +275,19 @@ pub async fn ingest(gw: Arc<Gateway>, worker: WorkerId, mut feed: EventFeed) {
             FeedItem::Restarted => {
                 entry.events.restarts.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(worker = %entry.name, "engine restarted (its event ids began again): dropping its index entries");
-                clear(&gw, entry);
+                clear(&ix, entry);
                 t.lost = false;
                 entry.set_cache_state(state_of(&t));
             }
             FeedItem::Undecodable(error) => {
                 tracing::warn!(worker = %entry.name, %error, "undecodable KV event message dropped");
-                count(&gw, &entry.name, "message", "undecodable");
+                count(&ix, &entry.name, "message", "undecodable");
             }
         }
     }
     // Nobody checks this worker's events any more: health checks alone bring it back.
     entry.has_feed.store(false, Ordering::Release);
-    gw.verified(entry.id);
+    ix.workers.verified(entry.id);
     tracing::info!(worker = %entry.name, "KV event feed ended");
 }
 
@@ -340,7 +356,7 @@ fn state_of(t: &Tracker) -> CacheState {
 
 /// Handles one live batch.
 async fn on_batch(
-    gw: &Arc<Gateway>,
+    ix: &Arc<Ingestion>,
     entry: &WorkerEntry,
     replay: Option<&dyn Replay>,
     t: &mut Tracker,
@@ -358,7 +374,7 @@ async fn on_batch(
         next => classify(next, b.seq),
     };
     if step == Step::Back {
-        if !went_back(gw, entry, replay, t, b).await {
+        if !went_back(ix, entry, replay, t, b).await {
             return;
         }
         step = classify(t.next, b.seq);
@@ -369,7 +385,7 @@ async fn on_batch(
         Step::Gap { from } => {
             entry.events.gaps.fetch_add(1, Ordering::Relaxed);
             let filled = match replay {
-                Some(r) => fill_gap(gw, entry, r, t, from, b.seq).await,
+                Some(r) => fill_gap(ix, entry, r, t, from, b.seq).await,
                 None => false,
             };
             if filled {
@@ -381,7 +397,7 @@ async fn on_batch(
             }
         }
     }
-    apply(gw, entry, b);
+    apply(ix, entry, b);
     t.next = Some(b.seq.wrapping_add(1));
     t.applied(b);
     entry
@@ -396,7 +412,7 @@ async fn on_batch(
 /// there is one, confirms it and rebuilds). True when `b` is still to be applied (then
 /// `t.next` is what to expect now).
 async fn went_back(
-    gw: &Arc<Gateway>,
+    ix: &Arc<Ingestion>,
     entry: &WorkerEntry,
     replay: Option<&dyn Replay>,
     t: &mut Tracker,
@@ -406,12 +422,12 @@ async fn went_back(
     match judge_back(&t.recent, Mark::of(b), next) {
         Back::Duplicate => {
             tracing::debug!(worker = %entry.name, seq = b.seq, "KV event batch delivered again: dropped");
-            count(gw, &entry.name, "batch", "duplicate");
+            count(ix, &entry.name, "batch", "duplicate");
             return false;
         }
         Back::Stale => {
             tracing::warn!(worker = %entry.name, seq = b.seq, expected = next, "KV event batch arrived after later ones: dropped");
-            count(gw, &entry.name, "batch", "stale");
+            count(ix, &entry.name, "batch", "stale");
             return false;
         }
         Back::Restart => {}
@@ -419,9 +435,9 @@ async fn went_back(
     // The replay service knows whether the engine is the one applied: same (the batch is a
     // stray; continue) or restarted (rebuild from its replay, which holds `b` too when it is
     // the new incarnation's).
-    match resync(gw, entry, replay, t, "event sequence went back").await {
+    match resync(ix, entry, replay, t, "event sequence went back").await {
         Synced::Same => {
-            count(gw, &entry.name, "batch", "stale");
+            count(ix, &entry.name, "batch", "stale");
             return t.next.is_some_and(|n| b.seq >= n);
         }
         Synced::Rebuilt => return t.next.is_some_and(|n| b.seq >= n),
@@ -430,7 +446,7 @@ async fn went_back(
     }
     entry.events.restarts.fetch_add(1, Ordering::Relaxed);
     tracing::warn!(worker = %entry.name, seq = b.seq, expected = next, "event sequence went back: engine restarted, dropping its index entries");
-    clear(gw, entry);
+    clear(ix, entry);
     t.forget();
     t.lost = false;
     t.next = None;
@@ -452,7 +468,7 @@ enum Synced {
 /// rebuilds the index after a restart. Without a replay service there is nothing to ask:
 /// the live sequence numbers decide.
 async fn resync(
-    gw: &Arc<Gateway>,
+    ix: &Arc<Ingestion>,
     entry: &WorkerEntry,
     replay: Option<&dyn Replay>,
     t: &mut Tracker,
@@ -464,7 +480,7 @@ async fn resync(
     };
     entry.set_cache_state(CacheState::CatchingUp);
     if let Some(last) = t.last {
-        let Some(answer) = fetch(gw, &entry.name, replay, last.seq).await else {
+        let Some(answer) = fetch(ix, &entry.name, replay, last.seq).await else {
             entry.set_cache_state(CacheState::Unknown);
             return Synced::NoAnswer;
         };
@@ -475,7 +491,7 @@ async fn resync(
                     t.lost = true;
                     break;
                 }
-                apply(gw, entry, b);
+                apply(ix, entry, b);
                 t.applied(b);
                 expect = expect.wrapping_add(1);
             }
@@ -484,20 +500,20 @@ async fn resync(
             return Synced::Same;
         }
     }
-    let Some(answer) = fetch(gw, &entry.name, replay, 0).await else {
+    let Some(answer) = fetch(ix, &entry.name, replay, 0).await else {
         entry.set_cache_state(CacheState::Unknown);
         return Synced::NoAnswer;
     };
     if t.last.is_some() {
         entry.events.restarts.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(worker = %entry.name, reason = why, "the engine's event stream is not the one applied: it restarted; rebuilding its index from the replay");
-        clear(gw, entry);
+        clear(ix, entry);
     }
     let (run, complete) = complete_from_start(&answer);
     t.lost = !complete || run < answer.len();
     t.forget();
     for b in &answer[..run] {
-        apply(gw, entry, b);
+        apply(ix, entry, b);
         t.applied(b);
     }
     let next = answer[..run].last().map_or(0, |b| b.seq.wrapping_add(1));
@@ -516,7 +532,7 @@ async fn resync(
 /// index is kept: a partial rebuild would drop blocks the engine still holds and leave the
 /// state `unknown` for good, which is worse than the errors that asked for it.
 async fn repair(
-    gw: &Arc<Gateway>,
+    ix: &Arc<Ingestion>,
     entry: &WorkerEntry,
     replay: Option<&dyn Replay>,
     t: &mut Tracker,
@@ -525,7 +541,7 @@ async fn repair(
         tracing::warn!(worker = %entry.name, "predictions degraded, but without a replay service the index cannot be rebuilt: keeping it");
         return;
     };
-    let Some(answer) = fetch(gw, &entry.name, r, 0).await else {
+    let Some(answer) = fetch(ix, &entry.name, r, 0).await else {
         tracing::warn!(worker = %entry.name, "predictions degraded, but the replay service did not answer: keeping the index");
         return;
     };
@@ -535,11 +551,11 @@ async fn repair(
         tracing::warn!(worker = %entry.name, ?first, batches = answer.len(), "predictions degraded, but the replay no longer holds the engine's whole history: keeping the index");
         return;
     }
-    clear(gw, entry);
+    clear(ix, entry);
     t.lost = false;
     t.forget();
     for b in &answer {
-        apply(gw, entry, b);
+        apply(ix, entry, b);
         t.applied(b);
     }
     let next = answer.last().map_or(0, |b| b.seq.wrapping_add(1));
@@ -555,21 +571,21 @@ fn finish_sync(entry: &WorkerEntry, t: &mut Tracker, next: u64) {
 }
 
 /// Drops the worker's index entries (its engine lost its cache).
-fn clear(gw: &Gateway, entry: &WorkerEntry) {
+fn clear(ix: &Ingestion, entry: &WorkerEntry) {
     entry.events.degraded.store(false, Ordering::Relaxed);
-    gw.table.update(|r| r.clear_worker(entry.id));
+    ix.table.update(|r| r.clear_worker(entry.id));
     entry.events.set_last_mark(None);
 }
 
 /// Batches from `from` on, from the replay service within the configured time; None (and a
 /// warning) when it fails or takes too long.
 async fn fetch(
-    gw: &Gateway,
+    ix: &Ingestion,
     name: &str,
     replay: &dyn Replay,
     from: u64,
 ) -> Option<Vec<Arc<EventBatch>>> {
-    let timeout = std::time::Duration::from_secs_f64(gw.config.upstream.replay_timeout_secs);
+    let timeout = ix.replay_timeout;
     match tokio::time::timeout(timeout, replay.replay_from(from)).await {
         Ok(Ok(b)) => Some(b),
         Ok(Err(e)) => {
@@ -585,14 +601,14 @@ async fn fetch(
 
 /// Asks for batches `from..upto` and applies them; true when all came back.
 async fn fill_gap(
-    gw: &Arc<Gateway>,
+    ix: &Arc<Ingestion>,
     entry: &WorkerEntry,
     replay: &dyn Replay,
     t: &mut Tracker,
     from: u64,
     upto: u64,
 ) -> bool {
-    let Some(got) = fetch(gw, &entry.name, replay, from).await else {
+    let Some(got) = fetch(ix, &entry.name, replay, from).await else {
         return false;
     };
     let mut expect = from;
@@ -600,7 +616,7 @@ async fn fill_gap(
         if b.seq != expect {
             break;
         }
-        apply(gw, entry, b);
+        apply(ix, entry, b);
         t.applied(b);
         expect += 1;
     }
@@ -616,8 +632,8 @@ fn event_type(e: &Event) -> &'static str {
     }
 }
 
-fn count(gw: &Gateway, worker: &str, kind: &str, result: &str) {
-    gw.metrics
+fn count(ix: &Ingestion, worker: &str, kind: &str, result: &str) {
+    ix.metrics
         .kv_events
         .with_label_values(&[worker, kind, result])
         .inc();
@@ -625,7 +641,7 @@ fn count(gw: &Gateway, worker: &str, kind: &str, result: &str) {
 
 /// Applies a batch's events to the index and counts them. A worker that is unavailable for
 /// now keeps receiving its events: its index stays true for when it is back.
-fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
+fn apply(ix: &Ingestion, entry: &WorkerEntry, batch: &EventBatch) {
     entry.events.batches.fetch_add(1, Ordering::Relaxed);
     let name = entry.name.as_str();
     let rank = i64::from(entry.spec.dp_rank.unwrap_or(0));
@@ -634,7 +650,7 @@ fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
         entry.events.degraded.store(true, Ordering::Relaxed);
         tracing::error!(worker = %name, expected = rank, got, seq = batch.seq, "KV event batch of another data-parallel rank refused: check the worker's dp_size and event ports");
         for e in &batch.events {
-            count(gw, name, event_type(e), "wrong_rank");
+            count(ix, name, event_type(e), "wrong_rank");
         }
         return;
     }
@@ -677,7 +693,7 @@ fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
             }
         };
     };
-    gw.table.update(|router| {
+    ix.table.update(|router| {
         // Under the router's lock: a snapshot taken under it pairs the index with its batch.
         entry.events.set_last_mark(Some(Mark::of(batch)));
         if offloaded.is_empty() {
@@ -699,7 +715,7 @@ fn apply(gw: &Gateway, entry: &WorkerEntry, batch: &EventBatch) {
     });
     tracing::debug!(worker = %name, seq = batch.seq, events = batch.events.len(), ?results, "KV event batch applied");
     for (kind, result) in results {
-        count(gw, name, kind, result);
+        count(ix, name, kind, result);
     }
 }
 

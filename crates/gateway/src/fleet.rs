@@ -147,7 +147,7 @@ pub fn start_events(
                 };
                 for (r, f) in rank_feeds.enumerate() {
                     if let Some(rank) = entries.get(i + r + 1) {
-                        own(rank, tokio::spawn(events::ingest(gw.clone(), rank.id, f)));
+                        own(rank, tokio::spawn(events::ingest(gw.ingestion.clone(), rank.id, f)));
                     }
                 }
                 first
@@ -169,7 +169,7 @@ pub fn start_events(
         };
         own(
             entry,
-            tokio::spawn(events::ingest(gw.clone(), entry.id, feed)),
+            tokio::spawn(events::ingest(gw.ingestion.clone(), entry.id, feed)),
         );
     }
     Ok(())

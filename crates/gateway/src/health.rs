@@ -77,7 +77,7 @@ async fn pass(gw: &Arc<Gateway>) {
         if result == Probe::Passed {
             w.succeed();
             if !w.is_up() {
-                gw.bring_back(id);
+                gw.workers.bring_back(id);
             }
             continue;
         }
@@ -87,9 +87,9 @@ async fn pass(gw: &Arc<Gateway>) {
             continue;
         }
         if result == Probe::Refused {
-            gw.take_out(id, "its engine refuses connections");
+            gw.workers.take_out(id, "its engine refuses connections");
         } else if passing > 0 {
-            gw.take_out(id, "health checks failed");
+            gw.workers.take_out(id, "health checks failed");
         } else if failures == gw.config.health.failures_to_remove {
             tracing::warn!(worker = %w.name, "every worker failed its health check in the same round: keeping them in service (an overloaded host fails them all together)");
         }

@@ -35,6 +35,7 @@ pub mod sequence;
 mod state;
 mod table;
 mod upstream;
+mod workers;
 
 pub use config::{ConfigError, GatewayConfig, WorkerSpec};
 pub use error::GatewayError;

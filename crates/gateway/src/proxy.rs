@@ -142,7 +142,7 @@ pub async fn forward(
                 if kind == "connect" {
                     // A refused connection is a dead worker: stop sending it traffic now
                     // rather than at the next health check.
-                    gw.take_out(worker, "connection failed");
+                    gw.workers.take_out(worker, "connection failed");
                 }
                 last_error = Some(e);
             }
@@ -382,7 +382,7 @@ pub(crate) fn finish(
         if let (true, Some(details), Some(prediction)) =
             (status.is_success(), &u.prompt_tokens_details, prediction)
         {
-            gw.observe_prediction(
+            gw.workers.observe_prediction(
                 prediction.worker,
                 crate::accuracy::Sample {
                     predicted: prediction.predicted,

@@ -4,6 +4,7 @@
 use super::*;
 use crate::clock::Clock;
 use crate::config::{GatewayConfig, WorkerSpec};
+use crate::state::Gateway;
 use kvroute_core::{EngineHash, Router, SequenceHash, Tracking, WorkerCapacity};
 use std::time::Duration;
 
@@ -36,14 +37,14 @@ fn a_snapshot_the_router_refuses_leaves_the_index_empty_and_returns() {
     let entry = gw.registry.get(WorkerId(1)).expect("worker 1 configured");
     entry.events.set_last_mark(Some(Mark::from_parts(3, 3)));
     let (tx, rx) = std::sync::mpsc::channel();
-    let state = gw.clone();
+    let ingestion = gw.ingestion.clone();
     std::thread::spawn(move || {
         let mut t = Tracker::default();
         let snap = Snapshot {
             mark: Mark::from_parts(9, 9),
             blocks: vec![(EngineHash(1), SequenceHash(1))],
         };
-        load_snapshot(&state, &entry, &mut t, snap);
+        load_snapshot(&ingestion, &entry, &mut t, snap);
         let _ = tx.send((t.last, t.next));
     });
     let (last, next) = rx

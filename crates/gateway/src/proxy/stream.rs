@@ -337,7 +337,7 @@ async fn migrate(
             Ok(resp) => Err(format!("answered {}", resp.status())),
             Err(e) => {
                 if matches!(e, GatewayError::Upstream { timeout: false, .. }) {
-                    gw.take_out(worker, "connection failed");
+                    gw.workers.take_out(worker, "connection failed");
                 }
                 Err(e.to_string())
             }
