@@ -8,11 +8,14 @@
 //! (`max_num_seqs`): without `max_batch` (the worker's, or the gateway's for workers that
 //! give none) a worker is judged by its KV cache only, and the gateway says that too.
 
-use crate::registry::WorkerEntry;
-use crate::state::Gateway;
-use kvroute_core::WorkerCapacity;
+use crate::bookings::Waiter;
+use crate::config::GatewayConfig;
+use crate::registry::{Registry, WorkerEntry};
+use crate::table::RoutingTable;
+use kvroute_core::{AdmissionMode, WorkerCapacity};
 use kvroute_protocol::prometheus_text::{samples, Sample};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// One engine core's KV cache as its metrics give it: its data-parallel rank, its blocks and
 /// their size in tokens (SGLang's pool is counted in tokens: blocks of 1 token).
@@ -71,66 +74,99 @@ pub fn blocks_for(
     Some(tokens / router_block_size.max(1))
 }
 
-/// Applies what an engine's metrics text says to every worker at its URL whose capacity was
-/// not configured; true when one of them learned it.
-pub fn learn(gw: &Gateway, url: &str, text: &str) -> bool {
-    let configs = cache_configs(text);
-    let mut learned = false;
-    for w in gw.registry.all().iter().filter(|w| w.spec.url == url) {
-        if w.spec.kv_blocks.is_some() {
-            continue;
-        }
-        let block_size = gw.config.router.block_size as u64;
-        let Some(blocks) = blocks_for(&configs, w.spec.dp_rank, block_size) else {
-            continue;
-        };
-        if w.learned_kv_blocks.swap(blocks, Ordering::Relaxed) == blocks {
-            continue;
-        }
-        let capacity = WorkerCapacity {
-            kv_blocks: Some(blocks),
-            max_batch: gw.config.capacity_of(&w.spec).max_batch,
-        };
-        let added = gw.table.update(|r| {
-            r.tracking(w.id)
-                .is_some_and(|t| r.add_worker_with(w.id, capacity, t).is_ok())
-        });
-        if added {
-            learned = true;
-            tracing::info!(worker = %w.name, kv_blocks = blocks, "capacity learned from the engine's metrics");
+/// Capacity learning: on the registry (what is configured and learned) and the routing table
+/// (where a worker's capacity counts).
+pub struct Capacity {
+    registry: Arc<Registry>,
+    table: Arc<RoutingTable<Waiter>>,
+    /// The router's block size.
+    block_size: u64,
+    /// The gateway's `max_batch`, for workers that give none.
+    max_batch: Option<u32>,
+    /// Admission judges workers busy (not `none`).
+    admission: bool,
+    /// Admission judges a worker's batch (`busy_batch_fraction` set).
+    judges_batch: bool,
+}
+
+impl Capacity {
+    /// Capacity learning for workers in `registry`, routed by `table`, with `config`'s
+    /// router and admission settings.
+    pub fn new(
+        registry: Arc<Registry>,
+        table: Arc<RoutingTable<Waiter>>,
+        config: &GatewayConfig,
+    ) -> Self {
+        Self {
+            registry,
+            table,
+            block_size: config.router.block_size as u64,
+            max_batch: config.max_batch,
+            admission: config.router.admission.mode != AdmissionMode::None,
+            judges_batch: config.router.admission.busy_batch_fraction.is_some(),
         }
     }
-    learned
+
+    /// Applies what an engine's metrics text says to every worker at its URL whose capacity was
+    /// not configured; true when one of them learned it.
+    pub fn learn(&self, url: &str, text: &str) -> bool {
+        let configs = cache_configs(text);
+        let mut learned = false;
+        for w in self.registry.all().iter().filter(|w| w.spec.url == url) {
+            if w.spec.kv_blocks.is_some() {
+                continue;
+            }
+            let Some(blocks) = blocks_for(&configs, w.spec.dp_rank, self.block_size) else {
+                continue;
+            };
+            if w.learned_kv_blocks.swap(blocks, Ordering::Relaxed) == blocks {
+                continue;
+            }
+            let capacity = WorkerCapacity {
+                kv_blocks: Some(blocks),
+                max_batch: w.spec.capacity(self.max_batch).max_batch,
+            };
+            let added = self.table.update(|r| {
+                r.tracking(w.id)
+                    .is_some_and(|t| r.add_worker_with(w.id, capacity, t).is_ok())
+            });
+            if added {
+                learned = true;
+                tracing::info!(worker = %w.name, kv_blocks = blocks, "capacity learned from the engine's metrics");
+            }
+        }
+        learned
+    }
+
+    /// Says, once per worker, that admission cannot judge it busy.
+    pub fn warn_unknown(&self) {
+        if !self.admission {
+            return;
+        }
+        for w in self.registry.all().iter().filter(|w| unknown(w)) {
+            if !w.capacity_warned.swap(true, Ordering::Relaxed) {
+                tracing::warn!(worker = %w.name, "admission is off for this worker: its KV capacity is unknown (set kv_blocks, or run an engine that publishes vllm:cache_config_info or sglang:max_total_num_tokens); it is never judged busy, so nothing is queued or shed for it");
+            }
+        }
+        if !self.judges_batch {
+            return;
+        }
+        for w in self
+            .registry
+            .all()
+            .iter()
+            .filter(|w| !unknown(w) && w.spec.capacity(self.max_batch).max_batch.is_none())
+        {
+            if !w.batch_warned.swap(true, Ordering::Relaxed) {
+                tracing::warn!(worker = %w.name, "admission judges this worker by its KV cache only: its batch limit (max_batch, vLLM's max_num_seqs) is unknown, as no engine publishes it; set the worker's max_batch or the gateway's (--max-batch), or requests past it wait in the engine's own queue instead of the gateway's (or being shed)");
+            }
+        }
+    }
 }
 
 /// Whether `w` still needs its capacity learned.
 pub fn unknown(w: &WorkerEntry) -> bool {
     w.spec.kv_blocks.is_none() && w.learned_kv_blocks.load(Ordering::Relaxed) == 0
-}
-
-/// Says, once per worker, that admission cannot judge it busy.
-pub fn warn_unknown(gw: &Gateway) {
-    if gw.config.router.admission.mode == kvroute_core::AdmissionMode::None {
-        return;
-    }
-    for w in gw.registry.all().iter().filter(|w| unknown(w)) {
-        if !w.capacity_warned.swap(true, Ordering::Relaxed) {
-            tracing::warn!(worker = %w.name, "admission is off for this worker: its KV capacity is unknown (set kv_blocks, or run an engine that publishes vllm:cache_config_info or sglang:max_total_num_tokens); it is never judged busy, so nothing is queued or shed for it");
-        }
-    }
-    if gw.config.router.admission.busy_batch_fraction.is_none() {
-        return;
-    }
-    for w in gw
-        .registry
-        .all()
-        .iter()
-        .filter(|w| !unknown(w) && gw.config.capacity_of(&w.spec).max_batch.is_none())
-    {
-        if !w.batch_warned.swap(true, Ordering::Relaxed) {
-            tracing::warn!(worker = %w.name, "admission judges this worker by its KV cache only: its batch limit (max_batch, vLLM's max_num_seqs) is unknown, as no engine publishes it; set the worker's max_batch or the gateway's (--max-batch), or requests past it wait in the engine's own queue instead of the gateway's (or being shed)");
-        }
-    }
 }
 
 #[cfg(test)]

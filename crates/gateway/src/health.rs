@@ -6,8 +6,13 @@
 //! [`Gateway::take_out`]) and comes back on its first passing check. Each pass also learns
 //! the model names the workers serve.
 
-use crate::state::Gateway;
+use crate::capacity::Capacity;
+use crate::config::HealthConfig;
+use crate::models::Models;
+use crate::registry::Registry;
 use crate::upstream::with_key;
+use crate::upstream::Upstream;
+use crate::workers::Workers;
 use kvroute_core::WorkerId;
 use kvroute_protocol::openai::ModelList;
 use std::collections::HashMap;
@@ -25,31 +30,42 @@ enum Probe {
     Failed,
 }
 
+/// What the health checks need: their settings, calls to workers, the registry and the
+/// workers' standing, the model names to learn, capacity learning.
+pub struct HealthChecks {
+    pub(crate) config: HealthConfig,
+    pub(crate) upstream: Arc<Upstream>,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) workers: Arc<Workers>,
+    pub(crate) models: Arc<Models>,
+    pub(crate) capacity: Arc<Capacity>,
+}
+
 /// Checks every worker forever, one pass per interval.
-pub async fn run(gw: Arc<Gateway>) {
-    let interval = Duration::from_secs_f64(gw.config.health.interval_secs);
+pub async fn run(hc: Arc<HealthChecks>) {
+    let interval = Duration::from_secs_f64(hc.config.interval_secs);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        pass(&gw).await;
+        pass(&hc).await;
     }
 }
 
 /// One round over every worker, then the decisions. Workers at one URL (the data-parallel
 /// ranks of an engine) share one check and one model list per round.
-async fn pass(gw: &Arc<Gateway>) {
-    let workers = gw.registry.all();
+async fn pass(hc: &Arc<HealthChecks>) {
+    let workers = hc.registry.all();
     let mut urls: Vec<(&str, Option<&str>)> = workers
         .iter()
-        .map(|w| (w.spec.url.as_str(), gw.upstream.key_for(&w.spec)))
+        .map(|w| (w.spec.url.as_str(), hc.upstream.key_for(&w.spec)))
         .collect();
     urls.sort_unstable();
     urls.dedup_by_key(|u| u.0);
     let keys: HashMap<&str, Option<&str>> = urls.iter().copied().collect();
     let probes = urls
         .into_iter()
-        .map(|(url, key)| async move { (url, probe(gw, url, key).await) });
+        .map(|(url, key)| async move { (url, probe(hc, url, key).await) });
     let by_url: HashMap<&str, Probe> = futures_util::future::join_all(probes)
         .await
         .into_iter()
@@ -59,48 +75,48 @@ async fn pass(gw: &Arc<Gateway>) {
         .map(|w| (w.id, by_url[w.spec.url.as_str()]))
         .collect();
     let passing = results.iter().filter(|r| r.1 == Probe::Passed).count();
-    let timeout = Duration::from_secs_f64(gw.config.health.timeout_secs);
+    let timeout = Duration::from_secs_f64(hc.config.timeout_secs);
     for (url, _) in by_url.iter().filter(|(_, &p)| p == Probe::Passed) {
-        learn_models(gw, url.trim_end_matches('/'), keys[url], timeout).await;
+        learn_models(hc, url.trim_end_matches('/'), keys[url], timeout).await;
         let unknown = workers
             .iter()
             .any(|w| w.spec.url == *url && crate::capacity::unknown(w));
         if unknown {
-            learn_capacity(gw, url, keys[url], timeout).await;
+            learn_capacity(hc, url, keys[url], timeout).await;
         }
     }
-    crate::capacity::warn_unknown(gw);
+    hc.capacity.warn_unknown();
     for (id, result) in results {
-        let Some(w) = gw.registry.get(id) else {
+        let Some(w) = hc.registry.get(id) else {
             continue;
         };
         if result == Probe::Passed {
             w.succeed();
             if !w.is_up() {
-                gw.workers.bring_back(id);
+                hc.workers.bring_back(id);
             }
             continue;
         }
         let failures = w.fail();
         tracing::debug!(worker = %w.name, failures, ?result, "health check failed");
-        if failures < gw.config.health.failures_to_remove || !w.is_up() {
+        if failures < hc.config.failures_to_remove || !w.is_up() {
             continue;
         }
         if result == Probe::Refused {
-            gw.workers.take_out(id, "its engine refuses connections");
+            hc.workers.take_out(id, "its engine refuses connections");
         } else if passing > 0 {
-            gw.workers.take_out(id, "health checks failed");
-        } else if failures == gw.config.health.failures_to_remove {
+            hc.workers.take_out(id, "health checks failed");
+        } else if failures == hc.config.failures_to_remove {
             tracing::warn!(worker = %w.name, "every worker failed its health check in the same round: keeping them in service (an overloaded host fails them all together)");
         }
     }
 }
 
 /// One check of the engine at `url`.
-async fn probe(gw: &Gateway, url: &str, key: Option<&str>) -> Probe {
+async fn probe(hc: &HealthChecks, url: &str, key: Option<&str>) -> Probe {
     let base = url.trim_end_matches('/');
-    let timeout = Duration::from_secs_f64(gw.config.health.timeout_secs);
-    match with_key(gw.upstream.client().get(format!("{base}/health")), key)
+    let timeout = Duration::from_secs_f64(hc.config.timeout_secs);
+    match with_key(hc.upstream.client().get(format!("{base}/health")), key)
         .timeout(timeout)
         .send()
         .await
@@ -116,14 +132,14 @@ async fn probe(gw: &Gateway, url: &str, key: Option<&str>) -> Probe {
 /// `timeout` with at most `limit` bytes (read piece by piece: a larger body is dropped
 /// unread past the limit).
 async fn get_bounded(
-    gw: &Gateway,
+    hc: &HealthChecks,
     url: String,
     key: Option<&str>,
     timeout: Duration,
     limit: usize,
 ) -> Option<Vec<u8>> {
     let read = async {
-        let mut resp = with_key(gw.upstream.client().get(url), key)
+        let mut resp = with_key(hc.upstream.client().get(url), key)
             .send()
             .await
             .ok()?;
@@ -142,24 +158,24 @@ async fn get_bounded(
     tokio::time::timeout(timeout, read).await.ok().flatten()
 }
 
-async fn learn_models(gw: &Gateway, base: &str, key: Option<&str>, timeout: Duration) {
+async fn learn_models(hc: &HealthChecks, base: &str, key: Option<&str>, timeout: Duration) {
     // A model list is small.
     let url = format!("{base}/v1/models");
-    let Some(bytes) = get_bounded(gw, url, key, timeout, 1 << 20).await else {
+    let Some(bytes) = get_bounded(hc, url, key, timeout, 1 << 20).await else {
         return;
     };
     if let Ok(list) = serde_json::from_slice::<ModelList>(&bytes) {
-        gw.models.learn(&list.data);
+        hc.models.learn(&list.data);
     }
 }
 
 /// The engine's KV capacity from its metrics (vLLM's `vllm:cache_config_info`), for the
 /// workers at `url` without a configured one.
-async fn learn_capacity(gw: &Gateway, url: &str, key: Option<&str>, timeout: Duration) {
+async fn learn_capacity(hc: &HealthChecks, url: &str, key: Option<&str>, timeout: Duration) {
     // vLLM's metrics text is a few hundred KiB with every histogram.
     let metrics = format!("{}/metrics", url.trim_end_matches('/'));
-    let Some(bytes) = get_bounded(gw, metrics, key, timeout, 8 << 20).await else {
+    let Some(bytes) = get_bounded(hc, metrics, key, timeout, 8 << 20).await else {
         return;
     };
-    crate::capacity::learn(gw, url, &String::from_utf8_lossy(&bytes));
+    hc.capacity.learn(url, &String::from_utf8_lossy(&bytes));
 }

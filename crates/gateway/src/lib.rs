@@ -233,7 +233,7 @@ pub async fn spawn(
     if gw.config.discovery.enabled() {
         tasks.push(tokio::spawn(discovery::run(gw.clone(), configured)));
     }
-    tasks.push(tokio::spawn(health::run(gw.clone())));
+    tasks.push(tokio::spawn(health::run(gw.health.clone())));
     tasks.push(tokio::spawn(prune(gw.clone())));
     tasks.push(tokio::spawn(routing::queue::drive(gw.clone())));
     let addr = listener.local_addr()?;

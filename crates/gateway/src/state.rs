@@ -2,9 +2,11 @@
 //! inside it), the worker registry, the preprocessor, the HTTP client and metrics.
 
 use crate::bookings::{Bookings, Waiter};
+use crate::capacity::Capacity;
 use crate::clock::Clock;
 use crate::config::GatewayConfig;
 use crate::events::Ingestion;
+use crate::health::HealthChecks;
 use crate::metrics::Metrics;
 use crate::models::Models;
 use crate::registry::Registry;
@@ -32,9 +34,11 @@ pub struct Gateway {
     /// Chat template and tokenizer (or approximate mode).
     pub(crate) preprocessor: Preprocessor,
     /// Calls to workers: the client, keys, timeouts.
-    pub(crate) upstream: Upstream,
+    pub(crate) upstream: Arc<Upstream>,
     /// The model and adapter names served.
-    pub(crate) models: Models,
+    pub(crate) models: Arc<Models>,
+    /// What the health checks need.
+    pub(crate) health: Arc<HealthChecks>,
     /// Metrics.
     pub(crate) metrics: Arc<Metrics>,
     /// The policy's name (metric label).
@@ -57,8 +61,11 @@ impl Gateway {
     ) -> Self {
         let registry = Arc::new(Registry::new(&config.workers));
         let metrics = Arc::new(metrics);
-        let models = Models::new(config.models.clone(), config.lora_adapters.clone());
-        let upstream = Upstream::new(client, &config);
+        let models = Arc::new(Models::new(
+            config.models.clone(),
+            config.lora_adapters.clone(),
+        ));
+        let upstream = Arc::new(Upstream::new(client, &config));
         let table = Arc::new(RoutingTable::new(router, metrics.queued.clone()));
         let bookings = Arc::new(Bookings::new(
             table.clone(),
@@ -72,15 +79,21 @@ impl Gateway {
             config.accuracy.clone(),
             clock,
         ));
+        let health = Arc::new(HealthChecks {
+            config: config.health.clone(),
+            upstream: upstream.clone(),
+            registry: registry.clone(),
+            workers: workers.clone(),
+            models: models.clone(),
+            capacity: Arc::new(Capacity::new(registry.clone(), table.clone(), &config)),
+        });
         let ingestion = Arc::new(Ingestion {
             registry: registry.clone(),
             table: table.clone(),
             workers: workers.clone(),
             metrics: metrics.clone(),
             clock,
-            replay_timeout: std::time::Duration::from_secs_f64(
-                config.upstream.replay_timeout_secs,
-            ),
+            replay_timeout: std::time::Duration::from_secs_f64(config.upstream.replay_timeout_secs),
         });
         Self {
             policy: config.router.policy.kind.as_str(),
@@ -95,6 +108,7 @@ impl Gateway {
             metrics,
             clock,
             models,
+            health,
             plane: std::sync::OnceLock::new(),
         }
     }
