@@ -220,10 +220,10 @@ pub async fn spawn(
                 .await
                 .map_err(|e| StartError::Plane(format!("connecting to {}: {e}", p.url)))?;
             if p.share_load {
-                tasks.extend(plane::share_load(&gw, &conn, p, replica));
+                tasks.extend(plane::share_load(&gw.ingestion, &gw.bookings, &conn, p, replica));
             }
             if p.snapshot_secs > 0.0 {
-                tasks.push(plane::write_snapshots(&gw, &conn, p));
+                tasks.push(plane::write_snapshots(&gw.ingestion, &conn, p));
             }
             let _ = gw.plane.set(conn);
         }

@@ -10,7 +10,8 @@
 use super::feed::Connection;
 use super::{unix_ns, PlaneConfig};
 use crate::backoff;
-use crate::state::Gateway;
+use crate::bookings::Bookings;
+use crate::events::Ingestion;
 use backon::Retryable;
 use futures_util::StreamExt;
 use kvroute_core::{PeerBooking, SequenceHash, WorkerId};
@@ -57,9 +58,11 @@ impl crate::bookings::ShareBookings for LoadShare {
     }
 }
 
-/// Starts sharing `gw`'s bookings as `replica` and counting its peers'. Returns the tasks.
+/// Starts sharing `bookings` with the other replicas as `replica` and counting theirs into the
+/// routing table (through `ix`). Returns the tasks.
 pub fn start(
-    gw: &Arc<Gateway>,
+    ix: &Arc<Ingestion>,
+    bookings: &Bookings,
     conn: &Connection,
     plane: &PlaneConfig,
     replica: u64,
@@ -69,7 +72,7 @@ pub fn start(
         tx,
         dropped: AtomicU64::new(0),
     });
-    if !gw.bookings.share_with(share.clone()) {
+    if !bookings.share_with(share.clone()) {
         return Vec::new();
     }
     let subject = plane.load_subject();
@@ -82,8 +85,8 @@ pub fn start(
             rx,
             heartbeat,
         )),
-        tokio::spawn(receive(gw.clone(), conn.client.clone(), subject, replica)),
-        tokio::spawn(expire(gw.clone(), plane.peer_ttl_secs, share)),
+        tokio::spawn(receive(ix.clone(), conn.client.clone(), subject, replica)),
+        tokio::spawn(expire(ix.clone(), plane.peer_ttl_secs, share)),
     ]
 }
 
@@ -144,7 +147,7 @@ async fn publish(
     }
 }
 
-async fn receive(gw: Arc<Gateway>, client: async_nats::Client, subject: String, replica: u64) {
+async fn receive(ix: Arc<Ingestion>, client: async_nats::Client, subject: String, replica: u64) {
     let subscribed = (|| client.subscribe(subject.clone()))
         .retry(backoff::reconnect())
         .notify(|e, _| {
@@ -160,7 +163,7 @@ async fn receive(gw: Arc<Gateway>, client: async_nats::Client, subject: String, 
     let mut names_of = u64::MAX;
     let mut last: HashMap<u64, u64> = HashMap::new();
     let count = |result: &str, n: u64| {
-        gw.metrics
+        ix.metrics
             .peer_messages
             .with_label_values(&[result])
             .inc_by(n)
@@ -179,7 +182,7 @@ async fn receive(gw: Arc<Gateway>, client: async_nats::Client, subject: String, 
         }
         if m.sent_ns > 0 {
             let late = unix_ns().saturating_sub(m.sent_ns);
-            gw.metrics.peer_load_delay.observe(late as f64 / 1e9);
+            ix.metrics.peer_load_delay.observe(late as f64 / 1e9);
         }
         if last.len() > kvroute_core::router::MAX_PEERS * 2 {
             last.clear();
@@ -189,17 +192,18 @@ async fn receive(gw: Arc<Gateway>, client: async_nats::Client, subject: String, 
                 count("gap", 1);
             }
         }
-        if names_of != gw.registry.generation() {
-            names_of = gw.registry.generation();
-            names = gw
-                .workers()
+        if names_of != ix.registry.generation() {
+            names_of = ix.registry.generation();
+            names = ix
+                .registry
+                .all()
                 .iter()
                 .map(|w| (w.name.clone(), w.id))
                 .collect();
         }
         let (mut applied, mut unknown, mut refused) = (0, 0, 0);
-        let now = gw.now();
-        let released = gw.table.update(|r| {
+        let now = ix.clock.now();
+        let released = ix.table.update(|r| {
             let _ = r.peer_seen(m.replica, now);
             for op in &m.ops {
                 let ok = match op {
@@ -254,27 +258,27 @@ async fn receive(gw: Arc<Gateway>, client: async_nats::Client, subject: String, 
             count("refused", refused);
         }
         if released {
-            gw.released();
+            ix.table.released();
         }
     }
 }
 
-async fn expire(gw: Arc<Gateway>, ttl_secs: f64, share: Arc<LoadShare>) {
+async fn expire(ix: Arc<Ingestion>, ttl_secs: f64, share: Arc<LoadShare>) {
     let mut tick = tokio::time::interval(Duration::from_secs_f64(ttl_secs / 4.0));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let now = gw.now();
-        let gone = gw.table.update(|r| r.expire_peers(now, ttl_secs));
+        let now = ix.clock.now();
+        let gone = ix.table.update(|r| r.expire_peers(now, ttl_secs));
         if gone > 0 {
             tracing::warn!(
                 replicas = gone,
                 ttl_secs,
                 "gateway replicas went silent: their bookings are released"
             );
-            gw.released();
+            ix.table.released();
         }
-        let dropped = gw.metrics.peer_messages.with_label_values(&["dropped"]);
+        let dropped = ix.metrics.peer_messages.with_label_values(&["dropped"]);
         dropped.inc_by(share.dropped().saturating_sub(dropped.get()));
     }
 }

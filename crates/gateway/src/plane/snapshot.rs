@@ -9,9 +9,9 @@
 
 use super::feed::Connection;
 use super::{unix_ns, PlaneConfig};
+use crate::events::Ingestion;
 use crate::registry::CacheState;
 use crate::sequence::Mark;
-use crate::state::Gateway;
 use async_nats::jetstream::{self, object_store};
 use kvroute_core::{EngineHash, SequenceHash};
 use kvroute_protocol::plane::{subject_token, to_bytes, Snapshot, VERSION};
@@ -40,11 +40,11 @@ async fn bucket(
 
 /// Writes snapshots every `snapshot_secs` until the gateway stops.
 pub fn start(
-    gw: &Arc<Gateway>,
+    ix: &Arc<Ingestion>,
     conn: &Connection,
     plane: &PlaneConfig,
 ) -> tokio::task::JoinHandle<()> {
-    let gw = gw.clone();
+    let ix = ix.clone();
     let plane = plane.clone();
     let mut js = jetstream::new(conn.client.clone());
     js.set_timeout(plane.request_timeout());
@@ -61,11 +61,11 @@ pub fn start(
                     continue;
                 }
             };
-            for w in gw.workers() {
+            for w in ix.registry.all() {
                 if !w.spec.events_from_plane() || w.cache_state() != CacheState::Exact {
                     continue;
                 }
-                let taken = gw.table.read(|r| {
+                let taken = ix.table.read(|r| {
                     let mark = w.events.last_mark();
                     match mark {
                         Some(m) if written.get(&w.name) != Some(&m) => {
