@@ -253,6 +253,9 @@ fn apply_all(index: &mut PrefixIndex, events: &Events) {
 }
 
 /// Apply throughput into `index`, which returns to its prior state after every iteration.
+// A false positive of significant_drop_tightening: criterion's BenchmarkGroup is not a lock
+// (its Drop only ends the group, which `finish()` does here).
+#[allow(clippy::significant_drop_tightening)]
 fn bench_apply(c: &mut Criterion, index: &mut PrefixIndex, group: &str, base: u64) {
     let (stored, removed) = apply_set(base);
     let blocks = APPLY_CHAINS * APPLY_CHAIN_BLOCKS as u64;
@@ -303,6 +306,9 @@ fn bench_apply(c: &mut Criterion, index: &mut PrefixIndex, group: &str, base: u6
 /// evicting old ones. `CHURN_SETS` distinct event sets are cycled through (so the keys are
 /// not cache-warm from the previous iteration), `CHURN_WINDOW` of them stored at any time;
 /// each iteration stores one set and removes the oldest.
+// A false positive of significant_drop_tightening: criterion's BenchmarkGroup is not a lock
+// (its Drop only ends the group, which `finish()` does here).
+#[allow(clippy::significant_drop_tightening)]
 fn bench_churn(c: &mut Criterion, index: &mut PrefixIndex, base: u64, sets: usize) {
     let window = sets / 2;
     let per_set = APPLY_CHAINS * APPLY_CHAIN_BLOCKS as u64;
@@ -398,6 +404,30 @@ fn bench_churn(c: &mut Criterion, index: &mut PrefixIndex, base: u64, sets: usiz
     assert_eq!(index.entries(), before, "churn keeps the size");
 }
 
+/// Lookup latency of a full-depth prompt (by sequence and by local hashes) and of a miss.
+// A false positive of significant_drop_tightening: criterion's BenchmarkGroup is not a lock
+// (its Drop only ends the group, which `finish()` does here).
+#[allow(clippy::significant_drop_tightening)]
+fn bench_find_matches(
+    c: &mut Criterion,
+    index: &PrefixIndex,
+    seqs: &[SequenceHash],
+    miss: &[SequenceHash],
+    locals: &[LocalBlockHash],
+) {
+    let mut g = c.benchmark_group("find_matches_1024_blocks");
+    g.bench_function("seq_full_depth", |b| {
+        b.iter(|| index.find_matches_seq(black_box(seqs)))
+    });
+    g.bench_function("seq_miss", |b| {
+        b.iter(|| index.find_matches_seq(black_box(miss)))
+    });
+    g.bench_function("local_full_depth", |b| {
+        b.iter(|| index.find_matches(black_box(locals)))
+    });
+    g.finish();
+}
+
 fn entry_count(test_mode: bool) -> usize {
     match std::env::var("KVROUTE_BENCH_ENTRIES") {
         Ok(v) => v
@@ -456,19 +486,10 @@ fn main() {
     let churn_sets = if test_mode { 4 } else { CHURN_SETS };
     bench_churn(&mut c, &mut index, CHURN_BASE, churn_sets);
 
-    let mut g = c.benchmark_group("find_matches_1024_blocks");
-    g.bench_function("seq_full_depth", |b| {
-        b.iter(|| index.find_matches_seq(black_box(&seqs)))
-    });
-    g.bench_function("seq_miss", |b| {
-        b.iter(|| index.find_matches_seq(black_box(&miss)))
-    });
-    g.bench_function("local_full_depth", |b| {
-        b.iter(|| index.find_matches(black_box(&locals)))
-    });
-    g.finish();
+    bench_find_matches(&mut c, &index, &seqs, &miss, &locals);
 
     c.final_summary();
+    drop(c);
     if let Some(hwm) = status_kib("VmHWM") {
         println!("peak RSS (VmHWM): {:.1} MiB", mib(hwm as f64 * 1024.0));
     }

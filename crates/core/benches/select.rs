@@ -152,11 +152,21 @@ fn main() {
     assert_eq!(p.tokens, PROMPT_BLOCKS * BS);
     let req = request(&p);
 
+    bench_route(&mut c, &req);
+    bench_explain(&mut c, &req);
+    c.final_summary();
+}
+
+/// Route latency by policy and fleet size.
+// A false positive of significant_drop_tightening: criterion's BenchmarkGroup is not a lock
+// (its Drop only ends the group, which `finish()` does here).
+#[allow(clippy::significant_drop_tightening)]
+fn bench_route(c: &mut Criterion, req: &RouteRequest<'_>) {
     let mut g = c.benchmark_group("route_4096_tokens");
     for kind in POLICIES {
         for workers in FLEETS {
             let r = router(kind, workers);
-            let RouteOutcome::Dispatch(sel) = r.route(&req) else {
+            let RouteOutcome::Dispatch(sel) = r.route(req) else {
                 panic!("{} over {workers} workers did not dispatch", kind.as_str());
             };
             println!(
@@ -170,23 +180,27 @@ fn main() {
                 sel.cost
             );
             g.bench_with_input(BenchmarkId::new(kind.as_str(), workers), &r, |b, r| {
-                b.iter(|| r.route(black_box(&req)))
+                b.iter(|| r.route(black_box(req)))
             });
         }
     }
     g.finish();
+}
 
+/// Explain latency by policy, 64 workers.
+// A false positive of significant_drop_tightening: criterion's BenchmarkGroup is not a lock
+// (its Drop only ends the group, which `finish()` does here).
+#[allow(clippy::significant_drop_tightening)]
+fn bench_explain(c: &mut Criterion, req: &RouteRequest<'_>) {
     let mut g = c.benchmark_group("explain_4096_tokens_64_workers");
     for kind in POLICIES {
         let r = router(kind, 64);
-        let ex = r.explain(&req);
+        let ex = r.explain(req);
         assert_eq!(ex.workers.len(), 64);
         assert!(ex.winner.is_some());
         g.bench_with_input(BenchmarkId::from_parameter(kind.as_str()), &r, |b, r| {
-            b.iter(|| r.explain(black_box(&req)))
+            b.iter(|| r.explain(black_box(req)))
         });
     }
     g.finish();
-
-    c.final_summary();
 }

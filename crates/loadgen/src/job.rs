@@ -9,8 +9,9 @@ use crate::turn::{self, TurnResult};
 use crate::user_model::UserModel;
 use crate::{LoadKind, LoadgenConfig, LoadgenError, RunResult};
 use kvroute_workload::{ChatTurn, ChatWorkload, Status, Synthetic};
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -84,8 +85,8 @@ impl Ctx {
         Ok((control, Arc::new(ctx)))
     }
 
-    fn source(&self) -> std::sync::MutexGuard<'_, Source> {
-        self.source.lock().unwrap_or_else(|e| e.into_inner())
+    fn source(&self) -> parking_lot::MutexGuard<'_, Source> {
+        self.source.lock()
     }
 
     /// Whether the run's duration is up.

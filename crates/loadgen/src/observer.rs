@@ -9,9 +9,9 @@ use crate::window::{Window, WindowStats};
 use crate::{RunResult, TurnInfo};
 use kvroute_core::{RequestId, Time};
 use kvroute_workload::{ChatTurn, RequestRecord, Status};
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Bounds and span of what a load keeps.
@@ -150,8 +150,8 @@ impl Observer {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// The instant records' times count from.
@@ -200,13 +200,12 @@ impl Observer {
     pub(crate) fn finished(&self, f: Finished) {
         let at = |i: Instant| Time(i.saturating_duration_since(self.epoch));
         let r = f.result;
-        let mut guard = self.lock();
-        let s = &mut *guard;
+        let usage = r.usage.clone().unwrap_or_default();
+        let mut s = self.lock();
         let worker = r.worker.as_ref().map(|name| {
             let n = s.names.len() as u64;
             *s.names.entry(name.clone()).or_insert(n)
         });
-        let usage = r.usage.clone().unwrap_or_default();
         let mut rec = RequestRecord::new(RequestId(s.totals.sent), at(f.sent), usage.prompt_tokens);
         rec.worker = worker;
         rec.session = f.chat.then_some(f.conversation);

@@ -21,9 +21,10 @@ use crate::{DashboardConfig, Fleet};
 use crate::{LoadKind, LoadgenConfig, LoadgenError};
 use arm::{Arm, ArmRun};
 use levels::Levels;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -229,12 +230,12 @@ impl Service {
         Ok(Self { inner })
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, RunState> {
-        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn state(&self) -> parking_lot::MutexGuard<'_, RunState> {
+        self.inner.state.lock()
     }
 
-    fn levels_lock(&self) -> std::sync::MutexGuard<'_, Levels> {
-        self.inner.levels.lock().unwrap_or_else(|e| e.into_inner())
+    fn levels_lock(&self) -> parking_lot::MutexGuard<'_, Levels> {
+        self.inner.levels.lock()
     }
 
     /// The arms' settings, in order.

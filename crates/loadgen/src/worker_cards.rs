@@ -6,8 +6,8 @@
 //! size, and a target that is not a kvroute gateway gives `available: false` with the reason.
 
 use kvroute_protocol::prometheus_text::{first_value, samples};
+use parking_lot::Mutex;
 use serde::Serialize;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// One worker as the dashboard shows it.
@@ -135,10 +135,9 @@ impl FleetReader {
         let fleet = match self.fetch().await {
             Ok(f) => f,
             Err(e) => {
-                let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+                let last = self.last_error.lock().replace(e.clone());
                 if last.as_deref() != Some(e.as_str()) {
                     tracing::debug!(target = %self.target, error = %e, "fleet not available");
-                    *last = Some(e.clone());
                 }
                 Fleet {
                     available: false,

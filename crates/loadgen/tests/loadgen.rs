@@ -474,7 +474,7 @@ async fn a_ramp_spreads_the_first_conversations() {
     .await
     .unwrap();
     assert_eq!(result.records.len(), 4);
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     let t0 = seen[0];
     let at: Vec<f64> = seen
         .iter()

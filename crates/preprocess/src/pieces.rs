@@ -21,8 +21,9 @@
 //! threads of its own (one per core, at most a few dozen; `FASTOKENS_BPE_THREADS` caps them).
 
 use aho_corasick::{AhoCorasick, MatchKind};
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokenizers::Tokenizer;
 
 /// Bytes of cached pieces and ids kept at most, unless set otherwise
@@ -204,13 +205,13 @@ impl PieceCoder {
             coder.splitter = None;
         }
         // The probes' pieces are not worth keeping.
-        *coder.cache.get_mut().unwrap_or_else(|e| e.into_inner()) = Generations::default();
+        *coder.cache.get_mut() = Generations::default();
         coder
     }
 
     /// Bounds the piece cache to `bytes` (0: no caching), emptying it.
     pub fn set_cache_bytes(&self, bytes: usize) {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.cache.lock();
         if cache.limit != bytes {
             *cache = Generations::with_limit(bytes);
         }
@@ -250,19 +251,12 @@ impl PieceCoder {
             out.extend(self.whole(tokenizer, piece)?);
             return Ok(());
         }
-        let hit = self
-            .cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(piece);
+        let hit = self.cache.lock().get(piece);
         let ids = match hit {
             Some(ids) => ids,
             None => {
                 let ids: Arc<[u32]> = self.whole(tokenizer, piece)?.into();
-                self.cache
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(piece, ids.clone());
+                self.cache.lock().insert(piece, ids.clone());
                 ids
             }
         };

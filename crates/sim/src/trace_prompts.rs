@@ -13,8 +13,8 @@
 
 use kvroute_core::{BlockSize, BlockedPrompt, Namespace};
 use kvroute_workload::{BlockHashCache, Prompt, SharedBlockHashes, TraceRequest};
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 /// Prompts past the last one routed that may be hashed ahead.
 const AHEAD: usize = 64;
@@ -114,10 +114,8 @@ impl<'a> TracePrompts<'a> {
     pub fn blocked(&self, i: usize, scratch: &mut Vec<u32>) -> (BlockedPrompt, Vec<u32>) {
         let prompt = &self.trace[i].prompt;
         let Some(a) = &self.shared else {
-            // Only the router thread cuts prompts, so the lock is never contended; a panic
-            // while it was held cannot leave the cache wrong, only partly filled.
-            let mut cache = self.fallback.lock().unwrap_or_else(|e| e.into_inner());
-            return cache.blocked_with_tail(prompt);
+            // Only the router thread cuts prompts, so the lock is never contended.
+            return self.fallback.lock().blocked_with_tail(prompt);
         };
         let n = self.trace.len();
         a.horizon

@@ -4,7 +4,8 @@
 
 pub mod raw;
 
-use std::sync::{Arc, Mutex, OnceLock};
+use parking_lot::Mutex;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 fn context() -> &'static zmq::Context {
@@ -84,8 +85,8 @@ impl Publisher {
 
     /// Publishes one message (never blocks: a PUB socket drops past its high-water mark).
     pub fn send(&self, frames: &[Vec<u8>]) {
-        let socket = self.socket.lock().unwrap_or_else(|p| p.into_inner());
-        socket
+        self.socket
+            .lock()
             .send_multipart(frames, zmq::DONTWAIT)
             .expect("publish");
     }
@@ -112,11 +113,13 @@ impl Subscriber {
     pub async fn recv(&self, timeout: Duration) -> Option<Vec<Vec<u8>>> {
         let socket = self.socket.clone();
         tokio::task::spawn_blocking(move || {
-            let socket = socket.lock().unwrap_or_else(|p| p.into_inner());
+            let socket = socket.lock();
             let ready = socket
                 .poll(zmq::POLLIN, timeout.as_millis() as i64)
                 .expect("poll");
-            (ready > 0).then(|| socket.recv_multipart(0).expect("recv"))
+            let message = (ready > 0).then(|| socket.recv_multipart(0).expect("recv"));
+            drop(socket);
+            message
         })
         .await
         .expect("blocking task")
@@ -198,7 +201,6 @@ impl ReplayServer {
                 let start = u64::from_be_bytes(start);
                 let held: Vec<(u64, Vec<u8>)> = h
                     .lock()
-                    .unwrap_or_else(|p| p.into_inner())
                     .iter()
                     .filter(|(seq, _)| *seq >= start)
                     .cloned()
@@ -221,10 +223,7 @@ impl ReplayServer {
 
     /// Holds batch `seq` with `payload` from now on.
     pub fn hold(&self, seq: u64, payload: Vec<u8>) {
-        self.history
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((seq, payload));
+        self.history.lock().push((seq, payload));
     }
 }
 

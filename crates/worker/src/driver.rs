@@ -12,8 +12,9 @@ use crate::clock::Clock;
 use crate::events::EventHub;
 use kvroute_core::{RequestId, Time};
 use kvroute_engine::{Engine, EngineError, EngineMetrics, EngineRequest, Finished, StepOutput};
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// Steps run in one round at most before the driver looks at its commands again (only
@@ -224,7 +225,7 @@ impl Driver {
 
     fn update_snapshot(&self) {
         let m = self.engine.metrics();
-        *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = m;
+        *self.snapshot.lock() = m;
     }
 }
 

@@ -4,8 +4,9 @@
 
 use kvroute_core::{KvEvent, Namespace};
 use kvroute_protocol::kv_events::{encode_payload, Event, EventBatch, EventFormat};
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use tokio::sync::broadcast;
 
 /// Batches a broadcast subscriber may fall behind by before it misses some (it is told so
@@ -84,8 +85,7 @@ impl EventHub {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        // The state stays consistent whatever panicked while holding the lock.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// Also queues every event for TensorRT-LLM's pull API (at most `capacity`), for an
@@ -108,7 +108,7 @@ impl EventHub {
     /// The pull API's queued events, drained; None when the worker does not serve it.
     pub(crate) fn pull(&self) -> Option<Vec<serde_json::Value>> {
         let q = self.pull.as_ref()?;
-        Some(q.lock().unwrap_or_else(|e| e.into_inner()).drain())
+        Some(q.lock().drain())
     }
 
     /// Remembers the names of a namespace requests use.
@@ -116,7 +116,7 @@ impl EventHub {
         if ns.is_default() {
             return;
         }
-        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let mut names = self.names.lock();
         if names.len() >= MAX_NAMES && !names.contains_key(&ns) {
             names.clear();
         }
@@ -145,7 +145,7 @@ impl EventHub {
         host: &[KvEvent],
     ) -> Option<Arc<EventBatch>> {
         let mut events: Vec<Event> = {
-            let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+            let names = self.names.lock();
             events
                 .iter()
                 .filter_map(|e| {
@@ -174,9 +174,7 @@ impl EventHub {
             return None;
         }
         if let Some(q) = &self.pull {
-            q.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push_events(&events[..device]);
+            q.lock().push_events(&events[..device]);
         }
         let mut st = self.state();
         let batch = Arc::new(EventBatch {
@@ -210,18 +208,21 @@ impl EventHub {
             batch.clone()
         };
         let _ = self.tx.send(live);
+        drop(st);
         Some(batch)
     }
 
     /// A new incarnation of the engine: the sequence restarts at 0 and the replay buffer is
     /// emptied.
     pub(crate) fn restart(&self) {
-        let mut st = self.state();
-        st.next_seq = 0;
-        st.buffer.clear();
-        st.bytes = 0;
+        {
+            let mut st = self.state();
+            st.next_seq = 0;
+            st.buffer.clear();
+            st.bytes = 0;
+        }
         if let Some(q) = &self.pull {
-            q.lock().unwrap_or_else(|e| e.into_inner()).restart();
+            q.lock().restart();
         }
     }
 

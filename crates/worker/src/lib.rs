@@ -44,8 +44,9 @@ pub use zmq::END_SEQ;
 use kvroute_engine::{Engine, EngineMetrics};
 use kvroute_preprocess::Preprocessor;
 use kvroute_protocol::kv_events::EventBatch;
+use parking_lot::Mutex;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
@@ -156,10 +157,7 @@ impl WorkerHandle {
 
     /// The engine's metrics as of the driver's last round.
     pub fn engine_metrics(&self) -> EngineMetrics {
-        self.snapshot
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.snapshot.lock().clone()
     }
 
     /// Stops gracefully: the server stops accepting, streams in progress end (with an error

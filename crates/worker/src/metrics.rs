@@ -20,8 +20,9 @@
 
 use crate::clock::Clock;
 use kvroute_engine::EngineMetrics;
+use parking_lot::Mutex;
 use prometheus::{Counter, Encoder, Gauge, Opts, Registry, TextEncoder};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// The content type of the answer.
 pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -220,11 +221,7 @@ impl Metrics {
 
     /// The text exposition.
     pub(crate) fn render(&self) -> Result<String, prometheus::Error> {
-        let m = self
-            .snapshot
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let m = self.snapshot.lock().clone();
         let elapsed = self.clock.now().as_secs_f64();
         let busy = if elapsed > 0.0 {
             (m.busy_secs_total / elapsed).clamp(0.0, 1.0)
@@ -235,7 +232,7 @@ impl Metrics {
             g.set(read(&m, busy));
         }
         // One scrape at a time brings the counters up to the totals.
-        let counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        let counters = self.counters.lock();
         for (c, read) in counters.iter() {
             let (want, have) = (read(&m, busy), c.get());
             if want < have {
@@ -297,7 +294,7 @@ mod tests {
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert!(prometheus_text::parse_line(line).is_some(), "{line}");
         }
-        snap.lock().unwrap().prompt_tokens_total = 12;
+        snap.lock().prompt_tokens_total = 12;
         let text = metrics.render().unwrap();
         assert!(
             text.contains("kvroute_engine_prompt_tokens_total 12\n"),

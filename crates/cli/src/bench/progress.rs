@@ -5,8 +5,9 @@
 //! load), before any run has finished the live runs' duration.
 
 use indicatif::{ProgressBar, ProgressState, ProgressStyle};
+use parking_lot::Mutex;
 use std::io::IsTerminal;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Seconds left from what finished so far (pure: the caller gives the times).
@@ -132,8 +133,8 @@ impl Progress {
             .with_key(
                 "left",
                 move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
-                    let s = shared.lock().unwrap_or_else(PoisonError::into_inner);
-                    let _ = w.write_str(&s.left_text(Instant::now()));
+                    let left = shared.lock().left_text(Instant::now());
+                    let _ = w.write_str(&left);
                 },
             );
             let bar = ProgressBar::new(cells as u64).with_style(style);
@@ -147,8 +148,8 @@ impl Progress {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// Run `run` (from 0) of cell `cell` (from 0), the cell labelled `label`, starts.
