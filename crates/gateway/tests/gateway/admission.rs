@@ -7,10 +7,7 @@ use std::time::Duration;
 /// The `kvroute_queued_requests` gauge.
 async fn queued(url: &str) -> u64 {
     let text = scrape(url).await;
-    text.lines()
-        .find_map(|l| l.strip_prefix("kvroute_queued_requests "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(u64::MAX)
+    kvroute_testkit::sample(&text, "kvroute_queued_requests").map_or(u64::MAX, |v| v as u64)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -222,11 +222,13 @@ async fn another_ranks_events_are_refused() {
     assert!(served_by_1);
     let refused = async || {
         let text = kvroute_testkit::get_text(&client(), &format!("{url}/metrics")).await;
-        text.lines().any(|l| {
-            l.starts_with("kvroute_kv_events_total")
-                && l.contains("worker=\"engine/dp0\"")
-                && l.contains("result=\"wrong_rank\"")
-        })
+        let seen = kvroute_protocol::prometheus_text::samples(&text).any(|s| {
+            s.name == "kvroute_kv_events_total"
+                && s.label("worker").as_deref() == Some("engine/dp0")
+                && s.label("result").as_deref() == Some("wrong_rank")
+                && s.value > 0.0
+        });
+        seen
     };
     assert!(eventually(10, refused).await);
     let report = debug_workers(&url).await;
