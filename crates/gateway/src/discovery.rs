@@ -9,7 +9,7 @@ pub mod kubernetes;
 
 use crate::config::{ConfigError, WorkerSpec};
 use crate::fleet;
-use crate::state::Gateway;
+use crate::fleet::Fleet;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -47,28 +47,28 @@ pub struct Changes {
 
 /// Makes the fleet `desired`: workers not in it (by name, or with other settings) leave,
 /// engines not in the fleet join.
-pub fn reconcile(gw: &Arc<Gateway>, desired: &[WorkerSpec]) -> Changes {
+pub fn reconcile(fleet: &Arc<Fleet>, desired: &[WorkerSpec]) -> Changes {
     let mut changes = Changes::default();
     let wanted: BTreeMap<String, WorkerSpec> = crate::config::expand_ranks(desired)
         .into_iter()
         .map(|w| (w.display_name(), w))
         .collect();
-    for entry in gw.registry.all() {
+    for entry in fleet.registry.all() {
         let keep = wanted.get(&entry.name).is_some_and(|w| *w == entry.spec);
-        if !keep && fleet::remove(gw, entry.id) {
+        if !keep && fleet::remove(fleet, entry.id) {
             changes.removed.push(entry.name.clone());
         }
     }
     for spec in desired {
         let first = crate::config::expand_ranks(std::slice::from_ref(spec));
         let Some(first) = first.first() else { continue };
-        if gw.registry.by_name(&first.display_name()).is_some() {
+        if fleet.registry.by_name(&first.display_name()).is_some() {
             continue;
         }
-        match fleet::add(gw, spec.clone()) {
+        match fleet::add(fleet, spec.clone()) {
             Ok(ids) => {
                 for id in ids {
-                    if let Some(e) = gw.registry.get(id) {
+                    if let Some(e) = fleet.registry.get(id) {
                         changes.added.push(e.name.clone());
                     }
                 }
@@ -84,8 +84,8 @@ pub fn reconcile(gw: &Arc<Gateway>, desired: &[WorkerSpec]) -> Changes {
 
 /// Runs the configured sources until the gateway stops: the `configured` workers plus what
 /// the file and the DNS names give, every `interval_secs`.
-pub async fn run(gw: Arc<Gateway>, configured: Vec<WorkerSpec>) {
-    let cfg = gw.config.discovery.clone();
+pub async fn run(fleet: Arc<Fleet>, configured: Vec<WorkerSpec>) {
+    let cfg = fleet.config.discovery.clone();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(cfg.interval_secs));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_file: Option<Vec<WorkerSpec>> = None;
@@ -142,9 +142,9 @@ pub async fn run(gw: Arc<Gateway>, configured: Vec<WorkerSpec>) {
         if applied.as_ref() == Some(&desired) {
             continue;
         }
-        let changes = reconcile(&gw, &desired);
+        let changes = reconcile(&fleet, &desired);
         if !changes.added.is_empty() || !changes.removed.is_empty() {
-            tracing::info!(added = ?changes.added, removed = ?changes.removed, workers = gw.registry.len(), "fleet changed");
+            tracing::info!(added = ?changes.added, removed = ?changes.removed, workers = fleet.registry.len(), "fleet changed");
         }
         if changes.failed.is_empty() {
             applied = Some(desired);

@@ -225,13 +225,13 @@ pub async fn spawn(
             if p.snapshot_secs > 0.0 {
                 tasks.push(plane::write_snapshots(&gw.ingestion, &conn, p));
             }
-            let _ = gw.plane.set(conn);
+            let _ = gw.fleet.plane.set(conn);
         }
         _ => {}
     };
-    fleet::start_events(&gw, &gw.registry.all(), &mut feeds)?;
+    fleet::start_events(&gw.fleet, &gw.registry.all(), &mut feeds)?;
     if gw.config.discovery.enabled() {
-        tasks.push(tokio::spawn(discovery::run(gw.clone(), configured)));
+        tasks.push(tokio::spawn(discovery::run(gw.fleet.clone(), configured)));
     }
     tasks.push(tokio::spawn(health::run(gw.health.clone())));
     tasks.push(tokio::spawn(prune(gw.clone())));

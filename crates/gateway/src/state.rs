@@ -6,6 +6,7 @@ use crate::capacity::Capacity;
 use crate::clock::Clock;
 use crate::config::GatewayConfig;
 use crate::events::Ingestion;
+use crate::fleet::Fleet;
 use crate::health::HealthChecks;
 use crate::metrics::Metrics;
 use crate::models::Models;
@@ -20,7 +21,7 @@ use std::sync::Arc;
 /// Shared by every handler and background task.
 pub struct Gateway {
     /// The settings.
-    pub(crate) config: GatewayConfig,
+    pub(crate) config: Arc<GatewayConfig>,
     /// The router and the requests waiting for a free worker.
     pub(crate) table: Arc<RoutingTable<Waiter>>,
     /// Booking on the table: request ids, the in-flight count, load shared with replicas.
@@ -45,8 +46,8 @@ pub struct Gateway {
     pub(crate) policy: &'static str,
     /// Where the gateway's times come from.
     pub(crate) clock: Clock,
-    /// The event plane's connection, when the gateway has one.
-    pub(crate) plane: std::sync::OnceLock<crate::nats::Connection>,
+    /// Workers joining and leaving.
+    pub(crate) fleet: Arc<Fleet>,
 }
 
 impl Gateway {
@@ -95,6 +96,17 @@ impl Gateway {
             clock,
             replay_timeout: std::time::Duration::from_secs_f64(config.upstream.replay_timeout_secs),
         });
+        let config = Arc::new(config);
+        let fleet = Arc::new(Fleet {
+            registry: registry.clone(),
+            table: table.clone(),
+            ingestion: ingestion.clone(),
+            upstream: upstream.clone(),
+            metrics: metrics.clone(),
+            config: config.clone(),
+            approximate: preprocessor.is_approximate(),
+            plane: std::sync::OnceLock::new(),
+        });
         Self {
             policy: config.router.policy.kind.as_str(),
             config,
@@ -109,7 +121,7 @@ impl Gateway {
             clock,
             models,
             health,
-            plane: std::sync::OnceLock::new(),
+            fleet,
         }
     }
 
@@ -144,9 +156,9 @@ impl Gateway {
         self.registry.all()
     }
 
-    /// The event plane's connection, when there is one.
-    pub fn plane(&self) -> Option<&crate::nats::Connection> {
-        self.plane.get()
+    /// Workers joining and leaving (`fleet::add`, `fleet::remove`).
+    pub fn fleet(&self) -> &Arc<Fleet> {
+        &self.fleet
     }
 
     /// Shares a booking with the other gateway replicas (when the event plane carries load).

@@ -22,11 +22,11 @@ async fn workers_join_and_leave_while_the_gateway_runs() {
         replay: Some(replay),
         ..WorkerSpec::default()
     };
-    let ids = fleet::add(gw.state(), spec.clone()).unwrap();
+    let ids = fleet::add(gw.state().fleet(), spec.clone()).unwrap();
     assert_eq!(ids.len(), 1);
     assert_eq!(ids[0].0, 2);
     assert!(matches!(
-        fleet::add(gw.state(), spec.clone()),
+        fleet::add(gw.state().fleet(), spec.clone()),
         Err(fleet::FleetError::Duplicate(_))
     ));
     assert_eq!(worker_names(&url).await, ["a", "b"]);
@@ -51,8 +51,8 @@ async fn workers_join_and_leave_while_the_gateway_runs() {
     let metrics = crate::scrape(&url).await;
     assert!(metrics.contains("worker=\"b\""), "{metrics}");
     // b leaves: its series go, every request goes to a.
-    assert!(fleet::remove(gw.state(), ids[0]));
-    assert!(!fleet::remove(gw.state(), ids[0]));
+    assert!(fleet::remove(gw.state().fleet(), ids[0]));
+    assert!(!fleet::remove(gw.state().fleet(), ids[0]));
     assert_eq!(worker_names(&url).await, ["a"]);
     let metrics = crate::scrape(&url).await;
     assert!(!metrics.contains("worker=\"b\""), "{metrics}");
@@ -66,7 +66,7 @@ async fn workers_join_and_leave_while_the_gateway_runs() {
         assert_eq!((status, w.as_deref()), (200, Some("a")));
     }
     // Back again, under a new id.
-    assert_eq!(fleet::add(gw.state(), spec).unwrap()[0].0, 3);
+    assert_eq!(fleet::add(gw.state().fleet(), spec).unwrap()[0].0, 3);
     gw.shutdown().await;
     a.shutdown().await;
     b.shutdown().await;
@@ -98,13 +98,13 @@ async fn a_worker_the_router_refuses_is_turned_away_and_the_gateway_goes_on() {
     cfg.router.max_workers = 1;
     let gw = gateway(&[&a], cfg).await;
     let url = gw.url();
-    let state = gw.state().clone();
+    let fleet = gw.state().fleet().clone();
     let spec = WorkerSpec {
         url: b.url(),
         name: Some("b".into()),
         ..WorkerSpec::default()
     };
-    let refused = within_20s(move || fleet::add(&state, spec)).await;
+    let refused = within_20s(move || fleet::add(&fleet, spec)).await;
     assert!(
         matches!(refused, Err(fleet::FleetError::Route(_))),
         "{refused:?}"

@@ -104,7 +104,7 @@ async fn a_worker_that_joins_at_run_time_is_booked_on_every_replica() {
             name: Some("b".into()),
             ..kvroute_gateway::WorkerSpec::default()
         };
-        kvroute_gateway::fleet::add(g.state(), spec).unwrap();
+        kvroute_gateway::fleet::add(g.state().fleet(), spec).unwrap();
     }
     // Least loaded: one stream on each worker, both through replica 0.
     let s1 = long_stream(&g0.url()).await;
