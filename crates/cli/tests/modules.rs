@@ -3,7 +3,11 @@
 //! out) number at most [`MAX_CYCLE`]. A cycle that size or smaller is a pair or three of
 //! modules that belong together; a larger one is a knot where no module can change alone.
 //! A crate still above the bound while it is untangled is named in [`UNTANGLING`] with the
-//! size it may not grow past (none today: the gateway's knot of 14 was cut to 3 by issue 39).
+//! size it may not grow past (none today: the gateway's knot of 14 was cut by issue 39).
+//!
+//! Layers as a guard too: a crate whose codemap in ARCHITECTURE.md has a `| layer | modules |`
+//! table (lowest layer first) must list every top-level module there once, and no module may
+//! import one of a higher layer. The crates in [`LAYERED`] must have such a table.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -13,6 +17,9 @@ const MAX_CYCLE: usize = 3;
 
 /// Crates being untangled: their largest cycle now, which may only shrink.
 const UNTANGLING: &[(&str, usize)] = &[];
+
+/// Crates whose codemap must give their layers.
+const LAYERED: &[&str] = &["gateway"];
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -180,6 +187,132 @@ fn largest_cycle(g: &BTreeMap<String, BTreeSet<String>>) -> BTreeSet<String> {
         }
     }
     s.best
+}
+
+/// Each crate's layer table in `architecture`: crate directory name -> layers, lowest first,
+/// each the module names of its row.
+fn layer_tables(architecture: &str) -> BTreeMap<String, Vec<Vec<String>>> {
+    let mut out = BTreeMap::new();
+    let mut krate: Option<String> = None;
+    let mut in_table = false;
+    for line in architecture.lines() {
+        if let Some(rest) = line.strip_prefix("## Codemap: `crates/") {
+            krate = rest.split('/').next().map(str::to_string);
+            in_table = false;
+            continue;
+        }
+        if line.starts_with("## ") {
+            krate = None;
+            in_table = false;
+            continue;
+        }
+        let Some(k) = &krate else { continue };
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        if line.starts_with('|') && cells.len() == 2 && cells[0] == "layer" && cells[1] == "modules" {
+            in_table = true;
+            out.insert(k.clone(), Vec::new());
+            continue;
+        }
+        if !in_table {
+            continue;
+        }
+        if !line.starts_with('|') {
+            in_table = false;
+            continue;
+        }
+        if cells.len() != 2 || cells[1].starts_with("---") {
+            continue;
+        }
+        let modules: Vec<String> = cells[1]
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect();
+        out.get_mut(k).expect("table started").push(modules);
+    }
+    out
+}
+
+/// What breaks a crate's layers: modules missing from the table or listed twice or unknown,
+/// and imports that climb.
+fn layer_violations(
+    krate: &str,
+    layers: &[Vec<String>],
+    g: &BTreeMap<String, BTreeSet<String>>,
+) -> Vec<String> {
+    let mut broken = Vec::new();
+    let mut layer_of: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, row) in layers.iter().enumerate() {
+        for m in row {
+            if layer_of.insert(m, i).is_some() {
+                broken.push(format!("crates/{krate}: `{m}` is in two layers"));
+            }
+            if !g.contains_key(m) {
+                broken.push(format!("crates/{krate}: the layer table names `{m}`, which is not a module"));
+            }
+        }
+    }
+    for (m, to) in g {
+        let Some(&lm) = layer_of.get(m.as_str()) else {
+            broken.push(format!("crates/{krate}: module `{m}` is in no layer of ARCHITECTURE.md"));
+            continue;
+        };
+        for t in to {
+            if let Some(&lt) = layer_of.get(t.as_str()) {
+                if lt > lm {
+                    broken.push(format!(
+                        "crates/{krate}: `{m}` (layer {}) imports `{t}` (layer {}): an import that climbs",
+                        lm + 1,
+                        lt + 1
+                    ));
+                }
+            }
+        }
+    }
+    broken
+}
+
+#[test]
+fn no_module_imports_a_higher_layer() {
+    let architecture = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let tables = layer_tables(&architecture);
+    let mut broken = Vec::new();
+    for k in LAYERED {
+        if !tables.contains_key(*k) {
+            broken.push(format!("crates/{k}: its codemap has no `| layer | modules |` table"));
+        }
+    }
+    for (k, layers) in &tables {
+        let g = graph(&root().join("crates").join(k).join("src"));
+        broken.extend(layer_violations(k, layers, &g));
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn the_layer_guard_sees_a_climbing_import_and_a_missing_module() {
+    let md = "## Codemap: `crates/x/src`\n\n| layer | modules |\n| --- | --- |\n\
+              | low | `a`, `b` |\n| high | `c` |\n\ntext\n## Other\n| layer | modules |\n| z | `q` |\n";
+    let tables = layer_tables(md);
+    assert_eq!(tables.len(), 1);
+    assert_eq!(
+        tables["x"],
+        vec![vec!["a".to_string(), "b".to_string()], vec!["c".to_string()]]
+    );
+    let g: BTreeMap<String, BTreeSet<String>> = [
+        ("a", vec!["c"]),
+        ("b", vec!["a"]),
+        ("c", vec!["a", "b"]),
+        ("d", vec![]),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.into_iter().map(String::from).collect()))
+    .collect();
+    let broken = layer_violations("x", &tables["x"], &g);
+    assert_eq!(broken.len(), 2, "{broken:?}");
+    assert!(broken[0].contains("`a` (layer 1) imports `c` (layer 2)"), "{broken:?}");
+    assert!(broken[1].contains("`d` is in no layer"), "{broken:?}");
 }
 
 #[test]
