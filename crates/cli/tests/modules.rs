@@ -208,7 +208,8 @@ fn layer_tables(architecture: &str) -> BTreeMap<String, Vec<Vec<String>>> {
         }
         let Some(k) = &krate else { continue };
         let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
-        if line.starts_with('|') && cells.len() == 2 && cells[0] == "layer" && cells[1] == "modules" {
+        if line.starts_with('|') && cells.len() == 2 && cells[0] == "layer" && cells[1] == "modules"
+        {
             in_table = true;
             out.insert(k.clone(), Vec::new());
             continue;
@@ -249,13 +250,17 @@ fn layer_violations(
                 broken.push(format!("crates/{krate}: `{m}` is in two layers"));
             }
             if !g.contains_key(m) {
-                broken.push(format!("crates/{krate}: the layer table names `{m}`, which is not a module"));
+                broken.push(format!(
+                    "crates/{krate}: the layer table names `{m}`, which is not a module"
+                ));
             }
         }
     }
     for (m, to) in g {
         let Some(&lm) = layer_of.get(m.as_str()) else {
-            broken.push(format!("crates/{krate}: module `{m}` is in no layer of ARCHITECTURE.md"));
+            broken.push(format!(
+                "crates/{krate}: module `{m}` is in no layer of ARCHITECTURE.md"
+            ));
             continue;
         };
         for t in to {
@@ -280,7 +285,9 @@ fn no_module_imports_a_higher_layer() {
     let mut broken = Vec::new();
     for k in LAYERED {
         if !tables.contains_key(*k) {
-            broken.push(format!("crates/{k}: its codemap has no `| layer | modules |` table"));
+            broken.push(format!(
+                "crates/{k}: its codemap has no `| layer | modules |` table"
+            ));
         }
     }
     for (k, layers) in &tables {
@@ -298,7 +305,10 @@ fn the_layer_guard_sees_a_climbing_import_and_a_missing_module() {
     assert_eq!(tables.len(), 1);
     assert_eq!(
         tables["x"],
-        vec![vec!["a".to_string(), "b".to_string()], vec!["c".to_string()]]
+        vec![
+            vec!["a".to_string(), "b".to_string()],
+            vec!["c".to_string()]
+        ]
     );
     let g: BTreeMap<String, BTreeSet<String>> = [
         ("a", vec!["c"]),
@@ -311,7 +321,10 @@ fn the_layer_guard_sees_a_climbing_import_and_a_missing_module() {
     .collect();
     let broken = layer_violations("x", &tables["x"], &g);
     assert_eq!(broken.len(), 2, "{broken:?}");
-    assert!(broken[0].contains("`a` (layer 1) imports `c` (layer 2)"), "{broken:?}");
+    assert!(
+        broken[0].contains("`a` (layer 1) imports `c` (layer 2)"),
+        "{broken:?}"
+    );
     assert!(broken[1].contains("`d` is in no layer"), "{broken:?}");
 }
 
