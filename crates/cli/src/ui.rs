@@ -85,12 +85,12 @@ pub fn router(
     if admin_key.is_none() && !addr.ip().is_loopback() {
         tracing::warn!(%addr, "the dashboard's start / stop / concurrency are off: it listens beyond loopback and KVROUTE_ADMIN_KEY is not set");
     }
-    let policy = std::sync::Arc::new(kvroute_protocol::openai::http::AccessPolicy {
+    let policy = std::sync::Arc::new(kvroute_runtime::AccessPolicy {
         admin_key,
         loopback: addr.ip().is_loopback(),
         ..Default::default()
     });
-    use kvroute_protocol::openai::http::{require, Access};
+    use kvroute_runtime::{require, Access};
     let baseline = require(
         axum::Router::new().route("/api/baseline", axum::routing::get(baseline_file)),
         &policy,
@@ -254,6 +254,6 @@ pub async fn serve_app(
     app: axum::Router,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) {
-    use kvroute_protocol::openai::http;
-    http::serve(listener, app, http::ServeLimits::default(), None, shutdown).await;
+    use kvroute_runtime::{serve, ServeLimits};
+    serve(listener, app, ServeLimits::default(), None, shutdown).await;
 }

@@ -111,7 +111,7 @@ impl WorkerArgs {
             std::env::var(name)
                 .ok()
                 .filter(|k| !k.is_empty())
-                .map(kvroute_protocol::openai::http::Secret)
+                .map(kvroute_runtime::Secret)
         };
         c.api_key = secret("KVROUTE_WORKER_API_KEY").or(c.api_key);
         c.admin_key = secret("KVROUTE_ADMIN_KEY").or(c.admin_key);

@@ -13,8 +13,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvroute_core::RouteRequest;
-use kvroute_protocol::openai::http::{read_body, require, Access, AccessPolicy};
+use kvroute_protocol::openai::http::read_body;
 use kvroute_protocol::openai::{parse_request, ApiError, Endpoint, ModelList};
+use kvroute_runtime::{require, Access, AccessPolicy};
 use std::sync::Arc;
 
 /// The gateway's routes, each behind what it needs under `policy`: health, readiness,

@@ -13,8 +13,8 @@ pub use accuracy::AccuracyConfig;
 pub use discovery::{url_host, DiscoveryConfig, DnsSource, KubernetesSource};
 pub use epp::EppConfig;
 use kvroute_core::{RouterConfig, WorkerCapacity};
-pub use kvroute_protocol::openai::http::Secret;
 use kvroute_protocol::openai::Endpoint;
+pub use kvroute_runtime::Secret;
 pub use plane::{PlaneConfig, PlaneConfigError};
 use serde::{Deserialize, Serialize};
 
@@ -82,7 +82,7 @@ impl TlsConfig {
     }
 }
 
-/// Keys and origins (see `kvroute_protocol::openai::http::access`).
+/// Keys and origins (see `kvroute_runtime::access`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
@@ -100,8 +100,8 @@ pub struct AuthConfig {
 
 impl AuthConfig {
     /// The access policy of a listener (`loopback`: bound to a loopback address).
-    pub fn policy(&self, loopback: bool) -> kvroute_protocol::openai::http::AccessPolicy {
-        kvroute_protocol::openai::http::AccessPolicy {
+    pub fn policy(&self, loopback: bool) -> kvroute_runtime::AccessPolicy {
+        kvroute_runtime::AccessPolicy {
             api_keys: self.api_keys.iter().map(|k| k.0.clone()).collect(),
             admin_key: self.admin_key.as_ref().map(|k| k.0.clone()),
             allowed_origins: self.allowed_origins.clone(),
@@ -352,14 +352,13 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        use kvroute_protocol::openai::http;
-        let serve = http::ServeLimits::default();
+        let serve = kvroute_runtime::ServeLimits::default();
         Self {
             max_body_bytes: 8 << 20,
             max_prompt_tokens: 262_144,
             max_response_bytes: 64 << 20,
             header_read_timeout_secs: serve.header_read_timeout.as_secs_f64(),
-            body_read_timeout_secs: http::BODY_READ_TIMEOUT.as_secs_f64(),
+            body_read_timeout_secs: kvroute_runtime::BODY_READ_TIMEOUT.as_secs_f64(),
             max_connections: serve.max_connections,
             tokenizer_cache_bytes: kvroute_preprocess::PIECE_CACHE_BYTES,
             tokenizer_threads: kvroute_preprocess::DEFAULT_TOKENIZE_THREADS,
@@ -471,8 +470,8 @@ pub struct ConfigError(pub String);
 
 impl GatewayConfig {
     /// What clients may hold open, for the HTTP server.
-    pub fn serve_limits(&self) -> kvroute_protocol::openai::http::ServeLimits {
-        kvroute_protocol::openai::http::ServeLimits {
+    pub fn serve_limits(&self) -> kvroute_runtime::ServeLimits {
+        kvroute_runtime::ServeLimits {
             header_read_timeout: std::time::Duration::from_secs_f64(
                 self.limits.header_read_timeout_secs,
             ),
@@ -569,7 +568,7 @@ impl GatewayConfig {
                 self.upstream.migration_limit
             )));
         }
-        let max_connections = kvroute_protocol::openai::http::MAX_CONNECTIONS;
+        let max_connections = kvroute_runtime::MAX_CONNECTIONS;
         if !(1..=max_connections).contains(&self.limits.max_connections) {
             return Err(ConfigError(format!(
                 "limits.max_connections must be within 1..={max_connections}, got {}",

@@ -250,7 +250,7 @@ pub async fn spawn(
     let limits = gw.config.serve_limits();
     let tls = load_tls(&gw.config.tls)?;
     let server = tokio::spawn(async move {
-        kvroute_protocol::openai::http::serve(listener, app, limits, tls, async move {
+        kvroute_runtime::serve(listener, app, limits, tls, async move {
             let _ = rx.await;
         })
         .await
@@ -266,9 +266,7 @@ pub async fn spawn(
 }
 
 /// The listener's TLS setup from the configured PEM files (none when TLS is off).
-fn load_tls(
-    config: &config::TlsConfig,
-) -> Result<Option<kvroute_protocol::openai::http::Tls>, StartError> {
+fn load_tls(config: &config::TlsConfig) -> Result<Option<kvroute_runtime::Tls>, StartError> {
     let (Some(cert), Some(key)) = (&config.cert_file, &config.key_file) else {
         return Ok(None);
     };
@@ -276,7 +274,7 @@ fn load_tls(
         std::fs::read(path).map_err(|e| StartError::Tls(format!("reading {}: {e}", path.display())))
     };
     let (cert_pem, key_pem) = (read(cert)?, read(key)?);
-    kvroute_protocol::openai::http::Tls::from_pem(&cert_pem, &key_pem)
+    kvroute_runtime::Tls::from_pem(&cert_pem, &key_pem)
         .map(Some)
         .map_err(|e| StartError::Tls(format!("{} and {}: {e}", cert.display(), key.display())))
 }

@@ -28,7 +28,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use kvroute_protocol::openai::http::{require, Access, AccessPolicy};
+use kvroute_runtime::{require, Access, AccessPolicy};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;

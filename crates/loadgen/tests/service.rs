@@ -15,13 +15,13 @@ use support::{fleet, small_chat};
 async fn serve(service: Service) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let policy = std::sync::Arc::new(kvroute_protocol::openai::http::AccessPolicy {
+    let policy = std::sync::Arc::new(kvroute_runtime::AccessPolicy {
         loopback: true,
         ..Default::default()
     });
     let app = kvroute_loadgen::api::router(service, &policy);
-    let limits = kvroute_protocol::openai::http::ServeLimits::default();
-    tokio::spawn(kvroute_protocol::openai::http::serve(
+    let limits = kvroute_runtime::ServeLimits::default();
+    tokio::spawn(kvroute_runtime::serve(
         listener,
         app,
         limits,
@@ -527,7 +527,7 @@ async fn websocket_clients_past_the_cap_are_refused_and_slots_come_back() {
 #[tokio::test]
 async fn the_control_calls_need_the_admin_key_and_refuse_other_sites() {
     let service = idle_service();
-    let policy = std::sync::Arc::new(kvroute_protocol::openai::http::AccessPolicy {
+    let policy = std::sync::Arc::new(kvroute_runtime::AccessPolicy {
         admin_key: Some("root".into()),
         loopback: true,
         ..Default::default()

@@ -3,7 +3,7 @@
 use crate::WorkerError;
 use kvroute_engine::{EngineConfig, Profile};
 use kvroute_protocol::kv_events::EventFormat;
-use kvroute_protocol::openai::http::Secret;
+use kvroute_runtime::Secret;
 use serde::{Deserialize, Serialize};
 
 /// Settings of a simulated worker. Every field has a default, so a TOML or JSON document

@@ -8,10 +8,10 @@
 //! for commands when the engine has nothing to do). A failed send means the client is gone:
 //! the request is aborted in the engine.
 
-use crate::clock::Clock;
 use crate::events::EventHub;
 use kvroute_core::{RequestId, Time};
 use kvroute_engine::{Engine, EngineError, EngineMetrics, EngineRequest, Finished, StepOutput};
+use kvroute_runtime::Clock;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -112,10 +112,7 @@ impl Driver {
         loop {
             self.run_due(self.clock.now());
             self.update_snapshot();
-            let wake = self
-                .engine
-                .next_event_time()
-                .map(|t| self.clock.instant_of(t));
+            let wake = self.engine.next_event_time().map(|t| self.clock.instant(t));
             tokio::select! {
                 biased;
                 _ = crate::wait_shutdown(&mut shutdown) => break,

@@ -79,7 +79,7 @@ async fn generate(
         &headers,
         body,
         s.cfg.max_body_bytes,
-        kvroute_protocol::openai::http::BODY_READ_TIMEOUT,
+        kvroute_runtime::BODY_READ_TIMEOUT,
     )
     .await?;
     let (obj, view) = parse_request(endpoint, &bytes, s.cfg.max_prompt_tokens)?;

@@ -11,11 +11,11 @@
 //! `POST /admin/reset` (an engine restart: prefix cache dropped, event sequence back to 0,
 //! replay buffer emptied). Every answer carries `x-request-id` (the client's, or a new one).
 //!
-//! Modules: `config` (settings), `driver` (the engine task), `clock` (virtual time),
-//! `events` (numbering, replay buffer, broadcast), `zmq` (PUB and replay ROUTER sockets),
-//! `http` (routes, errors, small endpoints), `generate` (the two generation endpoints),
-//! `stream` (server-sent events), `text` (the ids answers are made of, whose text tokenizes
-//! back to them), `metrics` (Prometheus text), `ids` (request ids).
+//! Modules: `config` (settings), `driver` (the engine task, on a `kvroute_runtime::Clock` at
+//! `speedup`: virtual time), `events` (numbering, replay buffer, broadcast), `zmq` (PUB and
+//! replay ROUTER sockets), `http` (routes, errors, small endpoints), `generate` (the two
+//! generation endpoints), `stream` (server-sent events), `text` (the ids answers are made of,
+//! whose text tokenizes back to them), `metrics` (Prometheus text), `ids` (request ids).
 //!
 //! # Metrics
 //!
@@ -23,7 +23,6 @@
 //! vLLM's `vllm:num_requests_running`, `vllm:num_requests_waiting`,
 //! `vllm:kv_cache_usage_perc` and token counters.
 
-mod clock;
 mod config;
 mod driver;
 mod error;
@@ -243,7 +242,7 @@ pub async fn spawn(
         tasks.extend(started.tasks);
     }
 
-    let clock = clock::Clock::new(config.speedup);
+    let clock = kvroute_runtime::Clock::new(config.speedup);
     let snapshot = Arc::new(Mutex::new(engine.metrics()));
     let (commands, command_rx) = mpsc::channel(COMMAND_QUEUE);
     let driver = driver::Driver::new(engine, clock, hub.clone(), snapshot.clone(), name.clone());
@@ -274,10 +273,10 @@ pub async fn spawn(
     tasks.push((
         "http",
         tokio::spawn(async move {
-            kvroute_protocol::openai::http::serve(
+            kvroute_runtime::serve(
                 listener,
                 app,
-                kvroute_protocol::openai::http::ServeLimits::default(),
+                kvroute_runtime::ServeLimits::default(),
                 None,
                 async move { wait_shutdown(&mut stop).await },
             )

@@ -18,8 +18,8 @@
 //! `vllm:generation_tokens_total`, `vllm:prefix_cache_queries_total`,
 //! `vllm:prefix_cache_hits_total`.
 
-use crate::clock::Clock;
 use kvroute_engine::EngineMetrics;
+use kvroute_runtime::Clock;
 use parking_lot::Mutex;
 use prometheus::{Counter, Encoder, Gauge, Opts, Registry, TextEncoder};
 use std::sync::Arc;

@@ -1,20 +1,13 @@
-//! The HTTP edge of the OpenAI API for axum servers (the gateway and the worker): an error as
-//! an answer, a request body read under a size and time limit, and serving under connection
-//! limits (`http/serve.rs`), over TLS when asked (`http/tls.rs`).
+//! The HTTP edge of the OpenAI API for axum servers (the gateway, the worker, the dashboard):
+//! an API error as an answer, a request body read under a size and time limit, refused with
+//! the API's errors. The server loop, access control and TLS are `kvroute_runtime`'s.
 
 use super::ApiError;
-
-pub mod access;
-mod serve;
-mod tls;
-pub use access::{require, Access, AccessPolicy, Secret};
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::BodyExt;
-pub use serve::{serve, ServeLimits, BODY_READ_TIMEOUT, MAX_CONNECTIONS, OVERFLOW_CONNECTIONS};
-pub use tls::{Tls, TlsError};
 
 /// An OpenAI error answer: its status, the JSON body, `Retry-After` when the error has a
 /// retry delay.

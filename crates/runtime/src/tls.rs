@@ -61,7 +61,7 @@ impl Tls {
     }
 
     /// The acceptor that runs a connection's handshake.
-    pub(super) fn acceptor(&self) -> &TlsAcceptor {
+    pub(crate) fn acceptor(&self) -> &TlsAcceptor {
         &self.acceptor
     }
 }

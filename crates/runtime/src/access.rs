@@ -14,12 +14,12 @@
 //!
 //! Keys are compared in constant time.
 
-use super::error_response;
-use crate::openai::{ApiError, ErrorKind};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap};
 use axum::middleware::Next;
 use axum::response::Response;
+use kvroute_protocol::openai::http::error_response;
+use kvroute_protocol::openai::{ApiError, ErrorKind};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 

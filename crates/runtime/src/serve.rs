@@ -1,5 +1,5 @@
-//! Serving an axum app under limits on what clients can hold open (the gateway and the
-//! worker): a deadline for each request's headers, which also ends idle keep-alive
+//! Serving an axum app under limits on what clients can hold open (the gateway, the worker,
+//! the dashboard): a deadline for each request's headers, which also ends idle keep-alive
 //! connections (hyper starts the clock when it waits for the next request); a cap on open
 //! connections, beyond which a few more are answered `503 too_many_connections` (`/live`
 //! still `200`) and closed, and any further ones closed at once, so a flood of sockets can
@@ -7,15 +7,15 @@
 //! `TCP_NODELAY` on every connection; TLS when given a setup (the handshake under the same
 //! deadline as the headers); a bounded graceful shutdown.
 
-use super::error_response;
-use super::tls::Tls;
-use crate::openai::ApiError;
+use crate::tls::Tls;
 use axum::body::Body;
 use axum::http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use kvroute_protocol::openai::http::error_response;
+use kvroute_protocol::openai::ApiError;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
@@ -49,7 +49,8 @@ impl Default for ServeLimits {
     }
 }
 
-/// How long a client may take to send a request body, unless configured.
+/// How long a client may take to send a request body, unless configured (the timeout given
+/// to `kvroute_protocol::openai::http::read_body`).
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Serves `app` on `listener` (over TLS with `tls`) until `shutdown` completes, then lets
