@@ -23,14 +23,14 @@ pub use self::poll::{poll_feeds, PollSubscription};
 pub use self::zmq::{zmq_feed, ZmqReplay, ZmqSubscription, END_SEQ};
 
 use crate::backoff;
+use crate::bookings::Waiter;
 use crate::clock::Clock;
+use crate::metrics::Metrics;
+use crate::registry::Registry;
 use crate::registry::{CacheState, WorkerEntry};
 use crate::sequence::{
     classify, complete_from_start, judge_back, verdict, Back, Mark, Recent, Step, Verdict,
 };
-use crate::bookings::Waiter;
-use crate::metrics::Metrics;
-use crate::registry::Registry;
 use crate::table::RoutingTable;
 use crate::workers::Workers;
 use kvroute_core::{IndexError, WorkerId};

@@ -177,10 +177,7 @@ pub fn start_events(
                 };
                 for (r, f) in rank_feeds.enumerate() {
                     if let Some(rank) = entries.get(i + r + 1) {
-                        own(
-                            rank,
-                            tokio::spawn(events::ingest(fleet.ingestion.clone(), rank.id, f)),
-                        );
+                        rank.spawn_task(events::ingest(fleet.ingestion.clone(), rank.id, f));
                     }
                 }
                 first
@@ -200,14 +197,7 @@ pub fn start_events(
             }
             (None, None) => continue,
         };
-        own(
-            entry,
-            tokio::spawn(events::ingest(fleet.ingestion.clone(), entry.id, feed)),
-        );
+        entry.spawn_task(events::ingest(fleet.ingestion.clone(), entry.id, feed));
     }
     Ok(())
-}
-
-fn own(entry: &WorkerEntry, task: tokio::task::JoinHandle<()>) {
-    entry.own_task(task);
 }

@@ -34,6 +34,7 @@ mod routing;
 pub mod sequence;
 mod state;
 mod table;
+mod tasks;
 mod upstream;
 mod workers;
 
@@ -103,7 +104,7 @@ pub fn load_preprocessor(config: &GatewayConfig) -> Result<Preprocessor, StartEr
 pub struct GatewayHandle {
     addr: SocketAddr,
     state: Arc<Gateway>,
-    tasks: Vec<JoinHandle<()>>,
+    tasks: tasks::Tasks,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<JoinHandle<()>>,
 }
@@ -132,8 +133,16 @@ impl GatewayHandle {
         if let Some(server) = self.server.take() {
             let _ = server.await;
         }
-        for t in &self.tasks {
-            t.abort();
+        self.stop_tasks().await;
+    }
+
+    /// Ends the gateway's background tasks and every worker's, waiting until they have.
+    async fn stop_tasks(&self) {
+        for w in self.state.registry.all() {
+            w.stop_tasks();
+        }
+        if !self.tasks.stopped().await {
+            tracing::warn!("background tasks did not end within 5 s of the stop");
         }
     }
 
@@ -144,9 +153,7 @@ impl GatewayHandle {
             Some(s) => s.await.map_err(std::io::Error::other),
             None => Ok(()),
         };
-        for t in &self.tasks {
-            t.abort();
-        }
+        self.stop_tasks().await;
         r
     }
 }
@@ -213,17 +220,17 @@ pub async fn spawn(
         metrics::Metrics::new()?,
         clock::Clock::starting_now(),
     ));
-    let mut tasks = Vec::new();
+    let tasks = tasks::Tasks::new();
     match &gw.config.plane {
         Some(p) if p.share_load || gw.config.workers.iter().any(WorkerSpec::events_from_plane) => {
             let conn = plane::connect(p, "kvroute-gateway")
                 .await
                 .map_err(|e| StartError::Plane(format!("connecting to {}: {e}", p.url)))?;
             if p.share_load {
-                tasks.extend(plane::share_load(&gw.ingestion, &gw.bookings, &conn, p, replica));
+                plane::share_load(&tasks, &gw.ingestion, &gw.bookings, &conn, p, replica);
             }
             if p.snapshot_secs > 0.0 {
-                tasks.push(plane::write_snapshots(&gw.ingestion, &conn, p));
+                plane::write_snapshots(&tasks, &gw.ingestion, &conn, p);
             }
             let _ = gw.fleet.plane.set(conn);
         }
@@ -231,11 +238,11 @@ pub async fn spawn(
     };
     fleet::start_events(&gw.fleet, &gw.registry.all(), &mut feeds)?;
     if gw.config.discovery.enabled() {
-        tasks.push(tokio::spawn(discovery::run(gw.fleet.clone(), configured)));
+        tasks.spawn(discovery::run(gw.fleet.clone(), configured));
     }
-    tasks.push(tokio::spawn(health::run(gw.health.clone())));
-    tasks.push(tokio::spawn(prune(gw.clone())));
-    tasks.push(tokio::spawn(routing::queue::drive(gw.clone())));
+    tasks.spawn(health::run(gw.health.clone()));
+    tasks.spawn(prune(gw.clone()));
+    tasks.spawn(routing::queue::drive(gw.clone()));
     let addr = listener.local_addr()?;
     let loopback = addr.ip().is_loopback();
     if !loopback && gw.config.auth.api_keys.is_empty() {

@@ -103,7 +103,7 @@ pub struct WorkerEntry {
     /// Whether the gateway said admission judges this worker by its KV cache only.
     pub batch_warned: AtomicBool,
     /// The tasks that ingest its events (ended when it leaves the fleet).
-    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    tasks: crate::tasks::Tasks,
 }
 
 /// Counters of one worker's KV event stream.
@@ -270,7 +270,7 @@ impl WorkerEntry {
             learned_kv_blocks: AtomicU64::new(0),
             capacity_warned: AtomicBool::new(false),
             batch_warned: AtomicBool::new(false),
-            tasks: Mutex::new(Vec::new()),
+            tasks: crate::tasks::Tasks::new(),
         }
     }
 
@@ -304,16 +304,14 @@ impl WorkerEntry {
         true
     }
 
-    /// Makes `task` one of the worker's own: ended when it leaves.
-    pub fn own_task(&self, task: tokio::task::JoinHandle<()>) {
-        self.tasks.lock().push(task);
+    /// Runs `task` as one of the worker's own: ended when it leaves.
+    pub fn spawn_task(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.spawn(task);
     }
 
-    /// Ends the tasks that ingest its events.
+    /// Ends the tasks that ingest its events (at their next await).
     pub fn stop_tasks(&self) {
-        for t in self.tasks.lock().drain(..) {
-            t.abort();
-        }
+        self.tasks.stop();
     }
 }
 

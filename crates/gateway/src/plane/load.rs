@@ -12,6 +12,7 @@ use super::{unix_ns, PlaneConfig};
 use crate::backoff;
 use crate::bookings::Bookings;
 use crate::events::Ingestion;
+use crate::tasks::Tasks;
 use backon::Retryable;
 use futures_util::StreamExt;
 use kvroute_core::{PeerBooking, SequenceHash, WorkerId};
@@ -59,35 +60,34 @@ impl crate::bookings::ShareBookings for LoadShare {
 }
 
 /// Starts sharing `bookings` with the other replicas as `replica` and counting theirs into the
-/// routing table (through `ix`). Returns the tasks.
+/// routing table (through `ix`); the tasks run in `tasks`.
 pub fn start(
+    tasks: &Tasks,
     ix: &Arc<Ingestion>,
     bookings: &Bookings,
     conn: &Connection,
     plane: &PlaneConfig,
     replica: u64,
-) -> Vec<tokio::task::JoinHandle<()>> {
+) {
     let (tx, rx) = mpsc::channel(SHARE_BUFFER);
     let share = Arc::new(LoadShare {
         tx,
         dropped: AtomicU64::new(0),
     });
     if !bookings.share_with(share.clone()) {
-        return Vec::new();
+        return;
     }
     let subject = plane.load_subject();
     let heartbeat = Duration::from_secs_f64(plane.load_heartbeat_secs);
-    vec![
-        tokio::spawn(publish(
-            conn.client.clone(),
-            subject.clone(),
-            replica,
-            rx,
-            heartbeat,
-        )),
-        tokio::spawn(receive(ix.clone(), conn.client.clone(), subject, replica)),
-        tokio::spawn(expire(ix.clone(), plane.peer_ttl_secs, share)),
-    ]
+    tasks.spawn(publish(
+        conn.client.clone(),
+        subject.clone(),
+        replica,
+        rx,
+        heartbeat,
+    ));
+    tasks.spawn(receive(ix.clone(), conn.client.clone(), subject, replica));
+    tasks.spawn(expire(ix.clone(), plane.peer_ttl_secs, share));
 }
 
 async fn publish(

@@ -12,6 +12,7 @@ use super::{unix_ns, PlaneConfig};
 use crate::events::Ingestion;
 use crate::registry::CacheState;
 use crate::sequence::Mark;
+use crate::tasks::Tasks;
 use async_nats::jetstream::{self, object_store};
 use kvroute_core::{EngineHash, SequenceHash};
 use kvroute_protocol::plane::{subject_token, to_bytes, Snapshot, VERSION};
@@ -38,17 +39,13 @@ async fn bucket(
     }
 }
 
-/// Writes snapshots every `snapshot_secs` until the gateway stops.
-pub fn start(
-    ix: &Arc<Ingestion>,
-    conn: &Connection,
-    plane: &PlaneConfig,
-) -> tokio::task::JoinHandle<()> {
+/// Writes snapshots every `snapshot_secs` until the gateway stops (a task in `tasks`).
+pub fn start(tasks: &Tasks, ix: &Arc<Ingestion>, conn: &Connection, plane: &PlaneConfig) {
     let ix = ix.clone();
     let plane = plane.clone();
     let mut js = jetstream::new(conn.client.clone());
     js.set_timeout(plane.request_timeout());
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs_f64(plane.snapshot_secs));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut written: HashMap<String, Mark> = HashMap::new();
