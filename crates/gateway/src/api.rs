@@ -2,10 +2,10 @@
 //! endpoints (`/debug/workers`, `/debug/explain`, `/debug/reset`).
 
 use crate::error::{error_response, GatewayError};
+use crate::gateway::Gateway;
 use crate::headers::REQUEST_ID_HEADER;
 use crate::proxy::{forward, Call};
 use crate::routing::prepare;
-use crate::state::Gateway;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};

@@ -17,7 +17,7 @@
 mod session;
 pub mod wire;
 
-use crate::state::Gateway;
+use crate::gateway::Gateway;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
     ExternalProcessor, ExternalProcessorServer,
 };

@@ -5,7 +5,7 @@
 //! it can load back from host memory and disk (only when there are any), the uncached tokens, the load terms, the policy's cost and which one won. The dashboard's
 //! conversation page shows it per turn. `/debug/explain` names workers the same way.
 
-use crate::state::Gateway;
+use crate::gateway::Gateway;
 use axum::http::HeaderValue;
 use kvroute_core::Explanation;
 use serde::Serialize;

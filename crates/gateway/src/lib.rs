@@ -21,6 +21,7 @@ mod error;
 pub mod events;
 mod explanation;
 pub mod fleet;
+mod gateway;
 pub mod headers;
 mod health;
 pub mod kv_groups;
@@ -32,7 +33,6 @@ mod proxy;
 pub mod registry;
 mod routing;
 pub mod sequence;
-mod state;
 mod table;
 mod tasks;
 mod upstream;
@@ -42,10 +42,10 @@ pub use config::{ConfigError, GatewayConfig, WorkerSpec};
 pub use error::GatewayError;
 pub use events::{EventFeed, FeedItem, Replay};
 pub use explanation::{EXPLAIN_HEADER, MAX_EXPLAINED_WORKERS, ROUTE_HEADER};
+pub use gateway::Gateway;
 pub use headers::{
     DP_RANK_HEADER, MIGRATE_HEADER, PREDICTED_CACHED_HEADER, REQUEST_ID_HEADER, WORKER_HEADER,
 };
-pub use state::Gateway;
 
 use kvroute_core::Router;
 use kvroute_preprocess::Preprocessor;

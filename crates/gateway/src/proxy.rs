@@ -7,8 +7,8 @@ mod stream;
 pub(crate) mod watch;
 
 use crate::error::GatewayError;
+use crate::gateway::Gateway;
 use crate::routing::{admit, LedgerGuard, Prepared};
-use crate::state::Gateway;
 use crate::{PREDICTED_CACHED_HEADER, REQUEST_ID_HEADER, WORKER_HEADER};
 use axum::body::Body;
 use axum::http::{header, HeaderValue, StatusCode};

@@ -7,7 +7,7 @@ pub mod queue;
 
 pub use crate::bookings::LedgerGuard;
 use crate::error::GatewayError;
-use crate::state::Gateway;
+use crate::gateway::Gateway;
 use kvroute_core::{
     BlockedPrompt, Eligible, Explanation, Namespace, RouteRequest, Selection, Time,
 };

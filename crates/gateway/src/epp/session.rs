@@ -19,10 +19,10 @@
 
 use super::wire;
 use crate::error::GatewayError;
+use crate::gateway::Gateway;
 use crate::proxy::watch::Watch;
 use crate::proxy::{finish, Peek, Prediction};
 use crate::routing::{admit, prepare, LedgerGuard};
-use crate::state::Gateway;
 use axum::http::StatusCode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_request::Request, HttpHeaders, ProcessingRequest, ProcessingResponse,

@@ -4,7 +4,7 @@
 use super::*;
 use crate::clock::Clock;
 use crate::config::{GatewayConfig, WorkerSpec};
-use crate::state::Gateway;
+use crate::gateway::Gateway;
 use kvroute_core::{EngineHash, Router, SequenceHash, Tracking, WorkerCapacity};
 use std::time::Duration;
 

@@ -12,8 +12,8 @@
 use super::watch::Watch;
 use super::{send, start_reading, worker_name, Call, Prediction, ReadBody};
 use crate::error::GatewayError;
+use crate::gateway::Gateway;
 use crate::routing::{admit, LedgerGuard, Prepared};
-use crate::state::Gateway;
 use axum::http::StatusCode;
 use bytes::Bytes;
 use futures_util::stream::BoxStream;

@@ -4,8 +4,8 @@
 
 use super::{finish, worker_name, Peek, Prediction};
 use crate::error::GatewayError;
+use crate::gateway::Gateway;
 use crate::routing::LedgerGuard;
-use crate::state::Gateway;
 use axum::http::StatusCode;
 use kvroute_core::{Time, WorkerId};
 use kvroute_protocol::openai::{ApiError, SseEvent, SseParser, Usage};

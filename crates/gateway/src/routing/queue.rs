@@ -11,7 +11,7 @@
 
 use crate::bookings::{Admitted, Answer, LedgerGuard, Waiter};
 use crate::error::GatewayError;
-use crate::state::Gateway;
+use crate::gateway::Gateway;
 use kvroute_core::{RejectReason, RouteOutcome, RouteRequest, Ticket, Time};
 use kvroute_protocol::plane::LoadOp;
 use std::sync::Arc;

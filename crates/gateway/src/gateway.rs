@@ -1,5 +1,7 @@
-//! The gateway's shared state: the routing table (router and admission queue, locked
-//! inside it), the worker registry, the preprocessor, the HTTP client and metrics.
+//! One gateway's parts, built and wired in [`Gateway::new`]: the routing table and its
+//! bookings, the registry and the workers' standing, event ingestion, the health checks, the
+//! fleet, the preprocessor, models, calls to workers, metrics, settings and clock. Each part
+//! gets only the others it needs; routing, the proxy and the edges take the whole.
 
 use crate::bookings::{Bookings, Waiter};
 use crate::capacity::Capacity;
