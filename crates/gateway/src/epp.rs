@@ -25,7 +25,6 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, Processin
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic_health::ServingStatus;
 
@@ -51,7 +50,10 @@ pub struct EppHandle {
     /// The health address.
     pub health_addr: SocketAddr,
     stop: tokio::sync::watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    /// The two servers: they stop gracefully on `stop`.
+    servers: tokio_util::task::TaskTracker,
+    /// The health reporter: ended at once on `stop`.
+    reporter: crate::tasks::Tasks,
 }
 
 impl EppHandle {
@@ -59,16 +61,13 @@ impl EppHandle {
     /// in flight finish.
     pub fn stop(&self) {
         self.stop.send_replace(true);
-        if let Some(t) = self.tasks.last() {
-            t.abort();
-        }
+        self.reporter.stop();
     }
 
     /// Waits until both servers have stopped (after [`EppHandle::stop`]).
-    pub async fn wait(mut self) {
-        for t in std::mem::take(&mut self.tasks) {
-            let _ = t.await;
-        }
+    pub async fn wait(self) {
+        self.servers.close();
+        self.servers.wait().await;
     }
 }
 
@@ -108,26 +107,26 @@ pub async fn spawn(
     let health_server = tonic::transport::Server::builder()
         .add_service(health_service)
         .serve_with_incoming_shutdown(TcpListenerStream::new(health), signal(stopped));
-    // The health reporter last: `stop` ends it at once.
-    let tasks = vec![
-        tokio::spawn(async move {
-            if let Err(e) = grpc_server.await {
-                tracing::error!(error = %e, "endpoint picker: the ext_proc server stopped");
-            }
-        }),
-        tokio::spawn(async move {
-            if let Err(e) = health_server.await {
-                tracing::error!(error = %e, "endpoint picker: the health server stopped");
-            }
-        }),
-        tokio::spawn(report_health(gw, reporter)),
-    ];
+    let servers = tokio_util::task::TaskTracker::new();
+    servers.spawn(async move {
+        if let Err(e) = grpc_server.await {
+            tracing::error!(error = %e, "endpoint picker: the ext_proc server stopped");
+        }
+    });
+    servers.spawn(async move {
+        if let Err(e) = health_server.await {
+            tracing::error!(error = %e, "endpoint picker: the health server stopped");
+        }
+    });
+    let health_reporter = crate::tasks::Tasks::new();
+    health_reporter.spawn(report_health(gw, reporter));
     tracing::info!(%addr, %health_addr, "endpoint picker listening (ext_proc, grpc health)");
     Ok(EppHandle {
         addr,
         health_addr,
         stop,
-        tasks,
+        servers,
+        reporter: health_reporter,
     })
 }
 
