@@ -49,12 +49,31 @@ done
 } > "$ctx/Containerfile"
 buildah bud --isolation chroot -q -t "$tag" -f "$ctx/Containerfile" "$ctx" >/dev/null
 podman run --rm --network none "$tag" --version
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# The demo listens on PORT (its gateway) and PORT+1 (the baseline fleet's): both must be free.
+port=$(python3 -c '
+import socket
+while True:
+    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
+    b = socket.socket()
+    try:
+        b.bind(("127.0.0.1", p + 1))
+    except OSError:
+        continue
+    finally:
+        a.close(); b.close()
+    print(p); break
+')
 podman run -d --name "$name" --network host "$tag" demo --host 127.0.0.1 --port "$port" --workers 1 --ui-port 0 >/dev/null
-for _ in $(seq 1 100); do
-  if curl -fsS "http://127.0.0.1:$port/ready" >/dev/null 2>&1; then break; fi
+ready=""
+for _ in $(seq 1 300); do
+  if curl -fsS "http://127.0.0.1:$port/ready" >/dev/null 2>&1; then ready=1; break; fi
   sleep 0.1
 done
+if [ -z "$ready" ]; then
+  echo "the demo in the container did not get ready within 30 s on port $port; its output:" >&2
+  podman logs "$name" 2>&1 | tail -40 >&2 || true
+  exit 1
+fi
 answer=$(curl -fsS "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' \
   -d '{"model":"kvroute-sim","messages":[{"role":"user","content":"Hello from a container"}],"max_tokens":4}')
 echo "$answer" | grep -q '"choices"'
