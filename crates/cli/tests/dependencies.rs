@@ -90,6 +90,11 @@ const DUPLICATES: &[(&str, &[&str], &str)] = &[
         "0.10: sha1 0.10 (axum, tungstenite); 0.11: sha2 0.11 (rust-embed-utils)",
     ),
     (
+        "foldhash",
+        &["0.1", "0.2"],
+        "0.1: ours (core, engine, workload); 0.2: hashbrown 0.16 (kube-runtime)",
+    ),
+    (
         "getrandom",
         &["0.2", "0.3", "0.4"],
         "one per generation of rand_core: 0.2 under rand 0.8 and ring; 0.3 under rand 0.9, \
@@ -97,8 +102,8 @@ const DUPLICATES: &[(&str, &[&str], &str)] = &[
     ),
     (
         "hashbrown",
-        &["0.16", "0.17"],
-        "0.16: kube-runtime 5; 0.17: ours (core, engine, workload) and indexmap",
+        &["0.15", "0.16", "0.17"],
+        "0.15: ours (core, engine, workload); 0.16: kube-runtime; 0.17: indexmap",
     ),
     (
         "itertools",
