@@ -44,9 +44,25 @@ fn ident(s: &str) -> Option<&str> {
     (end > 0 && !s.starts_with(|c: char| c.is_ascii_digit())).then(|| &s[..end])
 }
 
-/// The top-level modules named after `crate::` in `code` (`crate::a::b`, `crate::{a, b::c}`).
+/// The top-level modules named after `crate::` in `code` (`crate::a::b`, `crate::{a, b::c}`),
+/// and the first name of a `use` path without `crate::` (`use a::b`): a submodule named like a
+/// top-level module reads as that module, so it counts as an import of it (name it apart).
 fn imports(code: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
+    for line in code.lines() {
+        let l = line.trim_start();
+        let l = l
+            .strip_prefix("pub(crate) ")
+            .or_else(|| l.strip_prefix("pub "))
+            .unwrap_or(l);
+        if let Some(path) = l.strip_prefix("use ") {
+            if let Some(name) = ident(path).filter(|n| path[n.len()..].starts_with("::")) {
+                if !["crate", "self", "super"].contains(&name) {
+                    out.insert(name.to_string());
+                }
+            }
+        }
+    }
     let mut rest = code;
     while let Some(i) = rest.find("crate::") {
         // Not the tail of another path (`kvroute_crate::`).
@@ -355,11 +371,12 @@ fn no_crate_has_a_module_cycle_larger_than_three() {
 #[test]
 fn the_guard_reads_imports_and_finds_a_cycle() {
     let text = "//! uses crate::z in a comment\nuse crate::{a, b::{c, d}, e::F};\n\
+                pub use k::L;\nuse self::m::N;\n\
                 fn f() { crate::g::h(); kvroute_crate::x(); }\n\
                 #[cfg(test)]\nmod tests {\n use crate::t;\n}\n";
     assert_eq!(
         imports(&code(text)),
-        ["a", "b", "e", "g"].map(String::from).into()
+        ["a", "b", "e", "g", "k"].map(String::from).into()
     );
     let g: BTreeMap<String, BTreeSet<String>> = [
         ("a", vec!["b"]),

@@ -1,22 +1,22 @@
 //! The gateway's settings: one struct tree, read from a TOML file, then overridden by the
 //! command line, then checked by [`GatewayConfig::validate`]. Defaults are written once, here.
 
-mod accuracy;
-mod discovery;
-mod epp;
-mod plane;
+mod event_plane;
+mod picker;
+mod prediction_loop;
 mod ranks;
+mod worker_sources;
 
 pub(crate) use ranks::expand as expand_ranks;
 
-pub use accuracy::AccuracyConfig;
-pub use discovery::{url_host, DiscoveryConfig, DnsSource, KubernetesSource};
-pub use epp::EppConfig;
+pub use event_plane::{PlaneConfig, PlaneConfigError};
 use kvroute_core::{RouterConfig, WorkerCapacity};
 use kvroute_protocol::openai::Endpoint;
 pub use kvroute_runtime::Secret;
-pub use plane::{PlaneConfig, PlaneConfigError};
+pub use picker::EppConfig;
+pub use prediction_loop::AccuracyConfig;
 use serde::{Deserialize, Serialize};
+pub use worker_sources::{url_host, DiscoveryConfig, DnsSource, KubernetesSource};
 
 /// Everything the gateway needs to know.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -1,4 +1,4 @@
-//! The event plane's NATS connection as the gateway holds it (made by `plane::connect`):
+//! The event plane's NATS connection as the gateway holds it (made by the plane's `connect`):
 //! the client, and whether it is connected now. A value below the plane's tasks so that the
 //! gateway's state can hold it without knowing them.
 
