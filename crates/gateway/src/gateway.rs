@@ -137,12 +137,6 @@ impl Gateway {
         self.table.queue_state()
     }
 
-    /// Load was released or the fleet changed: the queue's task makes a pass when requests
-    /// wait (only the requests that go are woken).
-    pub fn released(&self) {
-        self.table.released();
-    }
-
     /// How long a client may take to send a request body.
     pub fn body_read_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(self.config.limits.body_read_timeout_secs)
@@ -163,8 +157,17 @@ impl Gateway {
         &self.fleet
     }
 
-    /// Shares a booking with the other gateway replicas (when the event plane carries load).
-    pub fn share(&self, op: impl FnOnce() -> kvroute_protocol::plane::LoadOp) {
-        self.bookings.share(op);
+    /// A gateway on `router` with an approximate preprocessor, a fresh client, metrics and
+    /// clock, for unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(config: GatewayConfig, router: Router) -> Arc<Self> {
+        Arc::new(Self::new(
+            config,
+            Preprocessor::approximate(),
+            router,
+            reqwest::Client::new(),
+            Metrics::new().expect("metrics register"),
+            Clock::starting_now(),
+        ))
     }
 }

@@ -26,14 +26,7 @@ fn a_snapshot_the_router_refuses_leaves_the_index_empty_and_returns() {
     router
         .add_worker_with(WorkerId(2), WorkerCapacity::default(), Tracking::Events)
         .unwrap();
-    let gw = Arc::new(Gateway::new(
-        config,
-        kvroute_preprocess::Preprocessor::approximate(),
-        router,
-        reqwest::Client::new(),
-        crate::metrics::Metrics::new().unwrap(),
-        Clock::starting_now(),
-    ));
+    let gw = Gateway::for_tests(config, router);
     let entry = gw.registry.get(WorkerId(1)).expect("worker 1 configured");
     entry.events.set_last_mark(Some(Mark::from_parts(3, 3)));
     let (tx, rx) = std::sync::mpsc::channel();

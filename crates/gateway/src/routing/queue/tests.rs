@@ -2,7 +2,6 @@
 //! the millisecond, clients that leave, one wake per request that goes.
 
 use super::*;
-use crate::clock::Clock;
 use crate::config::{GatewayConfig, WorkerSpec};
 use crate::routing::{admit, Prepared};
 use kvroute_core::{
@@ -39,14 +38,7 @@ fn gateway(wait_secs: f64) -> Arc<Gateway> {
             Tracking::Approximate,
         )
         .unwrap();
-    let gw = Arc::new(Gateway::new(
-        config,
-        kvroute_preprocess::Preprocessor::approximate(),
-        router,
-        reqwest::Client::new(),
-        crate::metrics::Metrics::new().unwrap(),
-        Clock::starting_now(),
-    ));
+    let gw = Gateway::for_tests(config, router);
     tokio::spawn(drive(gw.clone()));
     gw
 }
