@@ -377,7 +377,7 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
         None => "the demo's gateway config".into(),
     })?;
     if let Some(url) = &plane_url {
-        let mut plane = kvroute_gateway::plane::PlaneConfig {
+        let mut plane = kvroute_gateway::config::PlaneConfig {
             url: url.clone(),
             ..Default::default()
         };

@@ -4,8 +4,8 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kvroute_gateway::events::{poll_feeds, zmq_feed, PollSubscription, ZmqSubscription};
-use kvroute_gateway::plane::{self, PlaneConfig, RelayOptions};
+use kvroute_events::{poll_feeds, zmq_feed, PollSubscription, ZmqSubscription};
+use kvroute_plane::{self as plane, PlaneConfig, RelayOptions};
 use kvroute_protocol::kv_events::EventFormat;
 use std::path::PathBuf;
 

@@ -19,7 +19,7 @@ const MAX_CYCLE: usize = 3;
 const UNTANGLING: &[(&str, usize)] = &[];
 
 /// Crates whose codemap must give their layers.
-const LAYERED: &[&str] = &["gateway"];
+const LAYERED: &[&str] = &["fleet", "gateway"];
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -3,7 +3,6 @@
 
 use crate::error::{error_response, GatewayError};
 use crate::gateway::Gateway;
-use crate::headers::REQUEST_ID_HEADER;
 use crate::proxy::{forward, Call};
 use crate::routing::prepare;
 use axum::body::Body;
@@ -13,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvroute_core::RouteRequest;
+use kvroute_fleet::headers::REQUEST_ID_HEADER;
 use kvroute_protocol::openai::http::read_body;
 use kvroute_protocol::openai::{parse_request, ApiError, Endpoint, ModelList};
 use kvroute_runtime::{require, Access, AccessPolicy};
@@ -115,7 +115,7 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
 /// or `0`).
 fn migration_off(headers: &HeaderMap) -> bool {
     headers
-        .get(crate::headers::MIGRATE_HEADER)
+        .get(kvroute_fleet::headers::MIGRATE_HEADER)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| {
             matches!(
@@ -182,7 +182,7 @@ async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
                     "worker": w,
                     "load": load,
                     "index_blocks": blocks,
-                    "index_evicted_blocks": crate::workers::evicted_blocks(r, id),
+                    "index_evicted_blocks": kvroute_fleet::workers::evicted_blocks(r, id),
                     "offloaded_blocks": {
                         "host": offloaded.block_count(id, kvroute_core::Tier::Host),
                         "disk": offloaded.block_count(id, kvroute_core::Tier::Disk),

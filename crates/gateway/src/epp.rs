@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic_health::ServingStatus;
 
-pub use crate::config::EppConfig;
+pub use kvroute_fleet::config::EppConfig;
 
 /// The gRPC service names the health port answers for, serving while the picker serves
 /// (whether engines are up is answered request by request: 503 with `Retry-After`, which a
@@ -53,7 +53,7 @@ pub struct EppHandle {
     /// The two servers: they stop gracefully on `stop`.
     servers: tokio_util::task::TaskTracker,
     /// The health reporter: ended at once on `stop`.
-    reporter: crate::tasks::Tasks,
+    reporter: kvroute_fleet::tasks::Tasks,
 }
 
 impl EppHandle {
@@ -118,7 +118,7 @@ pub async fn spawn(
             tracing::error!(error = %e, "endpoint picker: the health server stopped");
         }
     });
-    let health_reporter = crate::tasks::Tasks::new();
+    let health_reporter = kvroute_fleet::tasks::Tasks::new();
     health_reporter.spawn(report_health(gw, reporter));
     tracing::info!(%addr, %health_addr, "endpoint picker listening (ext_proc, grpc health)");
     Ok(EppHandle {

@@ -34,6 +34,16 @@ pub enum GatewayError {
     Internal(String),
 }
 
+impl From<kvroute_fleet::bookings::AdmitError> for GatewayError {
+    fn from(e: kvroute_fleet::bookings::AdmitError) -> Self {
+        use kvroute_fleet::bookings::AdmitError;
+        match e {
+            AdmitError::Rejected(reason) => GatewayError::Rejected(reason),
+            AdmitError::Internal(m) => GatewayError::Internal(m),
+        }
+    }
+}
+
 impl GatewayError {
     /// The OpenAI error answer.
     pub fn to_api(&self) -> ApiError {
@@ -101,7 +111,7 @@ pub fn error_response(e: &ApiError, request_id: &str) -> Response {
     let mut resp = kvroute_protocol::openai::http::error_response(e);
     if let Ok(v) = HeaderValue::from_str(request_id) {
         resp.headers_mut()
-            .insert(crate::headers::REQUEST_ID_HEADER, v);
+            .insert(kvroute_fleet::headers::REQUEST_ID_HEADER, v);
     }
     resp
 }
@@ -156,7 +166,10 @@ mod tests {
             assert_eq!(api.status(), status, "{e}");
             let resp = error_response(&api, "id-1");
             assert_eq!(resp.status().as_u16(), status);
-            assert_eq!(resp.headers()[crate::headers::REQUEST_ID_HEADER], "id-1");
+            assert_eq!(
+                resp.headers()[kvroute_fleet::headers::REQUEST_ID_HEADER],
+                "id-1"
+            );
             assert_eq!(
                 resp.headers().contains_key(axum::http::header::RETRY_AFTER),
                 status == 503

@@ -3,20 +3,20 @@
 //! fleet, the preprocessor, models, calls to workers, metrics, settings and clock. Each part
 //! gets only the others it needs; routing, the proxy and the edges take the whole.
 
-use crate::bookings::{Bookings, Waiter};
-use crate::capacity::Capacity;
-use crate::clock::Clock;
-use crate::config::GatewayConfig;
-use crate::events::Ingestion;
-use crate::fleet::Fleet;
-use crate::health::HealthChecks;
-use crate::metrics::Metrics;
-use crate::models::Models;
-use crate::registry::Registry;
-use crate::table::RoutingTable;
-use crate::upstream::Upstream;
-use crate::workers::Workers;
 use kvroute_core::{QueueState, Router, Time};
+use kvroute_fleet::bookings::{Bookings, Waiter};
+use kvroute_fleet::capacity::Capacity;
+use kvroute_fleet::clock::Clock;
+use kvroute_fleet::config::GatewayConfig;
+use kvroute_fleet::health::HealthChecks;
+use kvroute_fleet::membership::Fleet;
+use kvroute_fleet::metrics::Metrics;
+use kvroute_fleet::models::Models;
+use kvroute_fleet::registry::Registry;
+use kvroute_fleet::sink::IndexSink;
+use kvroute_fleet::table::RoutingTable;
+use kvroute_fleet::upstream::Upstream;
+use kvroute_fleet::workers::Workers;
 use kvroute_preprocess::Preprocessor;
 use std::sync::Arc;
 
@@ -32,8 +32,8 @@ pub struct Gateway {
     pub(crate) registry: Arc<Registry>,
     /// What changes a worker's standing: taken out, back, verified, its predictions judged.
     pub(crate) workers: Arc<Workers>,
-    /// What event ingestion writes through.
-    pub(crate) ingestion: Arc<Ingestion>,
+    /// What event ingestion and the event plane write through.
+    pub(crate) sink: Arc<IndexSink>,
     /// Chat template and tokenizer (or approximate mode).
     pub(crate) preprocessor: Preprocessor,
     /// Calls to workers: the client, keys, timeouts.
@@ -90,7 +90,7 @@ impl Gateway {
             models: models.clone(),
             capacity: Arc::new(Capacity::new(registry.clone(), table.clone(), &config)),
         });
-        let ingestion = Arc::new(Ingestion {
+        let sink = Arc::new(IndexSink {
             registry: registry.clone(),
             table: table.clone(),
             workers: workers.clone(),
@@ -99,16 +99,19 @@ impl Gateway {
             replay_timeout: std::time::Duration::from_secs_f64(config.upstream.replay_timeout_secs),
         });
         let config = Arc::new(config);
-        let fleet = Arc::new(Fleet {
-            registry: registry.clone(),
-            table: table.clone(),
-            ingestion: ingestion.clone(),
-            upstream: upstream.clone(),
-            metrics: metrics.clone(),
-            config: config.clone(),
-            approximate: preprocessor.is_approximate(),
-            plane: std::sync::OnceLock::new(),
-        });
+        let sources = Arc::new(kvroute_events::Sources::new(
+            sink.clone(),
+            upstream.clone(),
+            config.clone(),
+        ));
+        let fleet = Arc::new(Fleet::new(
+            registry.clone(),
+            table.clone(),
+            sources,
+            metrics.clone(),
+            config.clone(),
+            preprocessor.is_approximate(),
+        ));
         Self {
             policy: config.router.policy.kind.as_str(),
             config,
@@ -116,7 +119,7 @@ impl Gateway {
             bookings,
             registry,
             workers,
-            ingestion,
+            sink,
             preprocessor,
             upstream,
             metrics,
@@ -148,11 +151,11 @@ impl Gateway {
     }
 
     /// The workers now.
-    pub fn workers(&self) -> Vec<std::sync::Arc<crate::registry::WorkerEntry>> {
+    pub fn workers(&self) -> Vec<std::sync::Arc<kvroute_fleet::registry::WorkerEntry>> {
         self.registry.all()
     }
 
-    /// Workers joining and leaving (`fleet::add`, `fleet::remove`).
+    /// Workers joining and leaving (`kvroute_fleet::membership::add`, `remove`).
     pub fn fleet(&self) -> &Arc<Fleet> {
         &self.fleet
     }

@@ -8,46 +8,27 @@
 //! unchanged -> the answer streamed back while the gateway watches for the first token and
 //! usage; the booking is released by an RAII guard on first token, end, error or disconnect.
 
-pub mod accuracy;
 mod api;
-mod backoff;
-mod bookings;
-pub mod capacity;
-pub mod clock;
-pub mod config;
-pub mod discovery;
 pub mod epp;
 mod error;
-pub mod events;
 mod explanation;
-pub mod fleet;
 mod gateway;
-pub mod headers;
-mod health;
-pub mod kv_groups;
-mod metrics;
-mod models;
-mod nats;
-pub mod plane;
 mod proxy;
-pub mod registry;
 mod routing;
-pub mod sequence;
-mod table;
-mod tasks;
-mod upstream;
-mod workers;
 
-pub use config::{ConfigError, GatewayConfig, WorkerSpec};
 pub use error::GatewayError;
-pub use events::{EventFeed, FeedItem, Replay};
 pub use explanation::{EXPLAIN_HEADER, MAX_EXPLAINED_WORKERS, ROUTE_HEADER};
 pub use gateway::Gateway;
-pub use headers::{
+/// The settings (the fleet crate's tree), as the gateway's API takes them.
+pub use kvroute_fleet::config;
+pub use kvroute_fleet::config::{ConfigError, GatewayConfig, WorkerSpec};
+pub use kvroute_fleet::feed::{EventFeed, FeedItem, Replay};
+pub use kvroute_fleet::headers::{
     DP_RANK_HEADER, MIGRATE_HEADER, PREDICTED_CACHED_HEADER, REQUEST_ID_HEADER, WORKER_HEADER,
 };
 
 use kvroute_core::Router;
+use kvroute_fleet::{clock, health, membership, metrics, tasks};
 use kvroute_preprocess::Preprocessor;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -186,7 +167,7 @@ pub async fn spawn(
     let configured = config.workers.clone();
     let mut config = config.with_ranks_expanded();
     config.validate()?;
-    let replica = plane::incarnation();
+    let replica = kvroute_plane::incarnation();
     if config.plane.as_ref().is_some_and(|p| p.share_load) {
         // Replicas deciding at the same instant must not break ties alike (the same seed and
         // decision count would send them all to one worker): each mixes in its own id.
@@ -194,7 +175,7 @@ pub async fn spawn(
     }
     let mut router = Router::new(config.router.clone())?;
     for (i, w) in config.workers.iter().enumerate() {
-        let t = fleet::tracking_of(preprocessor.is_approximate(), w, feeds.contains_key(&i));
+        let t = membership::tracking_of(preprocessor.is_approximate(), w, feeds.contains_key(&i));
         router.add_worker_with(
             kvroute_core::WorkerId(i as u64 + 1),
             config.capacity_of(w),
@@ -223,22 +204,24 @@ pub async fn spawn(
     let tasks = tasks::Tasks::new();
     match &gw.config.plane {
         Some(p) if p.share_load || gw.config.workers.iter().any(WorkerSpec::events_from_plane) => {
-            let conn = plane::connect(p, "kvroute-gateway")
+            let conn = kvroute_plane::connect(p, "kvroute-gateway")
                 .await
                 .map_err(|e| StartError::Plane(format!("connecting to {}: {e}", p.url)))?;
             if p.share_load {
-                plane::share_load(&tasks, &gw.ingestion, &gw.bookings, &conn, p, replica);
+                kvroute_plane::share_load(&tasks, &gw.sink, &gw.bookings, &conn, p, replica);
             }
             if p.snapshot_secs > 0.0 {
-                plane::write_snapshots(&tasks, &gw.ingestion, &conn, p);
+                kvroute_plane::write_snapshots(&tasks, &gw.sink, &conn, p);
             }
-            let _ = gw.fleet.plane.set(conn);
+            let _ = gw
+                .fleet
+                .set_plane(Arc::new(kvroute_plane::NatsFeeds::new(conn, p.clone())));
         }
         _ => {}
     };
-    fleet::start_events(&gw.fleet, &gw.registry.all(), &mut feeds)?;
+    membership::start_events(&gw.fleet, &gw.registry.all(), &mut feeds)?;
     if gw.config.discovery.enabled() {
-        tasks.spawn(discovery::run(gw.fleet.clone(), configured));
+        tasks.spawn(kvroute_discovery::run(gw.fleet.clone(), configured));
     }
     tasks.spawn(health::run(gw.health.clone()));
     tasks.spawn(prune(gw.clone()));

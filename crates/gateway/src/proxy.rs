@@ -181,13 +181,13 @@ async fn send(
         .header(header::CONTENT_TYPE, "application/json")
         .header(REQUEST_ID_HEADER, &call.request_id);
     if let Some(rank) = w.spec.dp_rank {
-        req = req.header(crate::headers::DP_RANK_HEADER, rank);
+        req = req.header(kvroute_fleet::headers::DP_RANK_HEADER, rank);
     }
     req = match &call.authorization {
         Some(client) if gw.config.upstream.forward_authorization => {
             req.header(header::AUTHORIZATION, client)
         }
-        _ => crate::upstream::with_key(req, gw.upstream.key_for(&w.spec)),
+        _ => kvroute_fleet::upstream::with_key(req, gw.upstream.key_for(&w.spec)),
     };
     let req = req.body(body).send();
     let timeout = Duration::from_secs_f64(gw.config.upstream.first_byte_timeout_secs);
@@ -384,7 +384,7 @@ pub(crate) fn finish(
         {
             gw.workers.observe_prediction(
                 prediction.worker,
-                crate::accuracy::Sample {
+                kvroute_fleet::accuracy::Sample {
                     predicted: prediction.predicted,
                     cached: details.cached_tokens,
                     gateway_prompt: prediction.prompt_tokens,

@@ -5,12 +5,13 @@
 
 pub mod queue;
 
-pub use crate::bookings::LedgerGuard;
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use kvroute_core::{
     BlockedPrompt, Eligible, Explanation, Namespace, RouteRequest, Selection, Time,
 };
+use kvroute_fleet::bookings::AdmitError;
+pub use kvroute_fleet::bookings::LedgerGuard;
 use kvroute_protocol::openai::{ApiError, RequestView};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -86,7 +87,7 @@ pub async fn admit(
                 let wake = q.is_empty();
                 match queue::enqueue(gw, q, &request, explain) {
                     Ok(waiting) => (Err(waiting), wake),
-                    Err(reason) => (Ok(Err(GatewayError::Rejected(reason))), false),
+                    Err(reason) => (Ok(Err(AdmitError::Rejected(reason))), false),
                 }
             }
             Ok(Some(a)) => (Ok(Ok(a)), false),
@@ -100,9 +101,7 @@ pub async fn admit(
         Ok(result) => (result, false),
         Err((place, answer)) => {
             let result = answer.await.unwrap_or_else(|_| {
-                Err(GatewayError::Internal(
-                    "the admission queue went away".into(),
-                ))
+                Err(AdmitError::Internal("the admission queue went away".into()))
             });
             drop(place);
             (result, true)
@@ -123,10 +122,10 @@ pub async fn admit(
             Ok((a.sel, a.guard, a.explanation))
         }
         Err(e) => {
-            if let GatewayError::Rejected(reason) = &e {
+            if let AdmitError::Rejected(reason) = &e {
                 m.rejected.with_label_values(&[reason.as_str()]).inc();
             }
-            Err(e)
+            Err(e.into())
         }
     }
 }

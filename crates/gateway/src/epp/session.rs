@@ -198,7 +198,7 @@ impl Session {
         self.request_id = self
             .gw
             .bookings
-            .request_id(wire::header(h, crate::headers::REQUEST_ID_HEADER));
+            .request_id(wire::header(h, kvroute_fleet::headers::REQUEST_ID_HEADER));
         self.path = wire::header(h, ":path").unwrap_or("/").to_string();
         self.session_header = wire::header(h, "x-session-id").map(str::to_string);
         if h.end_of_stream || inference_endpoint(&self.path).is_none() {
@@ -291,9 +291,12 @@ impl Session {
                 worker.name, worker.spec.url
             )))
         })?;
-        let mut more = vec![(crate::headers::REQUEST_ID_HEADER, self.request_id.clone())];
+        let mut more = vec![(
+            kvroute_fleet::headers::REQUEST_ID_HEADER,
+            self.request_id.clone(),
+        )];
         if let Some(rank) = worker.spec.dp_rank {
-            more.push((crate::headers::DP_RANK_HEADER, rank.to_string()));
+            more.push((kvroute_fleet::headers::DP_RANK_HEADER, rank.to_string()));
         }
         tracing::debug!(request_id = %self.request_id, worker = %worker.name, %endpoint, matched_blocks = sel.matched_blocks, "endpoint picked");
         self.pick = Some(Pick {
@@ -370,7 +373,10 @@ impl Session {
             .inc();
         vec![wire::routed(
             &endpoint,
-            &[(crate::headers::REQUEST_ID_HEADER, self.request_id.clone())],
+            &[(
+                kvroute_fleet::headers::REQUEST_ID_HEADER,
+                self.request_id.clone(),
+            )],
             false,
         )]
     }
@@ -428,12 +434,18 @@ impl Session {
             }
         };
         let set = [
-            (crate::headers::WORKER_HEADER, pick.worker_name.clone()),
             (
-                crate::headers::PREDICTED_CACHED_HEADER,
+                kvroute_fleet::headers::WORKER_HEADER,
+                pick.worker_name.clone(),
+            ),
+            (
+                kvroute_fleet::headers::PREDICTED_CACHED_HEADER,
                 pick.prediction.predicted.to_string(),
             ),
-            (crate::headers::REQUEST_ID_HEADER, self.request_id.clone()),
+            (
+                kvroute_fleet::headers::REQUEST_ID_HEADER,
+                self.request_id.clone(),
+            ),
         ];
         let out = vec![wire::response_headers(&set)];
         if h.end_of_stream || self.no_response_body {

@@ -241,7 +241,7 @@ pub fn trailers(request: bool) -> ProcessingResponse {
 pub fn immediate(e: &ApiError, request_id: &str) -> ProcessingResponse {
     let mut set = vec![
         set_header("content-type", "application/json"),
-        set_header(crate::headers::REQUEST_ID_HEADER, request_id),
+        set_header(kvroute_fleet::headers::REQUEST_ID_HEADER, request_id),
     ];
     if let Some(s) = e.retry_after_secs {
         set.push(set_header("retry-after", &s.to_string()));

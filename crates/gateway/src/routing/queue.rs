@@ -6,13 +6,12 @@
 //! a worker is handed its booking (a [`LedgerGuard`]) over a oneshot: only the requests that
 //! go are woken, never every waiter. A request whose client leaves takes itself out
 //! ([`Place`]); a booking sent to a request that left meanwhile is dropped with its channel,
-//! and so released. Both locks are the routing table's ([`crate::table::RoutingTable`]):
+//! and so released. Both locks are the routing table's ([`kvroute_fleet::table::RoutingTable`]):
 //! the queue's, then the router's; no booking is dropped while either is held.
 
-use crate::bookings::{Admitted, Answer, LedgerGuard, Waiter};
-use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use kvroute_core::{RejectReason, RouteOutcome, RouteRequest, Ticket, Time};
+use kvroute_fleet::bookings::{AdmitError, Admitted, Answer, LedgerGuard, Waiter};
 use kvroute_protocol::plane::LoadOp;
 use std::sync::Arc;
 use tokio::sync::oneshot;
@@ -72,7 +71,7 @@ pub fn route_and_book(
     router: &mut kvroute_core::Router,
     request: &RouteRequest<'_>,
     explain: bool,
-) -> Result<Option<Admitted>, GatewayError> {
+) -> Result<Option<Admitted>, AdmitError> {
     let (outcome, explanation) = if explain {
         let (o, ex) = router.route_explained(request);
         (o, Some(ex))
@@ -84,7 +83,7 @@ pub fn route_and_book(
             let id = gw.bookings.next_request();
             router
                 .dispatch(id, request, &sel, gw.now())
-                .map_err(|e| GatewayError::Internal(e.to_string()))?;
+                .map_err(|e| AdmitError::Internal(e.to_string()))?;
             gw.bookings.share(|| LoadOp::Dispatch {
                 req: id.0,
                 worker: gw
@@ -104,7 +103,7 @@ pub fn route_and_book(
             }))
         }
         RouteOutcome::Queue => Ok(None),
-        RouteOutcome::Reject(reason) => Err(GatewayError::Rejected(reason)),
+        RouteOutcome::Reject(reason) => Err(AdmitError::Rejected(reason)),
     }
 }
 
@@ -119,7 +118,7 @@ pub fn drain(gw: &Arc<Gateway>) -> Option<Time> {
         for e in q.expire(now) {
             answers.push((
                 e.item.tx,
-                Err(GatewayError::Rejected(RejectReason::QueueTimeout)),
+                Err(AdmitError::Rejected(RejectReason::QueueTimeout)),
             ));
         }
         if !q.is_empty() {

@@ -112,7 +112,7 @@ async fn a_sequence_gap_is_filled_from_the_replay_service() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_zmq_replay_client_speaks_the_workers_replay_protocol() {
-    use kvroute_gateway::events::ZmqReplay;
+    use kvroute_events::ZmqReplay;
     use kvroute_gateway::Replay;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let zmq = kvroute_worker::ZmqConfig {
@@ -329,7 +329,7 @@ struct FlakyReplay {
     held: Vec<Arc<EventBatch>>,
 }
 
-impl kvroute_gateway::events::Replay for FlakyReplay {
+impl kvroute_events::Replay for FlakyReplay {
     fn replay_from(
         &self,
         from: u64,
@@ -357,7 +357,7 @@ impl kvroute_gateway::events::Replay for FlakyReplay {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_service_that_did_not_answer_is_asked_again_until_it_does() {
-    use kvroute_gateway::events::FeedItem;
+    use kvroute_events::FeedItem;
     let a = worker("a").await;
     let held: Vec<_> = (0..3).map(|s| one_block(s, 100 * (s as u32 + 1))).collect();
     let (tx, items) = tokio::sync::mpsc::channel(8);

@@ -3,8 +3,9 @@
 //! takes its metric series with it.
 
 use crate::support::*;
-use kvroute_gateway::discovery::{DiscoveryConfig, DnsSource};
-use kvroute_gateway::{fleet, WorkerSpec};
+use kvroute_discovery::{DiscoveryConfig, DnsSource};
+use kvroute_fleet::membership as fleet;
+use kvroute_gateway::WorkerSpec;
 use kvroute_protocol::kv_events::EventFormat;
 use std::collections::BTreeMap;
 

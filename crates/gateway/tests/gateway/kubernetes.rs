@@ -3,8 +3,8 @@
 //! DELETED), each turned into workers joining and leaving the running gateway.
 
 use crate::support::*;
-use kvroute_gateway::discovery::kubernetes::KubernetesSource;
-use kvroute_gateway::discovery::DiscoveryConfig;
+use kvroute_discovery::kubernetes::KubernetesSource;
+use kvroute_discovery::DiscoveryConfig;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;

@@ -3,9 +3,9 @@
 //! started later builds its index through the relays; a NATS restart loses no event.
 
 use crate::support::*;
-use kvroute_gateway::events::{zmq_feed, ZmqSubscription};
-use kvroute_gateway::plane::{self, PlaneConfig, RelayOptions};
+use kvroute_events::{zmq_feed, ZmqSubscription};
 use kvroute_gateway::GatewayHandle;
+use kvroute_plane::{self as plane, PlaneConfig, RelayOptions};
 use kvroute_protocol::kv_events::EventFormat;
 use kvroute_testkit::nats::NatsServer;
 use kvroute_worker::WorkerHandle;

@@ -3,8 +3,8 @@
 //! when it ends; each replica counts its peers.
 
 use crate::support::*;
-use kvroute_gateway::plane::PlaneConfig;
 use kvroute_gateway::GatewayHandle;
+use kvroute_plane::PlaneConfig;
 use kvroute_testkit::nats::NatsServer;
 use kvroute_worker::WorkerHandle;
 
@@ -104,7 +104,7 @@ async fn a_worker_that_joins_at_run_time_is_booked_on_every_replica() {
             name: Some("b".into()),
             ..kvroute_gateway::WorkerSpec::default()
         };
-        kvroute_gateway::fleet::add(g.state().fleet(), spec).unwrap();
+        kvroute_fleet::membership::add(g.state().fleet(), spec).unwrap();
     }
     // Least loaded: one stream on each worker, both through replica 0.
     let s1 = long_stream(&g0.url()).await;

@@ -2,12 +2,13 @@
 //! the millisecond, clients that leave, one wake per request that goes.
 
 use super::*;
-use crate::config::{GatewayConfig, WorkerSpec};
+use crate::error::GatewayError;
 use crate::routing::{admit, Prepared};
 use kvroute_core::{
     AdmissionMode, BlockSize, BlockedPrompt, Explanation, Namespace, Router, Selection, Tracking,
     WorkerCapacity, WorkerId,
 };
+use kvroute_fleet::config::{GatewayConfig, WorkerSpec};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;

@@ -1,0 +1,783 @@
+//! The gateway's settings: one struct tree, read from a TOML file, then overridden by the
+//! command line, then checked by [`GatewayConfig::validate`]. Defaults are written once, here.
+
+mod event_plane;
+mod picker;
+mod prediction_loop;
+mod ranks;
+mod worker_sources;
+
+pub use ranks::expand as expand_ranks;
+
+pub use event_plane::{is_server_address, PlaneConfig, PlaneConfigError};
+use kvroute_core::{RouterConfig, WorkerCapacity};
+use kvroute_protocol::openai::Endpoint;
+pub use kvroute_runtime::Secret;
+pub use picker::EppConfig;
+pub use prediction_loop::AccuracyConfig;
+use serde::{Deserialize, Serialize};
+pub use worker_sources::{url_host, DiscoveryConfig, DnsSource, KubernetesSource};
+
+/// Everything the gateway needs to know.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Address to listen on.
+    pub host: String,
+    /// Port to listen on (0: any free port).
+    pub port: u16,
+    /// Model names served; empty: whatever the workers list at `/v1/models`.
+    pub models: Vec<String>,
+    /// LoRA adapter names: a request whose `model` names one is hashed in that adapter's
+    /// namespace, so it matches only blocks the engines stored for the adapter. Adapters the
+    /// workers list at `/v1/models` (entries with a `parent`) are added to these.
+    pub lora_adapters: Vec<String>,
+    /// Tokenizer directory (`tokenizer.json` + `tokenizer_config.json`), or `builtin` for the
+    /// small tokenizer shipped with kvroute. None: approximate mode (routing on byte chunks of
+    /// the rendered prompt, without KV events).
+    pub tokenizer: Option<String>,
+    /// The routing core: block size, policy, admission, seed.
+    pub router: RouterConfig,
+    /// The engines behind the gateway.
+    pub workers: Vec<WorkerSpec>,
+    /// The batch limit of workers that give none of their own `max_batch` (discovered ones
+    /// too): requests an engine runs at once (vLLM `--max-num-seqs`, SGLang
+    /// `--max-running-requests`, TensorRT-LLM `max_batch_size`). None: unknown.
+    #[serde(alias = "max_num_seqs")]
+    pub max_batch: Option<u32>,
+    /// Limits on requests.
+    pub limits: Limits,
+    /// Health checking.
+    pub health: HealthConfig,
+    /// Calls to workers.
+    pub upstream: UpstreamConfig,
+    /// The closed loop on prediction accuracy.
+    pub accuracy: AccuracyConfig,
+    /// Who may call the gateway.
+    pub auth: AuthConfig,
+    /// TLS for the listener.
+    pub tls: TlsConfig,
+    /// The NATS event plane, for workers whose events come through it (`events = "nats"`).
+    pub plane: Option<PlaneConfig>,
+    /// Workers found while running (a watched file, DNS names) besides `workers`.
+    pub discovery: DiscoveryConfig,
+    /// The endpoint picker (`kvroute epp`): its ports and limits.
+    pub epp: EppConfig,
+}
+
+/// TLS for the listener: off unless both files are given.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file of the certificate chain (the server's certificate first).
+    pub cert_file: Option<std::path::PathBuf>,
+    /// PEM file of its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<std::path::PathBuf>,
+}
+
+impl TlsConfig {
+    /// Whether TLS is on.
+    pub fn enabled(&self) -> bool {
+        self.cert_file.is_some()
+    }
+}
+
+/// Keys and origins (see `kvroute_runtime::access`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Keys for the OpenAI routes and the read-only debug views (empty: open). Also from
+    /// the environment: `KVROUTE_API_KEYS` (comma-separated).
+    #[serde(skip_serializing)]
+    pub api_keys: Vec<Secret>,
+    /// The key for `/debug/reset` (None: served on a loopback listener only). Also from
+    /// `KVROUTE_ADMIN_KEY`.
+    #[serde(skip_serializing)]
+    pub admin_key: Option<Secret>,
+    /// Origins (`https://host[:port]`) whose web pages may call the gateway.
+    pub allowed_origins: Vec<String>,
+}
+
+impl AuthConfig {
+    /// The access policy of a listener (`loopback`: bound to a loopback address).
+    pub fn policy(&self, loopback: bool) -> kvroute_runtime::AccessPolicy {
+        kvroute_runtime::AccessPolicy {
+            api_keys: self.api_keys.iter().map(|k| k.0.clone()).collect(),
+            admin_key: self.admin_key.as_ref().map(|k| k.0.clone()),
+            allowed_origins: self.allowed_origins.clone(),
+            loopback,
+        }
+    }
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            models: Vec::new(),
+            lora_adapters: Vec::new(),
+            tokenizer: None,
+            router: RouterConfig::default(),
+            workers: Vec::new(),
+            max_batch: None,
+            limits: Limits::default(),
+            health: HealthConfig::default(),
+            upstream: UpstreamConfig::default(),
+            accuracy: AccuracyConfig::default(),
+            auth: AuthConfig::default(),
+            tls: TlsConfig::default(),
+            plane: None,
+            discovery: DiscoveryConfig::default(),
+            epp: EppConfig::default(),
+        }
+    }
+}
+
+/// One engine replica.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerSpec {
+    /// Its OpenAI-compatible base URL, e.g. `http://10.0.0.5:8000`.
+    pub url: String,
+    /// A name for logs and metric labels (default: the URL's host and port).
+    pub name: Option<String>,
+    /// Its KV event source, when it has one: a ZMQ endpoint, `tcp://host:port` (the gateway
+    /// connects to the engine's PUB socket) or `bind:tcp://host:port` (the gateway binds, the
+    /// engine connects: vLLM connects its publisher for any endpoint but a wildcard one); or a
+    /// pull API polled over HTTP (TensorRT-LLM): `poll` for `URL/kv_cache_events`, or
+    /// `poll:http://host:port/path`; or `nats`: from the event plane (`[plane]`), where a
+    /// `kvroute relay` beside the engine publishes them under this worker's name.
+    pub events: Option<String>,
+    /// Its ZMQ replay endpoint, when it serves one.
+    pub replay: Option<String>,
+    /// Its KV cache size in blocks, when known (admission fractions, policies).
+    pub kv_blocks: Option<u64>,
+    /// Its batch limit, when known: requests it runs at once (vLLM `--max-num-seqs`, SGLang
+    /// `--max-running-requests`, TensorRT-LLM `max_batch_size`); else the gateway's
+    /// `max_batch`.
+    #[serde(alias = "max_num_seqs")]
+    pub max_batch: Option<u32>,
+    /// Its data-parallel ranks (vLLM `--data-parallel-size`, SGLang `--dp-size` with DP
+    /// attention), when more than one: each rank has a KV cache of its own and is routed to as
+    /// a worker of its own, named `NAME/dpR`, its events on the event and replay ports plus
+    /// its rank (the engines' convention), its requests steered there with the
+    /// `X-Data-Parallel-Rank` header. `kv_blocks` and `max_batch` are then per rank.
+    pub dp_size: Option<u32>,
+    /// Which rank of its engine this entry is, once the ranks are expanded (set by the
+    /// gateway, never configured).
+    #[serde(skip)]
+    pub dp_rank: Option<u32>,
+    /// Its key (`Authorization: Bearer`), when it was started with one (vLLM `--api-key`);
+    /// else `upstream.api_key`.
+    #[serde(skip_serializing)]
+    pub api_key: Option<Secret>,
+}
+
+impl WorkerSpec {
+    /// Parses the command-line form `URL[=EVENTS[=REPLAY]][,dp=N]`, e.g.
+    /// `http://127.0.0.1:8001=tcp://127.0.0.1:5557=tcp://127.0.0.1:5558,dp=2`.
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        let (s, dp_size) = match s.rsplit_once(",dp=") {
+            Some((rest, n)) => (
+                rest,
+                Some(n.parse::<u32>().map_err(|_| {
+                    ConfigError(format!("worker {s:?}: dp={n:?} is not a rank count"))
+                })?),
+            ),
+            None => (s, None),
+        };
+        let mut parts = s.splitn(3, '=');
+        let url = parts.next().unwrap_or_default().to_string();
+        let events = parts.next().map(str::to_string);
+        let replay = parts.next().map(str::to_string);
+        let spec = Self {
+            url,
+            events,
+            replay,
+            dp_size,
+            ..Self::default()
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// The name used in logs and labels.
+    pub fn display_name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| {
+            self.url
+                .trim_start_matches("http://")
+                .trim_start_matches("https://")
+                .trim_end_matches('/')
+                .to_string()
+        })
+    }
+
+    /// The URL of its events pull API, when its events are polled over HTTP.
+    pub fn event_poll_url(&self) -> Option<String> {
+        let ep = self.events.as_deref()?;
+        if ep == "poll" {
+            return Some(format!(
+                "{}/kv_cache_events",
+                self.url.trim_end_matches('/')
+            ));
+        }
+        ep.strip_prefix("poll:").map(str::to_string)
+    }
+
+    /// Whether its events come from the NATS event plane.
+    pub fn events_from_plane(&self) -> bool {
+        self.events.as_deref() == Some("nats")
+    }
+
+    /// The event endpoint without its `bind:` prefix, and whether the gateway binds it
+    /// (None for a pull API or the event plane).
+    pub fn event_socket(&self) -> Option<(&str, bool)> {
+        let ep = self.events.as_deref()?;
+        if self.event_poll_url().is_some() || self.events_from_plane() {
+            return None;
+        }
+        Some(match ep.strip_prefix("bind:") {
+            Some(rest) => (rest, true),
+            None => (ep, false),
+        })
+    }
+
+    /// What the router knows of its capacity, `default_max_batch` (the gateway's
+    /// `max_batch`) standing in for a batch limit it does not give.
+    pub fn capacity(&self, default_max_batch: Option<u32>) -> WorkerCapacity {
+        WorkerCapacity {
+            kv_blocks: self.kv_blocks,
+            max_batch: self.max_batch.or(default_max_batch),
+        }
+    }
+
+    /// Checks one worker's settings (a worker joining at run time).
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.validate()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError(m));
+        if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
+            return bad(format!(
+                "worker URL {:?} must start with http:// or https://",
+                self.url
+            ));
+        }
+        if let Err(e) = endpoint_url(&self.url, Endpoint::Chat) {
+            return bad(format!("worker URL {:?} is not a valid URL: {e}", self.url));
+        }
+        let events = self.event_socket().map(|e| e.0);
+        for (what, ep) in [("events", events), ("replay", self.replay.as_deref())] {
+            if let Some(ep) = ep {
+                let ok = ep
+                    .strip_prefix("tcp://")
+                    .and_then(|a| a.rsplit_once(':'))
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+                if !ok {
+                    return bad(format!(
+                        "worker {}: {what} endpoint {ep:?} must look like tcp://host:port (events may start with bind:)",
+                        self.url
+                    ));
+                }
+            }
+        }
+        if let Some(url) = self.event_poll_url() {
+            if !(url.starts_with("http://") || url.starts_with("https://"))
+                || reqwest::Url::parse(&url).is_err()
+            {
+                return bad(format!(
+                    "worker {}: the events pull API {url:?} must be an http(s) URL",
+                    self.url
+                ));
+            }
+            if self.replay.is_some() {
+                return bad(format!(
+                    "worker {}: a pull API of events has no replay endpoint",
+                    self.url
+                ));
+            }
+        }
+        ranks::validate(self)?;
+        if self.events_from_plane() && self.replay.is_some() {
+            return bad(format!(
+                "worker {}: events from the plane are replayed through its relay, not a replay endpoint",
+                self.url
+            ));
+        }
+        if self.replay.is_some() && self.events.is_none() {
+            return bad(format!(
+                "worker {}: a replay endpoint needs an events endpoint",
+                self.url
+            ));
+        }
+        if self.max_batch == Some(0) {
+            return bad(format!("worker {}: max_batch must be >= 1", self.url));
+        }
+        Ok(())
+    }
+}
+
+/// Limits on what a client may send.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest request body, in bytes (413 past it).
+    pub max_body_bytes: usize,
+    /// Longest prompt, in tokens (413 past it).
+    pub max_prompt_tokens: usize,
+    /// Largest non-streamed answer read from a worker, in bytes (502 past it).
+    pub max_response_bytes: usize,
+    /// Seconds a client has to send a request's headers, counted from when its connection
+    /// is ready for a request: so also the longest idle keep-alive gap.
+    pub header_read_timeout_secs: f64,
+    /// Seconds a client has to send a request's body (408 past it).
+    pub body_read_timeout_secs: f64,
+    /// Most client connections open at once; past it a few more are answered `503
+    /// too_many_connections` (`/live` still answers) and the rest closed at once. Keep it
+    /// below the process's file descriptor limit (`ulimit -n`) minus what the connections
+    /// to workers need.
+    pub max_connections: usize,
+    /// Bytes of tokenized prompt pieces the tokenizer keeps (0: none): repeated system
+    /// prompts and earlier turns are not tokenized again.
+    pub tokenizer_cache_bytes: usize,
+    /// Threads that tokenize prompts (at least 1): the tokenizer library keeps caches of up
+    /// to ~100 MiB per thread that tokenizes, so this bounds them, whatever the core count.
+    pub tokenizer_threads: usize,
+    /// Prompts that may wait for a tokenizing thread (at least 1); past it requests get
+    /// `503 tokenizer_busy` with `Retry-After`.
+    pub tokenizer_queue: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        let serve = kvroute_runtime::ServeLimits::default();
+        Self {
+            max_body_bytes: 8 << 20,
+            max_prompt_tokens: 262_144,
+            max_response_bytes: 64 << 20,
+            header_read_timeout_secs: serve.header_read_timeout.as_secs_f64(),
+            body_read_timeout_secs: kvroute_runtime::BODY_READ_TIMEOUT.as_secs_f64(),
+            max_connections: serve.max_connections,
+            tokenizer_cache_bytes: kvroute_preprocess::PIECE_CACHE_BYTES,
+            tokenizer_threads: kvroute_preprocess::DEFAULT_TOKENIZE_THREADS,
+            tokenizer_queue: kvroute_preprocess::DEFAULT_TOKENIZE_QUEUE,
+        }
+    }
+}
+
+/// Health checking of workers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthConfig {
+    /// Seconds between checks of each worker.
+    pub interval_secs: f64,
+    /// Seconds a check may take.
+    pub timeout_secs: f64,
+    /// Consecutive failed checks that take a worker out.
+    pub failures_to_remove: u32,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval_secs: 2.0,
+            timeout_secs: 2.0,
+            failures_to_remove: 2,
+        }
+    }
+}
+
+/// Calls to workers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Seconds to open a connection.
+    pub connect_timeout_secs: f64,
+    /// Seconds until the answer's headers arrive (and, for a stream, its first chunk).
+    pub first_byte_timeout_secs: f64,
+    /// Seconds an answer may go silent after its first byte (between stream chunks, or
+    /// within a whole answer's body) before the gateway gives up on the worker: a stream
+    /// then ends with an `upstream_timeout` error event.
+    pub idle_timeout_secs: f64,
+    /// Retry a request that failed before its first byte once, on another worker.
+    pub retry: bool,
+    /// How many times a stream whose worker died or went silent after its first byte is
+    /// carried on by another worker (the prompt plus what was streamed, as a continuation),
+    /// the client seeing one stream; 0: never (the stream ends with an error event). A
+    /// request opts out with `x-kvroute-migrate: off`.
+    pub migration_limit: u32,
+    /// Key sent to every worker without one of its own (`Authorization: Bearer`), for
+    /// engines started with `--api-key`. Also from `KVROUTE_UPSTREAM_API_KEY`.
+    #[serde(skip_serializing)]
+    pub api_key: Option<Secret>,
+    /// Send the client's own `Authorization` header to the worker instead of the worker's
+    /// key (when the client sent one).
+    pub forward_authorization: bool,
+    /// Seconds to wait for a replay of missed KV events.
+    pub replay_timeout_secs: f64,
+    /// Largest KV event message accepted, in bytes: a publisher announcing a larger frame
+    /// is disconnected (and reconnected) instead of being read.
+    pub max_event_message_bytes: usize,
+    /// Seconds between ZMTP heartbeats on KV event connections (0: none), so a publisher
+    /// whose connection died silently is noticed while it is idle.
+    pub event_heartbeat_secs: f64,
+    /// Seconds without an answer to a heartbeat before the connection is dropped and
+    /// reconnected.
+    pub event_heartbeat_timeout_secs: f64,
+    /// Seconds between calls to a pull API of KV events (TensorRT-LLM's
+    /// `POST /kv_cache_events`).
+    pub event_poll_secs: f64,
+    /// The longest such a call may take, in seconds.
+    pub event_poll_timeout_secs: f64,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout_secs: 2.0,
+            first_byte_timeout_secs: 120.0,
+            idle_timeout_secs: 60.0,
+            retry: true,
+            migration_limit: 3,
+            api_key: None,
+            forward_authorization: false,
+            replay_timeout_secs: 2.0,
+            max_event_message_bytes: 64 << 20,
+            event_heartbeat_secs: 5.0,
+            event_heartbeat_timeout_secs: 30.0,
+            event_poll_secs: 0.2,
+            event_poll_timeout_secs: 5.0,
+        }
+    }
+}
+
+/// The longest timeout the config takes, in seconds (a week).
+pub const MAX_TIMEOUT_SECS: f64 = 7.0 * 86_400.0;
+
+/// The most migrations a stream may go through (`upstream.migration_limit`).
+pub const MAX_MIGRATIONS: u32 = 16;
+
+/// The most tokenizing threads (`limits.tokenizer_threads`): each may hold ~100 MiB of the
+/// tokenizer library's caches.
+pub const MAX_TOKENIZER_THREADS: usize = 64;
+
+/// Invalid settings.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid gateway config: {0}")]
+pub struct ConfigError(pub String);
+
+impl GatewayConfig {
+    /// What clients may hold open, for the HTTP server.
+    pub fn serve_limits(&self) -> kvroute_runtime::ServeLimits {
+        kvroute_runtime::ServeLimits {
+            header_read_timeout: std::time::Duration::from_secs_f64(
+                self.limits.header_read_timeout_secs,
+            ),
+            max_connections: self.limits.max_connections,
+            ..Default::default()
+        }
+    }
+
+    /// Reads a TOML file's text.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError(e.to_string()))
+    }
+
+    /// What the router knows of `w`'s capacity: its own settings, the gateway's
+    /// `max_batch` for a batch limit it does not give.
+    pub fn capacity_of(&self, w: &WorkerSpec) -> WorkerCapacity {
+        w.capacity(self.max_batch)
+    }
+
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_batch == Some(0) {
+            return Err(ConfigError("max_batch must be >= 1".into()));
+        }
+        self.router
+            .validate()
+            .map_err(|e| ConfigError(e.to_string()))?;
+        self.discovery.validate()?;
+        if self.workers.is_empty() && !self.discovery.enabled() {
+            return Err(ConfigError(
+                "at least one worker is required (or a discovery source)".into(),
+            ));
+        }
+        self.accuracy.validate().map_err(ConfigError)?;
+        match &self.plane {
+            Some(p) => p.validate().map_err(|e| ConfigError(e.to_string()))?,
+            None => {
+                if let Some(w) = self.workers.iter().find(|w| w.events_from_plane()) {
+                    return Err(ConfigError(format!(
+                        "worker {}: events = \"nats\" needs the event plane ([plane] url, or --nats)",
+                        w.display_name()
+                    )));
+                }
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for w in &self.workers {
+            w.validate()?;
+            if !names.insert(w.display_name()) {
+                return Err(ConfigError(format!(
+                    "two workers are named {:?}",
+                    w.display_name()
+                )));
+            }
+        }
+        let positive = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(ConfigError(format!("{name} must be > 0, got {v}")))
+            }
+        };
+        // Seconds that become `Duration`s: positive and at most a week (a larger value
+        // would overflow a deadline).
+        let secs = |name: &str, v: f64| {
+            positive(name, v)?;
+            if v > MAX_TIMEOUT_SECS {
+                return Err(ConfigError(format!(
+                    "{name} must be at most {MAX_TIMEOUT_SECS} s, got {v}"
+                )));
+            }
+            Ok(())
+        };
+        secs(
+            "upstream.idle_timeout_secs",
+            self.upstream.idle_timeout_secs,
+        )?;
+        secs(
+            "limits.header_read_timeout_secs",
+            self.limits.header_read_timeout_secs,
+        )?;
+        secs(
+            "limits.body_read_timeout_secs",
+            self.limits.body_read_timeout_secs,
+        )?;
+        if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
+            return Err(ConfigError(
+                "tls.cert_file and tls.key_file go together: give both or neither".into(),
+            ));
+        }
+        if self.upstream.migration_limit > MAX_MIGRATIONS {
+            return Err(ConfigError(format!(
+                "upstream.migration_limit must be at most {MAX_MIGRATIONS}, got {}",
+                self.upstream.migration_limit
+            )));
+        }
+        let max_connections = kvroute_runtime::MAX_CONNECTIONS;
+        if !(1..=max_connections).contains(&self.limits.max_connections) {
+            return Err(ConfigError(format!(
+                "limits.max_connections must be within 1..={max_connections}, got {}",
+                self.limits.max_connections
+            )));
+        }
+        if !(1..=MAX_TOKENIZER_THREADS).contains(&self.limits.tokenizer_threads) {
+            return Err(ConfigError(format!(
+                "limits.tokenizer_threads must be within 1..={MAX_TOKENIZER_THREADS}, got {}",
+                self.limits.tokenizer_threads
+            )));
+        }
+        if !(1..=max_connections).contains(&self.limits.tokenizer_queue) {
+            return Err(ConfigError(format!(
+                "limits.tokenizer_queue must be within 1..={max_connections}, got {}",
+                self.limits.tokenizer_queue
+            )));
+        }
+        secs("health.interval_secs", self.health.interval_secs)?;
+        secs("health.timeout_secs", self.health.timeout_secs)?;
+        secs(
+            "upstream.connect_timeout_secs",
+            self.upstream.connect_timeout_secs,
+        )?;
+        secs(
+            "upstream.first_byte_timeout_secs",
+            self.upstream.first_byte_timeout_secs,
+        )?;
+        secs(
+            "upstream.replay_timeout_secs",
+            self.upstream.replay_timeout_secs,
+        )?;
+        secs(
+            "upstream.event_heartbeat_timeout_secs",
+            self.upstream.event_heartbeat_timeout_secs,
+        )?;
+        secs("upstream.event_poll_secs", self.upstream.event_poll_secs)?;
+        secs(
+            "upstream.event_poll_timeout_secs",
+            self.upstream.event_poll_timeout_secs,
+        )?;
+        if !(self.upstream.event_heartbeat_secs.is_finite()
+            && (0.0..=MAX_TIMEOUT_SECS).contains(&self.upstream.event_heartbeat_secs))
+        {
+            return Err(ConfigError(
+                "upstream.event_heartbeat_secs must be within 0..=604800".into(),
+            ));
+        }
+        if self.upstream.max_event_message_bytes < 1024 {
+            return Err(ConfigError(
+                "upstream.max_event_message_bytes must be >= 1024".into(),
+            ));
+        }
+        let keys = self.auth.api_keys.iter().chain(&self.auth.admin_key);
+        let keys = keys
+            .chain(&self.upstream.api_key)
+            .chain(self.workers.iter().filter_map(|w| w.api_key.as_ref()));
+        for k in keys {
+            if !k.is_valid() {
+                return Err(ConfigError(
+                    "keys must be 1 to 4096 printable ASCII characters without spaces".into(),
+                ));
+            }
+        }
+        if self.health.failures_to_remove == 0 {
+            return Err(ConfigError("health.failures_to_remove must be >= 1".into()));
+        }
+        if self.limits.max_body_bytes == 0
+            || self.limits.max_prompt_tokens == 0
+            || self.limits.max_response_bytes == 0
+        {
+            return Err(ConfigError("limits must be > 0".into()));
+        }
+        Ok(())
+    }
+}
+
+/// The URL of `endpoint` on the worker at `base`.
+pub fn endpoint_url(base: &str, endpoint: Endpoint) -> Result<reqwest::Url, String> {
+    let mut url = reqwest::Url::parse(base).map_err(|e| e.to_string())?;
+    if url.host().is_none() {
+        return Err("no host".into());
+    }
+    let path = format!("{}{}", url.path().trim_end_matches('/'), endpoint.path());
+    url.set_path(&path);
+    Ok(url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_specs_parse_from_the_command_line_form() {
+        let w = WorkerSpec::parse("http://h:1=tcp://h:2=tcp://h:3").unwrap();
+        assert_eq!(w.url, "http://h:1");
+        assert_eq!(w.events.as_deref(), Some("tcp://h:2"));
+        assert_eq!(w.replay.as_deref(), Some("tcp://h:3"));
+        assert_eq!(w.display_name(), "h:1");
+        assert!(WorkerSpec::parse("http://h:1").unwrap().events.is_none());
+        let w = WorkerSpec::parse("http://h:1=bind:tcp://*:5557=tcp://h:3").unwrap();
+        assert_eq!(w.event_socket(), Some(("tcp://*:5557", true)));
+        let w = WorkerSpec::parse("http://h:1=tcp://h:2").unwrap();
+        assert_eq!(w.event_socket(), Some(("tcp://h:2", false)));
+        for bad in [
+            "h:1",
+            "http://h:1=h:2",
+            "http://h:1=tcp://h:2=udp://x",
+            "http://h:1=tcp://h",
+            "http://h:1=bind:udp://h:2",
+            "http://h:1=tcp://h:2=tcp://:3",
+            "http://[::1",
+            "http://h:99999",
+            "http://",
+        ] {
+            assert!(WorkerSpec::parse(bad).is_err(), "{bad}");
+        }
+        // The endpoints are parsed once, with or without a trailing slash.
+        let w = crate::registry::Registry::new(&[WorkerSpec::parse("http://h:1/").unwrap()]);
+        let entry = w.all().into_iter().next().unwrap();
+        let url = entry.url(kvroute_protocol::openai::Endpoint::Chat).unwrap();
+        assert_eq!(url.as_str(), "http://h:1/v1/chat/completions");
+    }
+
+    #[test]
+    fn a_toml_file_is_read_and_checked() {
+        let c = GatewayConfig::from_toml(
+            r#"
+            port = 9000
+            models = ["m"]
+            [router]
+            block_size = 32
+            [router.tiers]
+            host_load_ratio = 0.05
+            [router.policy]
+            kind = "kv"
+            [[workers]]
+            url = "http://127.0.0.1:8001"
+            events = "tcp://127.0.0.1:5557"
+            kv_blocks = 1000
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.port, 9000);
+        assert_eq!(c.router.block_size, 32);
+        assert_eq!(c.router.tiers.host_load_ratio, 0.05);
+        assert_eq!(c.router.tiers.disk_load_ratio, 0.4);
+        assert_eq!(c.capacity_of(&c.workers[0]).kv_blocks, Some(1000));
+        c.validate().unwrap();
+        let mut slow = c.clone();
+        slow.router.tiers.disk_load_ratio = 2.0;
+        assert!(slow.validate().is_err());
+        assert!(GatewayConfig::from_toml("prot = 1").is_err());
+        assert!(GatewayConfig::default().validate().is_err());
+        let mut dup = c.clone();
+        dup.workers.push(c.workers[0].clone());
+        assert!(dup.validate().is_err());
+    }
+
+    #[test]
+    fn the_gateways_max_batch_stands_in_for_workers_that_give_none() {
+        let c = GatewayConfig::from_toml(
+            r#"
+            max_batch = 64
+            [[workers]]
+            url = "http://h:1"
+            max_num_seqs = 8
+            [[workers]]
+            url = "http://h:2"
+            "#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let batch = |i: usize| c.capacity_of(&c.workers[i]).max_batch;
+        assert_eq!((batch(0), batch(1)), (Some(8), Some(64)));
+        let none = GatewayConfig {
+            max_batch: None,
+            ..c.clone()
+        };
+        assert_eq!(none.capacity_of(&none.workers[1]).max_batch, None);
+        for zero in [
+            "max_batch = 0\n[[workers]]\nurl = \"http://h:1\"",
+            "[[workers]]\nurl = \"http://h:1\"\nmax_batch = 0",
+        ] {
+            let z = GatewayConfig::from_toml(zero).unwrap();
+            assert!(z.validate().unwrap_err().0.contains("max_batch"), "{zero}");
+        }
+    }
+
+    #[test]
+    fn client_limits_out_of_range_are_refused() {
+        let mut c = GatewayConfig::default();
+        c.workers.push(WorkerSpec::parse("http://h:1").unwrap());
+        c.validate().unwrap();
+        let cases: [fn(&mut Limits); 9] = [
+            |l| l.header_read_timeout_secs = f64::NAN,
+            |l| l.header_read_timeout_secs = 0.0,
+            |l| l.body_read_timeout_secs = 1e30,
+            |l| l.max_connections = 0,
+            |l| l.max_connections = usize::MAX,
+            |l| l.tokenizer_threads = 0,
+            |l| l.tokenizer_threads = MAX_TOKENIZER_THREADS + 1,
+            |l| l.tokenizer_queue = 0,
+            |l| l.tokenizer_queue = usize::MAX,
+        ];
+        for bad in cases {
+            let mut b = c.clone();
+            bad(&mut b.limits);
+            assert!(b.validate().is_err(), "{:?}", b.limits);
+        }
+    }
+}
