@@ -18,7 +18,7 @@ pub use peers::{peer_request_id, PeerBooking, PeerStats, MAX_PEERS};
 use crate::admission::{
     AdmissionConfig, AdmissionDecision, AdmissionMode, QueueState, RejectReason,
 };
-use crate::hashing::BlockedPrompt;
+use crate::hashing::{BlockedPrompt, SequenceHash};
 use crate::index::{
     ApproxConfig, ApproxIndex, BatchOutcome, IndexError, KvEvent, Matches, PrefixIndex,
 };
@@ -425,7 +425,39 @@ impl Router {
             // The engine lost its cache: what was sent there before is gone too.
             p.remove_worker(worker);
         }
-        self.index.apply(worker, event)
+        let removed = self.pending_removed(worker, std::slice::from_ref(event));
+        let applied = self.index.apply(worker, event);
+        self.forget_pending(worker, &removed);
+        applied
+    }
+
+    /// The sequence hashes of the blocks `events` remove from `worker`, read before they
+    /// apply, when guesses of what was just sent there stand (none otherwise: nothing to
+    /// look up on the usual path).
+    fn pending_removed(&self, worker: WorkerId, events: &[KvEvent]) -> Vec<SequenceHash> {
+        let Some(p) = &self.pending else {
+            return Vec::new();
+        };
+        if !p.has_guesses(worker) {
+            return Vec::new();
+        }
+        events
+            .iter()
+            .filter_map(|e| match e {
+                KvEvent::Removed { block_hashes } => Some(block_hashes),
+                _ => None,
+            })
+            .flatten()
+            .filter_map(|h| self.index.sequence_of(worker, *h))
+            .collect()
+    }
+
+    /// A removal the engine announced ends the guess of every block it names: no guess
+    /// made at a dispatch covers a block the engine said it evicted after it.
+    fn forget_pending(&mut self, worker: WorkerId, removed: &[SequenceHash]) {
+        if let (Some(p), false) = (&mut self.pending, removed.is_empty()) {
+            p.forget(worker, removed);
+        }
     }
 
     /// Applies a KV event of `worker` about blocks in `tier` ([`Tier::Device`]: as
@@ -465,7 +497,15 @@ impl Router {
         if self.approximate.contains(&worker) {
             return BatchOutcome::default();
         }
-        self.index.apply_batch(worker, events)
+        if let Some(p) = &mut self.pending {
+            if events.iter().any(|e| matches!(e, KvEvent::Cleared)) {
+                p.remove_worker(worker);
+            }
+        }
+        let removed = self.pending_removed(worker, events);
+        let outcome = self.index.apply_batch(worker, events);
+        self.forget_pending(worker, &removed);
+        outcome
     }
 
     /// [`Router::apply_events`], telling `each` every event's result by its position (the
@@ -485,7 +525,9 @@ impl Router {
                 p.remove_worker(worker);
             }
         }
+        let removed = self.pending_removed(worker, events);
         self.index.apply_batch_with(worker, events, each);
+        self.forget_pending(worker, &removed);
     }
 
     /// Expires approximate guesses and idle sessions.

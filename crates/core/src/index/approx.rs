@@ -140,6 +140,27 @@ impl ApproxIndex {
         }
     }
 
+    /// Whether any guess of `worker` stands.
+    pub fn has_guesses(&self, worker: WorkerId) -> bool {
+        self.workers
+            .get(&worker)
+            .is_some_and(|g| !g.expiry.is_empty())
+    }
+
+    /// Drops the guesses of `worker` holding the blocks `seqs` (the engine said they left):
+    /// a guessed prefix stops before the first of them.
+    pub fn forget(&mut self, worker: WorkerId, seqs: &[SequenceHash]) {
+        let Some(g) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        for s in seqs {
+            // Its queue entry is stale from now on: skipped when popped, compacted away.
+            if g.expiry.remove(&s.0).is_some() {
+                self.index.remove_block(worker, s.0);
+            }
+        }
+    }
+
     /// Forgets `worker` and its guesses.
     pub fn remove_worker(&mut self, worker: WorkerId) {
         self.workers.remove(&worker);

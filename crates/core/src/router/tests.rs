@@ -567,6 +567,76 @@ fn a_dispatched_prompt_counts_as_cached_until_its_events_come_or_time_passes() {
 }
 
 #[test]
+fn an_eviction_the_engine_announces_after_a_dispatch_lowers_the_prediction_at_once() {
+    // Issue 40: a revisited conversation was predicted 624 cached tokens where the engine,
+    // having evicted blocks (events applied) within `pending_secs`, held and reported 352.
+    let cfg = RouterConfig {
+        block_size: BS,
+        pending_secs: 5.0,
+        ..RouterConfig::default()
+    };
+    let mut r = Router::new(cfg).unwrap();
+    r.add_worker(WorkerId(1), WorkerCapacity::default())
+        .unwrap();
+    let t = tokens(640, 7);
+    let p = prompt(&t);
+    // The engine holds the 40 blocks (its events said so), and the prompt is sent there.
+    store(&mut r, 1, &t);
+    send_to(&mut r, 1, 1, &p, 0);
+    let depth = |r: &Router| r.explain(&req(&p)).workers[0].matched_blocks;
+    assert_eq!(
+        depth(&r),
+        39,
+        "capped at the last full block before the last token"
+    );
+    // Then it evicts blocks 20..40 and says so: the guess made at the dispatch no longer
+    // covers them.
+    let evicted: Vec<EngineHash> = (20..40).map(|i| EngineHash(1 << 32 | i)).collect();
+    r.apply_event(
+        WorkerId(1),
+        &KvEvent::Removed {
+            block_hashes: evicted,
+        },
+    )
+    .unwrap();
+    assert_eq!(depth(&r), 20);
+    // A removal in the middle breaks the guessed prefix there, through every path that
+    // applies events: batches, and batches with each event's result told. (Other
+    // conversations, on workers 2 and 3: each engine names its blocks by their position.)
+    for w in 2..=3 {
+        r.add_worker(WorkerId(w), WorkerCapacity::default())
+            .unwrap();
+        store(&mut r, w, &t);
+        send_to(&mut r, w, w, &p, 100);
+    }
+    let at = |r: &Router, w: u64| {
+        r.explain(&req(&p))
+            .workers
+            .iter()
+            .find(|x| x.worker == WorkerId(w))
+            .map_or(0, |x| x.matched_blocks)
+    };
+    assert_eq!((at(&r, 2), at(&r, 3)), (39, 39));
+    r.apply_events(
+        WorkerId(2),
+        &[KvEvent::Removed {
+            block_hashes: vec![EngineHash(2 << 32 | 10)],
+        }],
+    );
+    r.apply_events_with(
+        WorkerId(3),
+        &[KvEvent::Removed {
+            block_hashes: vec![EngineHash(3 << 32 | 5)],
+        }],
+        |_, res| res.unwrap(),
+    );
+    assert_eq!((at(&r, 2), at(&r, 3)), (10, 5));
+    // The engine storing them again shows them again.
+    store(&mut r, 2, &t);
+    assert_eq!(at(&r, 2), 39);
+}
+
+#[test]
 fn max_workers_counts_every_worker_however_tracked() {
     let cfg = RouterConfig {
         block_size: BS,
