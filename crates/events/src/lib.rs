@@ -120,6 +120,10 @@ pub async fn ingest(ix: Arc<IndexSink>, worker: WorkerId, mut feed: EventFeed) {
                 Some(i) => i,
                 None => break,
             },
+            () = entry.heal.notified() => {
+                heal(&ix, entry, &mut t);
+                continue;
+            }
             () = entry.repair.notified() => {
                 // Its predictions keep missing while the stream looked whole (events lost
                 // without a gap, a reset that kept its sequence).
@@ -158,7 +162,7 @@ pub async fn ingest(ix: Arc<IndexSink>, worker: WorkerId, mut feed: EventFeed) {
                 clear(&ix, entry);
                 entry.events.gaps.fetch_add(1, Ordering::Relaxed);
                 entry.events.degraded.store(true, Ordering::Relaxed);
-                t.lost = true;
+                lose(entry, &mut t);
                 entry.set_cache_state(state_of(&t));
             }
             FeedItem::Restarted => {
@@ -235,6 +239,30 @@ impl Tracker {
     }
 }
 
+/// Events of the worker were lost for good: its index is unknown, and the prediction
+/// window starts afresh, so that what heals it is judged on answers after the loss.
+fn lose(entry: &WorkerEntry, t: &mut Tracker) {
+    if !t.lost {
+        entry.restart_predictions();
+    }
+    t.lost = true;
+}
+
+/// The accuracy loop found a whole window of answers since the loss predicted as the engine
+/// reported them: the index is taken as whole again, unless the publisher is away.
+fn heal(ix: &IndexSink, entry: &WorkerEntry, t: &mut Tracker) {
+    if !t.lost || t.away {
+        return;
+    }
+    t.lost = false;
+    entry.set_cache_state(state_of(t));
+    ix.metrics
+        .index_heals
+        .with_label_values(&[entry.name.as_str()])
+        .inc();
+    tracing::info!(worker = %entry.name, "KV index taken as whole again: the predictions since its events were lost agree with what the engine reports");
+}
+
 fn state_of(t: &Tracker) -> CacheState {
     if t.away || t.lost {
         CacheState::Unknown
@@ -280,7 +308,7 @@ async fn on_batch(
             if filled {
                 entry.events.replayed.fetch_add(1, Ordering::Relaxed);
             } else {
-                t.lost = true;
+                lose(entry, t);
                 entry.events.degraded.store(true, Ordering::Relaxed);
                 tracing::warn!(worker = %entry.name, missing_from = from, missing_to = b.seq, "KV events lost; the worker's index is unknown until it is rebuilt");
             }
@@ -377,7 +405,7 @@ async fn resync(
             let mut expect = last.seq.wrapping_add(1);
             for b in &answer[from..] {
                 if b.seq != expect {
-                    t.lost = true;
+                    lose(entry, t);
                     break;
                 }
                 apply(ix, entry, b);
@@ -399,7 +427,10 @@ async fn resync(
         clear(ix, entry);
     }
     let (run, complete) = complete_from_start(&answer);
-    t.lost = !complete || run < answer.len();
+    t.lost = false;
+    if !complete || run < answer.len() {
+        lose(entry, t);
+    }
     t.forget();
     for b in &answer[..run] {
         apply(ix, entry, b);

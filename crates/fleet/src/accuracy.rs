@@ -125,6 +125,8 @@ pub struct Recorded {
     pub tokens_differ: bool,
     /// The worker became degraded with this request (it was not before).
     pub newly: Option<Degraded>,
+    /// After it, the window agrees with the engine ([`Tracker::agrees`]).
+    pub agrees: bool,
 }
 
 /// A summary of the window, for `/debug/workers` and the gauges.
@@ -179,6 +181,7 @@ impl Tracker {
             outcome,
             tokens_differ,
             newly,
+            agrees: self.agrees(cfg),
         }
     }
 
@@ -207,6 +210,21 @@ impl Tracker {
         self.repairs += 1;
         self.recent.clear();
         self.degraded = None;
+    }
+
+    /// The window starts afresh, the verdict with it (events were lost: what came before
+    /// says nothing about the index now).
+    pub fn restart(&mut self) {
+        self.recent.clear();
+        self.degraded = None;
+    }
+
+    /// Whether the window is full and at least `cfg.heal_share` of it was predicted exactly
+    /// (and it is not degraded): the index agrees with the engine's cache.
+    pub fn agrees(&self, cfg: &AccuracyConfig) -> bool {
+        let n = self.recent.len();
+        let exact = self.recent.iter().filter(|x| x.0 == Outcome::Exact).count();
+        n >= cfg.window && self.degraded.is_none() && exact as f64 >= cfg.heal_share * n as f64
     }
 
     /// The window's figures.
@@ -324,5 +342,38 @@ mod tests {
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_full_window_of_exact_predictions_since_a_restart_agrees() {
+        let cfg = AccuracyConfig {
+            heal_share: 0.75,
+            ..cfg()
+        };
+        let (exact, under) = (s(32, 32), s(0, 64));
+        let mut t = Tracker::default();
+        for _ in 0..cfg.window {
+            assert!(!t.agrees(&cfg), "not before the window is full");
+            t.record(exact, &cfg);
+        }
+        assert!(t.agrees(&cfg));
+        // Events lost: the window starts afresh.
+        t.restart();
+        assert!(!t.agrees(&cfg));
+        // Two misses in eight are within 0.75; three are not.
+        for k in 0..cfg.window {
+            t.record(if k < 2 { under } else { exact }, &cfg);
+        }
+        assert!(t.agrees(&cfg));
+        t.restart();
+        for k in 0..cfg.window {
+            t.record(if k < 3 { under } else { exact }, &cfg);
+        }
+        assert!(!t.agrees(&cfg));
+        let bad = AccuracyConfig {
+            heal_share: 0.0,
+            ..cfg
+        };
+        assert!(bad.validate().is_err());
     }
 }

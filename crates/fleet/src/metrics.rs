@@ -67,6 +67,9 @@ pub struct Metrics {
     pub prediction_degraded: IntGaugeVec,
     /// Index repairs the accuracy loop started, by worker and reason.
     pub prediction_repairs: IntCounterVec,
+    /// Unknown indexes taken as whole again (the accuracy loop agreed over a window since
+    /// the loss), by worker.
+    pub index_heals: IntCounterVec,
     /// Requests whose prompt the engine counted differently than the gateway, by worker.
     pub prompt_token_mismatches: IntCounterVec,
     /// Requests retried on another worker after a failure before the first byte.
@@ -286,6 +289,11 @@ impl Metrics {
                 "Index rebuilds the accuracy loop started, by worker and reason.",
                 &["worker", "reason"],
             )?,
+            index_heals: counter_vec(
+                "kvroute_index_heals_total",
+                "Workers whose index, unknown after lost KV events, was taken as exact again because a whole window of predictions since agreed with the engine, by worker.",
+                &["worker"],
+            )?,
             prompt_token_mismatches: counter_vec(
                 "kvroute_prompt_token_mismatches_total",
                 "Requests whose prompt tokens the engine counted differently than the gateway (another tokenizer or chat template), by worker.",
@@ -357,6 +365,7 @@ impl Metrics {
         forget(&self.prediction_exact_ratio, name);
         forget(&self.prediction_degraded, name);
         forget(&self.prediction_repairs, name);
+        forget(&self.index_heals, name);
         forget(&self.prompt_token_mismatches, name);
         forget(&self.upstream_errors, name);
     }

@@ -96,6 +96,9 @@ pub struct WorkerEntry {
     /// Notified when its predictions keep missing: its event ingestion rebuilds the index
     /// from the replay service.
     pub repair: tokio::sync::Notify,
+    /// Notified when its predictions agreed with the engine over a whole window since its
+    /// events were lost: its event ingestion takes the index as whole again.
+    pub heal: tokio::sync::Notify,
     /// KV blocks learned from the engine's metrics (0: not learned).
     pub learned_kv_blocks: AtomicU64,
     /// Whether the gateway said admission cannot judge this worker.
@@ -267,11 +270,18 @@ impl WorkerEntry {
             accuracy: Default::default(),
             last_repair: Default::default(),
             repair: tokio::sync::Notify::new(),
+            heal: tokio::sync::Notify::new(),
             learned_kv_blocks: AtomicU64::new(0),
             capacity_warned: AtomicBool::new(false),
             batch_warned: AtomicBool::new(false),
             tasks: crate::tasks::Tasks::new(),
         }
+    }
+
+    /// Its events were lost: the predictions before say nothing about the index from now
+    /// on, so the window starts afresh (what heals it is judged on answers after the loss).
+    pub fn restart_predictions(&self) {
+        self.accuracy.lock().restart();
     }
 
     /// Records a prediction sample: what it was judged, and the window's summary after it.

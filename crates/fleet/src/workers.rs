@@ -74,6 +74,11 @@ impl Workers {
                 .with_label_values(&[name, d.as_str()])
                 .set(i64::from(summary.degraded == Some(d)));
         }
+        if rec.agrees && entry.cache_state() == crate::registry::CacheState::Unknown {
+            // Lost events made the index unknown; a whole window of answers since says it
+            // matches the engine's cache again (its ingestion decides: not while away).
+            entry.heal.notify_one();
+        }
         let Some(verdict) = rec.newly else {
             return;
         };

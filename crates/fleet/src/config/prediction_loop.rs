@@ -17,6 +17,10 @@ pub struct AccuracyConfig {
     pub repair: bool,
     /// Seconds between two repairs of one worker at most.
     pub repair_cooldown_secs: f64,
+    /// A worker whose events were lost for good (its cache state `unknown`, e.g. history
+    /// older than the engine's replay buffer) is taken as exact again once this share of a
+    /// whole window of answers since the loss was predicted exactly (1: all of them).
+    pub heal_share: f64,
 }
 
 impl Default for AccuracyConfig {
@@ -27,6 +31,7 @@ impl Default for AccuracyConfig {
             degrade_share: 0.5,
             repair: true,
             repair_cooldown_secs: 30.0,
+            heal_share: 0.9,
         }
     }
 }
@@ -42,6 +47,9 @@ impl AccuracyConfig {
         }
         if !(self.degrade_share > 0.0 && self.degrade_share <= 1.0) {
             return Err("accuracy.degrade_share must be within (0, 1]".into());
+        }
+        if !(self.heal_share > 0.0 && self.heal_share <= 1.0) {
+            return Err("accuracy.heal_share must be within (0, 1]".into());
         }
         if !(self.repair_cooldown_secs.is_finite() && self.repair_cooldown_secs >= 0.0) {
             return Err("accuracy.repair_cooldown_secs must be finite and not negative".into());

@@ -148,3 +148,52 @@ async fn a_pull_api_that_dropped_events_is_cleared_and_marked_unknown() {
     gw.shutdown().await;
     a.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_unknown_after_lost_events_heals_once_predictions_agree_again() {
+    // Issue 40: a worker whose events were lost for good stayed `unknown` for ever.
+    let a = worker_with("a", |c| {
+        c.event_format = EventFormat::Trtllm;
+        c.pull_buffer = 3;
+    })
+    .await;
+    let mut cfg = config(&[&a], "kv");
+    cfg.workers[0].events = Some("poll".into());
+    cfg.upstream.event_poll_secs = 1.0;
+    cfg.accuracy.window = 4;
+    cfg.accuracy.min_samples = 2;
+    let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
+    let url = gw.url();
+    let state = async || debug_workers(&url).await["workers"][0]["worker"].clone();
+    assert!(eventually(10, async || state().await["cache_state"] == "exact").await);
+    for i in 0..5 {
+        ask(&url, MODEL, None, &format!("prompt {i} ").repeat(40)).await;
+    }
+    assert!(eventually(10, async || state().await["cache_state"] == "unknown").await);
+    // A prompt the engine kept from before the loss, whose events were among those lost, is
+    // predicted short: no agreement.
+    let (_, predicted, cached) = ask(&url, MODEL, None, &"prompt 0 ".repeat(40)).await;
+    assert!(predicted < cached, "predicted {predicted}, engine {cached}");
+    assert_eq!(state().await["cache_state"], "unknown");
+    // New prompts, each asked once its predecessor's events were polled: the index follows
+    // the engine again, and a whole window of exact predictions heals it.
+    let mut healed = false;
+    for i in 0..20 {
+        ask(&url, MODEL, None, &format!("new {i} ").repeat(40)).await;
+        if state().await["cache_state"] == "exact" {
+            healed = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    }
+    let w = state().await;
+    assert!(healed, "{w}");
+    let metrics = kvroute_testkit::get_text(&client(), &format!("{url}/metrics")).await;
+    assert_eq!(
+        kvroute_testkit::sample(&metrics, "kvroute_index_heals_total{worker=\"a\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
+    gw.shutdown().await;
+    a.shutdown().await;
+}
