@@ -23,7 +23,7 @@ mod engine_table;
 mod event;
 mod table;
 
-pub use approx::{ApproxConfig, ApproxIndex};
+pub use approx::{ApproxConfig, ApproxIndex, CapacityLearner};
 pub use engine_table::MAX_BLOCK_IDS;
 pub use event::{EventStats, IndexError, KvEvent, RejectKind, StoredBlocks, StoredHashed};
 

@@ -8,120 +8,26 @@
 //! publish no events). A worker can also be set unavailable: it keeps its index entries and
 //! load but is offered to no policy until it is available again.
 
+mod answers;
+mod config;
 mod explain;
 mod peers;
 mod sessions;
 
+pub use config::RouterConfig;
 pub use explain::{Explanation, WorkerExplanation};
 pub use peers::{peer_request_id, PeerBooking, PeerStats, MAX_PEERS};
 
-use crate::admission::{
-    AdmissionConfig, AdmissionDecision, AdmissionMode, QueueState, RejectReason,
-};
+use crate::admission::{AdmissionDecision, AdmissionMode, QueueState, RejectReason};
 use crate::hashing::{BlockedPrompt, SequenceHash};
 use crate::index::{
     ApproxConfig, ApproxIndex, BatchOutcome, IndexError, KvEvent, Matches, PrefixIndex,
 };
 use crate::ledger::{Booking, LedgerError, LoadLedger, WorkerCapacity};
-use crate::policy::{Candidate, Choice, Policy, PolicyConfig, PolicyInput};
-use crate::tiers::{Loadable, OffloadedTiers, Tier, TierConfig};
+use crate::policy::{Candidate, Choice, Policy, PolicyInput};
+use crate::tiers::{Loadable, OffloadedTiers, Tier};
 use crate::types::{BlockSize, Eligible, RequestId, Time, WorkerId, ANY_WORKER};
 use serde::{Deserialize, Serialize};
-
-/// Router settings.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RouterConfig {
-    /// KV block size in tokens; must equal the engines'.
-    pub block_size: usize,
-    /// Seed of every random choice.
-    pub seed: u64,
-    /// The policy.
-    pub policy: PolicyConfig,
-    /// Admission.
-    pub admission: AdmissionConfig,
-    /// Approximate tracking (workers without KV events): how long and how much of what was
-    /// routed to a worker is assumed cached.
-    pub approx: ApproxConfig,
-    /// What loading blocks back from offloaded tiers (host memory, disk) costs.
-    pub tiers: TierConfig,
-    /// Seconds the prompt blocks of a request dispatched to a worker tracked by events count
-    /// as cached there before its events show them (0: off). Real engines publish a batch's
-    /// events a little after they answer (vLLM on CPU: up to a few hundred ms under load), so
-    /// a follow-up sent at once would otherwise miss what its previous turn just cached.
-    pub pending_secs: f64,
-    /// Soft preference for a session's previous worker: its cost is multiplied by
-    /// `1 - affinity_bias` (0 = off, up to 1).
-    pub affinity_bias: f64,
-    /// Most sessions remembered for affinity.
-    pub max_sessions: usize,
-    /// Seconds a session is remembered after its last request.
-    pub session_ttl_secs: f64,
-    /// Most workers tracked.
-    pub max_workers: usize,
-    /// Most blocks tracked per worker in each tier's index: past it the oldest stored are
-    /// dropped from the index (counted), so a worker that never reports removals, or
-    /// reports far more than an engine can hold, cannot grow the index without bound.
-    pub max_blocks_per_worker: usize,
-    /// Most requests in flight.
-    pub max_inflight: usize,
-}
-
-impl Default for RouterConfig {
-    fn default() -> Self {
-        Self {
-            block_size: 16,
-            seed: 0,
-            policy: PolicyConfig::default(),
-            admission: AdmissionConfig::default(),
-            approx: ApproxConfig::default(),
-            tiers: TierConfig::default(),
-            pending_secs: 5.0,
-            affinity_bias: 0.0,
-            max_sessions: 65_536,
-            session_ttl_secs: 600.0,
-            max_workers: crate::index::DEFAULT_MAX_WORKERS,
-            max_blocks_per_worker: crate::index::DEFAULT_MAX_BLOCKS_PER_WORKER,
-            max_inflight: crate::ledger::DEFAULT_MAX_INFLIGHT,
-        }
-    }
-}
-
-impl RouterConfig {
-    /// Checks the settings.
-    pub fn validate(&self) -> Result<(), RouteError> {
-        let bad = RouteError::Config;
-        BlockSize::new(self.block_size).map_err(|e| bad(e.to_string()))?;
-        self.policy.validate().map_err(bad)?;
-        self.admission.validate().map_err(bad)?;
-        self.approx.validate().map_err(bad)?;
-        self.tiers.validate().map_err(bad)?;
-        if !(self.pending_secs.is_finite() && self.pending_secs >= 0.0) {
-            return Err(bad(format!(
-                "pending_secs must be >= 0, got {}",
-                self.pending_secs
-            )));
-        }
-        if !(0.0..=1.0).contains(&self.affinity_bias) {
-            return Err(bad(format!(
-                "affinity_bias must be within 0..=1, got {}",
-                self.affinity_bias
-            )));
-        }
-        if !(self.session_ttl_secs.is_finite() && self.session_ttl_secs > 0.0) {
-            return Err(bad(format!(
-                "session_ttl_secs must be > 0, got {}",
-                self.session_ttl_secs
-            )));
-        }
-        if self.max_workers == 0 || self.max_inflight == 0 || self.max_blocks_per_worker == 0 {
-            return Err(bad(
-                "max_workers, max_blocks_per_worker and max_inflight must be > 0".into(),
-            ));
-        }
-        Ok(())
-    }
-}
 
 /// Router errors.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -226,6 +132,8 @@ pub struct Router {
     /// Prompts just dispatched to workers tracked by events, until their events show them
     /// (`pending_secs`; None: off).
     pending: Option<ApproxIndex>,
+    /// Dispatches to workers tracked approximately, awaiting their answers.
+    answers: answers::Awaited,
     /// Workers tracked approximately (few; usually none).
     approximate: Vec<WorkerId>,
     /// Workers offered to no policy for now (few; usually none).
@@ -253,6 +161,7 @@ impl Router {
             index,
             offloaded,
             approx: ApproxIndex::new(block_size, &config.approx),
+            answers: answers::Awaited::default(),
             pending: (config.pending_secs > 0.0).then(|| {
                 ApproxIndex::new(
                     block_size,
@@ -622,6 +531,12 @@ impl Router {
             },
             now,
         )?;
+        self.await_answer(
+            request,
+            selection.worker,
+            selection.matched_blocks,
+            &prompt.sequence,
+        );
         if let Err(e) = self.note_dispatched(selection.worker, &prompt.sequence, now) {
             // Keep the ledger consistent with a refused dispatch.
             let _ = self.ledger.finish(request, now);

@@ -182,6 +182,9 @@ async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
                     "worker": w,
                     "load": load,
                     "index_blocks": blocks,
+                    // Tracked approximately: the blocks its guesses are kept to (learned
+                    // from the engine's answers, else `router.approx.max_blocks_per_worker`).
+                    "approx_capacity_blocks": r.approx_capacity(id),
                     "index_evicted_blocks": kvroute_fleet::workers::evicted_blocks(r, id),
                     "offloaded_blocks": {
                         "host": offloaded.block_count(id, kvroute_core::Tier::Host),

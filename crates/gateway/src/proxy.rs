@@ -33,6 +33,9 @@ pub(crate) struct Peek {
 /// What the router expected of a request's worker, checked against the engine's usage.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Prediction {
+    /// The ledger's id of the request (a worker tracked approximately learns from its
+    /// answer: `Router::observe_cached`).
+    pub(crate) request: kvroute_core::RequestId,
     pub(crate) worker: kvroute_core::WorkerId,
     pub(crate) predicted: u64,
     pub(crate) prompt_tokens: u64,
@@ -93,6 +96,7 @@ pub async fn forward(
             Ok(resp) => match start_reading(gw, &call, resp).await {
                 Ok(read) => {
                     let prediction = Prediction {
+                        request: guard.request,
                         worker,
                         predicted: sel.cached_tokens as u64,
                         prompt_tokens: prep.prompt.tokens as u64,
@@ -392,6 +396,15 @@ pub(crate) fn finish(
                     block_size: gw.config.router.block_size as u64,
                 },
             );
+            let approximate = gw.registry.get(prediction.worker).is_some_and(|w| {
+                w.cache_state() == kvroute_fleet::registry::CacheState::Approximate
+            });
+            if approximate {
+                // What the engine kept teaches the router how much it keeps.
+                let cached = usize::try_from(details.cached_tokens).unwrap_or(usize::MAX);
+                gw.table
+                    .update(|r| r.observe_cached(prediction.request, cached));
+            }
         }
     }
 }

@@ -163,4 +163,7 @@ pub struct SimResult {
     pub kv_events_rejected: u64,
     /// Requests that entered the admission queue.
     pub queued: u64,
+    /// Per engine tracked approximately, the blocks the first router's guesses are kept to
+    /// at the end (learned from the engines' answers); None for engines tracked by events.
+    pub approx_capacities: Vec<Option<usize>>,
 }

@@ -183,9 +183,14 @@ impl Replicas {
     }
 
     /// The request finished, on its router and (later) its peers.
-    pub fn finish(&mut self, id: RequestId, now: Time, output: Option<u64>) {
+    pub fn finish(&mut self, id: RequestId, now: Time, output: Option<u64>, cached: Option<usize>) {
         self.catch_up(now);
         let k = self.owner.remove(&id).unwrap_or(0);
+        if let Some(c) = cached {
+            // What the engine found cached teaches the replica that routed it (a worker
+            // tracked approximately learns its capacity).
+            let _ = self.routers[k].observe_cached(id, c);
+        }
         let _ = match output {
             Some(n) => self.routers[k].finish_with(id, now, n),
             None => self.routers[k].finish(id, now),

@@ -62,7 +62,7 @@ pub(crate) struct Routed {
 enum Call {
     Events(WorkerId, Tier, Vec<KvEvent>),
     FirstToken(RequestId, Time),
-    Finish(RequestId, Time, Option<u64>),
+    Finish(RequestId, Time, Option<u64>, Option<usize>),
     Route(Box<RouteCall>),
 }
 
@@ -136,9 +136,16 @@ impl RouterLink {
         self.push(Call::FirstToken(id, now));
     }
 
-    /// `Router::finish`.
-    pub fn finish(&mut self, id: RequestId, now: Time, output_tokens: Option<u64>) {
-        self.push(Call::Finish(id, now, output_tokens));
+    /// `Router::finish`, after `Router::observe_cached` when the engine said how many of the
+    /// prompt's tokens it found cached.
+    pub fn finish(
+        &mut self,
+        id: RequestId,
+        now: Time,
+        output_tokens: Option<u64>,
+        cached_tokens: Option<usize>,
+    ) {
+        self.push(Call::Finish(id, now, output_tokens, cached_tokens));
     }
 
     /// `Router::route`, then `Router::dispatch` when it says dispatch; waits for the answer,
@@ -221,7 +228,7 @@ impl RouterServer {
                         buffers.push(events);
                     }
                     Call::FirstToken(id, now) => router.first_token(id, now),
-                    Call::Finish(id, now, output) => router.finish(id, now, output),
+                    Call::Finish(id, now, output, cached) => router.finish(id, now, output, cached),
                     Call::Route(call) => {
                         if !route(
                             router,

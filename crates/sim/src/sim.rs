@@ -159,6 +159,9 @@ fn simulate_with(
         (sim, totals)
     });
     let sim = sim?;
+    let approx_capacities = (0..cfg.workers)
+        .map(|w| router.first().approx_capacity(WorkerId(w as u64)))
+        .collect();
     let warm = Time(cfg.warmup);
     let measured = || sim.records.iter().filter(|r| r.arrival >= warm);
     let start = measured().map(|r| r.arrival).min().unwrap_or(warm);
@@ -178,6 +181,7 @@ fn simulate_with(
         kv_events_rejected: totals.kv_rejected,
         queued: sim.queued_total,
         records: sim.records,
+        approx_capacities,
     })
 }
 
@@ -470,7 +474,7 @@ impl<'a> Sim<'a> {
         match submitted {
             Ok(()) => self.reschedule(w),
             Err(e) => {
-                self.router.finish(id, t, None);
+                self.router.finish(id, t, None, None);
                 self.end(t, id, Status::Failed(e.kind().into()), None);
             }
         }
@@ -530,7 +534,8 @@ impl<'a> Sim<'a> {
             self.deliver(w, t, Tier::Host, &mut out.host_events);
         }
         for f in out.finished.drain(..) {
-            self.router.finish(f.id, t, Some(f.output.len() as u64));
+            self.router
+                .finish(f.id, t, Some(f.output.len() as u64), Some(f.cached_tokens));
             let rec = &mut self.records[f.id.0 as usize];
             rec.cached_tokens = f.cached_tokens as u64;
             rec.output_tokens = f.output.len() as u64;

@@ -2,6 +2,10 @@
 //! worker it chose now caches the routed prompt's blocks, for a time-to-live and up to a
 //! per-worker size cap, and expires those guesses with [`ApproxIndex::prune`].
 
+mod learn;
+
+pub use learn::CapacityLearner;
+
 use super::{IndexError, Map, Matches, PrefixIndex};
 use crate::hashing::SequenceHash;
 use crate::types::{BlockSize, Time, WorkerId};
@@ -49,9 +53,25 @@ impl ApproxConfig {
 /// skipped when popped and compacted away when they outnumber the live ones.
 #[derive(Default)]
 struct Guesses {
+    /// Each guessed block's expiry.
     expiry: Map<u64, Time>,
+    /// The blocks in the order they were last routed (= expiry order), stale entries too.
     queue: VecDeque<(Time, u64)>,
+    /// The most blocks kept, when learned ([`ApproxIndex::set_capacity`]).
+    cap: Option<usize>,
+    /// What the engine's answers taught of its capacity.
+    learner: CapacityLearner,
 }
+
+impl Guesses {
+    /// Whether the queue entry `(t, seq)` is the block's current one.
+    fn current(&self, t: Time, seq: u64) -> bool {
+        self.expiry.get(&seq) == Some(&t)
+    }
+}
+
+/// Queue entries [`ApproxIndex::depths`] reads at most.
+pub const MAX_SCAN: usize = 65_536;
 
 /// The prefix index in approximate mode.
 pub struct ApproxIndex {
@@ -96,8 +116,14 @@ impl ApproxIndex {
         seqs: &[SequenceHash],
         now: Time,
     ) -> Result<(), IndexError> {
+        let cap = self
+            .workers
+            .get(&worker)
+            .and_then(|g| g.cap)
+            .unwrap_or(self.cap)
+            .min(self.cap);
         // Only the first `cap` blocks can be kept; deeper ones would be evicted at once.
-        let seqs = &seqs[..seqs.len().min(self.cap)];
+        let seqs = &seqs[..seqs.len().min(cap)];
         self.index.insert_chain(worker, seqs)?;
         let expires = now.plus(self.ttl);
         let g = self.workers.entry(worker).or_default();
@@ -106,10 +132,19 @@ impl ApproxIndex {
             g.expiry.insert(s.0, expires);
             g.queue.push_back((expires, s.0));
         }
-        while g.expiry.len() > self.cap {
+        self.evict_past(worker, cap);
+        Ok(())
+    }
+
+    /// Drops `worker`'s oldest guesses past `cap` blocks (the least recently routed first).
+    fn evict_past(&mut self, worker: WorkerId, cap: usize) {
+        let Some(g) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        while g.expiry.len() > cap {
             match g.queue.pop_front() {
                 Some((t, seq)) => {
-                    if g.expiry.get(&seq) == Some(&t) {
+                    if g.current(t, seq) {
                         g.expiry.remove(&seq);
                         self.index.remove_block(worker, seq);
                     }
@@ -121,7 +156,81 @@ impl ApproxIndex {
             let expiry = &g.expiry;
             g.queue.retain(|(t, seq)| expiry.get(seq) == Some(t));
         }
-        Ok(())
+    }
+
+    /// For each leading block of `seqs` guessed on `worker` (up to the first that is not),
+    /// its depth in the worker's recency order: how many other guessed blocks were routed
+    /// there since it last was (an LRU cache of that many blocks or fewer has evicted it).
+    /// `None` past the first [`MAX_SCAN`] queue entries read from the newest.
+    pub fn depths(&self, worker: WorkerId, seqs: &[SequenceHash]) -> Vec<Option<u64>> {
+        let Some(g) = self.workers.get(&worker) else {
+            return Vec::new();
+        };
+        let held = seqs
+            .iter()
+            .take_while(|s| g.expiry.contains_key(&s.0))
+            .count();
+        let mut want: Map<u64, usize> = Map::default();
+        for (i, s) in seqs[..held].iter().enumerate() {
+            want.entry(s.0).or_insert(i);
+        }
+        let mut out = vec![None; held];
+        let mut newer = 0u64;
+        let mut found = 0;
+        for &(t, seq) in g.queue.iter().rev().take(MAX_SCAN) {
+            if found == want.len() {
+                break;
+            }
+            if !g.current(t, seq) {
+                continue;
+            }
+            if let Some(&i) = want.get(&seq) {
+                if out[i].is_none() {
+                    out[i] = Some(newer);
+                    found += 1;
+                }
+            }
+            newer += 1;
+        }
+        out
+    }
+
+    /// Keeps at most `blocks` guesses for `worker` from now on (what its engine was found
+    /// to keep), the least recently routed dropped first; never above the configured cap.
+    pub fn set_capacity(&mut self, worker: WorkerId, blocks: usize) {
+        let cap = blocks.clamp(1, self.cap);
+        self.workers.entry(worker).or_default().cap = Some(cap);
+        self.evict_past(worker, cap);
+    }
+
+    /// Learns from one of `worker`'s answers ([`CapacityLearner::observe`]) and keeps its
+    /// guesses to the new estimate; the capacity kept now.
+    pub fn observe(
+        &mut self,
+        worker: WorkerId,
+        depths: &[Option<u64>],
+        predicted: usize,
+        reported: usize,
+    ) -> usize {
+        let kept = self.capacity(worker);
+        let estimate = self
+            .workers
+            .entry(worker)
+            .or_default()
+            .learner
+            .observe(depths, predicted, reported, kept);
+        if let Some(c) = estimate {
+            self.set_capacity(worker, c);
+        }
+        self.capacity(worker)
+    }
+
+    /// The most guesses kept for `worker` (learned, else the configured cap).
+    pub fn capacity(&self, worker: WorkerId) -> usize {
+        self.workers
+            .get(&worker)
+            .and_then(|g| g.cap)
+            .unwrap_or(self.cap)
     }
 
     /// Drops every guess that expired at or before `now`.
@@ -132,7 +241,7 @@ impl ApproxIndex {
                     break;
                 }
                 g.queue.pop_front();
-                if g.expiry.get(&seq) == Some(&t) {
+                if g.current(t, seq) {
                     g.expiry.remove(&seq);
                     self.index.remove_block(*worker, seq);
                 }

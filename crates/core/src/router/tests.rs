@@ -1,7 +1,8 @@
 use super::*;
+use crate::admission::AdmissionConfig;
 use crate::hashing::{local_block_hashes, Namespace};
 use crate::index::StoredBlocks;
-use crate::policy::PolicyKind;
+use crate::policy::{PolicyConfig, PolicyKind};
 use crate::tiers::Loadable;
 use crate::EngineHash;
 

@@ -302,6 +302,7 @@ impl Session {
         self.pick = Some(Pick {
             model: model.clone(),
             prediction: Prediction {
+                request: guard.request,
                 worker: sel.worker,
                 predicted: sel.cached_tokens as u64,
                 prompt_tokens: prep.prompt.tokens as u64,

@@ -161,3 +161,49 @@ async fn a_repair_the_replay_cannot_complete_keeps_the_index() {
     gw.shutdown().await;
     w.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_without_events_is_learned_to_keep_what_its_cache_holds() {
+    // Issue 40: a worker without KV events is tracked from what the gateway sent it, for a
+    // TTL up to a fixed cap; its engine keeps an LRU of 64 blocks of 16 tokens. The answers'
+    // cached tokens teach the router that size, and its guesses age like the engine's.
+    let a = worker_with("a", |c| c.num_gpu_blocks = Some(64)).await;
+    let cfg = config(&[&a], "kv");
+    let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
+    let url = gw.url();
+    let capacity = async || {
+        debug_workers(&url).await["workers"][0]["approx_capacity_blocks"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(
+        capacity().await,
+        100_000,
+        "the configured cap before any answer"
+    );
+    // Eight conversations of about 16 blocks each, asked round and round: the engine keeps
+    // the last four or so, the gateway guessed all eight.
+    let texts: Vec<String> = (0..8)
+        .map(|i| format!("conversation {i}: ").repeat(40))
+        .collect();
+    let mut over = Vec::new();
+    for round in 0..6 {
+        for t in &texts {
+            let (_, predicted, cached) = ask_cached(&url, MODEL, None, t).await;
+            if predicted > cached + 16 {
+                over.push((round, predicted, cached));
+            }
+        }
+    }
+    let learned = capacity().await;
+    eprintln!("learned {learned} blocks; over-predicted: {over:?}");
+    assert!(
+        (48..=77).contains(&learned),
+        "learned {learned} for an engine of 64"
+    );
+    // Once learned, the guesses follow the engine: the last rounds predict no more than it
+    // finds (within a block).
+    assert!(over.iter().all(|(round, ..)| *round < 4), "{over:?}");
+    gw.shutdown().await;
+    a.shutdown().await;
+}

@@ -295,20 +295,22 @@ fn clients_whose_requests_all_fail_back_off_and_the_run_ends() {
 /// Shared prefixes on engines that publish no events: the router's own guesses reach the
 /// workload's ideal hit rate (every repeat of a prefix hits, only each prefix's first use
 /// misses) when load does not force spreading. Returns (hit rate, ideal).
-fn shared_prefixes(policy: PolicyKind, tracking: Tracking, concurrency: usize) -> (f64, f64) {
-    let config = SyntheticConfig {
+/// 24 prefixes of 64 tokens with 8-token suffixes, used uniformly, 4-token answers.
+fn prefixes_24() -> SyntheticConfig {
+    SyntheticConfig {
         prefixes: 24,
         prefix_tokens: 64,
         suffix_tokens: 8,
         zipf_s: 0.0,
         max_tokens: 4,
-    };
-    let requests = 400;
-    let mut cfg = tiny(4, policy);
-    cfg.tracking = tracking;
-    let gen = Synthetic::new(config.clone(), 11).unwrap();
+    }
+}
+
+/// [`prefixes_24`] (seed 11) on `cfg`, `requests` from `concurrency` clients, all completed.
+fn run_prefixes(cfg: &SimConfig, concurrency: usize, requests: usize) -> SimResult {
+    let gen = Synthetic::new(prefixes_24(), 11).unwrap();
     let r = simulate(
-        &cfg,
+        cfg,
         Workload::Synthetic {
             gen,
             concurrency,
@@ -317,6 +319,15 @@ fn shared_prefixes(policy: PolicyKind, tracking: Tracking, concurrency: usize) -
     )
     .unwrap();
     assert_eq!(r.summary.completed, requests as u64);
+    r
+}
+
+fn shared_prefixes(policy: PolicyKind, tracking: Tracking, concurrency: usize) -> (f64, f64) {
+    let config = prefixes_24();
+    let requests = 400;
+    let mut cfg = tiny(4, policy);
+    cfg.tracking = tracking;
+    let r = run_prefixes(&cfg, concurrency, requests);
     // The ideal: the same requests, each prefix's first use uncached.
     let mut gen = Synthetic::new(config.clone(), 11).unwrap();
     let mut seen = std::collections::HashSet::new();
@@ -430,4 +441,58 @@ fn replicas_agree_as_one_router_when_bookings_sync_at_once_and_not_when_they_nev
     let mut bad = tiny(3, PolicyKind::Goodput);
     bad.replicas = 0;
     assert!(bad.validate().is_err());
+}
+
+#[test]
+fn approximate_tracking_learns_how_much_an_engine_without_events_keeps() {
+    // Issue 40: engines that publish no events keep an LRU of a size the router does not
+    // know. 24 shared prefixes over 4 engines of 24 blocks each (16-token blocks: a prefix
+    // is 4 blocks, so an engine keeps about five of its six prefixes); the router guessed
+    // whatever it routed, up to 100,000 blocks.
+    let run = |policy: PolicyKind, tracking: Tracking| {
+        let mut cfg = tiny(4, policy);
+        cfg.engine.num_gpu_blocks = 24;
+        cfg.tracking = tracking;
+        run_prefixes(&cfg, 1, 600)
+    };
+    let hit = |r: &SimResult| r.summary.hit_rate.unwrap();
+    let over = |r: &SimResult| {
+        r.records
+            .iter()
+            .filter(|x| x.predicted_cached_tokens > x.cached_tokens + 15)
+            .count()
+    };
+    for policy in [PolicyKind::Goodput, PolicyKind::Predictive, PolicyKind::Kv] {
+        let exact = run(policy, Tracking::Events);
+        let approx = run(policy, Tracking::Approximate);
+        eprintln!(
+            "{policy:?}: hit rate events {:.4}, approximate {:.4}; over-predicted: events {}, approximate {}; learned {:?}",
+            hit(&exact),
+            hit(&approx),
+            over(&exact),
+            over(&approx),
+            approx.approx_capacities
+        );
+        // What it learned: the pool less the blocks of the request running there (its
+        // prompt's five), within 20%.
+        for c in &approx.approx_capacities {
+            let c = c.expect("tracked approximately");
+            assert!(
+                (15..=23).contains(&c),
+                "{policy:?}: learned {c} of 24 (19 free)"
+            );
+        }
+        // Its guesses follow the engines': hardly a prediction above what they found
+        // (without the learning: about 470 of the 600).
+        assert!(over(&approx) <= 12, "{policy:?}: {}", over(&approx));
+        if policy != PolicyKind::Kv {
+            // The default policy (and `predictive`) hit as often as with events.
+            assert!(
+                hit(&approx) >= 0.98 * hit(&exact),
+                "{policy:?}: {} vs {}",
+                hit(&approx),
+                hit(&exact)
+            );
+        }
+    }
 }
