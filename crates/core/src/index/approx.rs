@@ -59,6 +59,10 @@ struct Guesses {
     queue: VecDeque<(Time, u64)>,
     /// The most blocks kept, when learned ([`ApproxIndex::set_capacity`]).
     cap: Option<usize>,
+    /// Guesses made since the capacity was learned (their place in the order).
+    untimed: u64,
+    /// The engine has said what it found cached ([`ApproxIndex::observe`]).
+    answered: bool,
     /// What the engine's answers taught of its capacity.
     learner: CapacityLearner,
 }
@@ -69,6 +73,10 @@ impl Guesses {
         self.expiry.get(&seq) == Some(&t)
     }
 }
+
+/// Where the untimed guesses' "expiry" counts from: past any time a router reaches (about
+/// 35,000 years).
+const UNTIMED: Duration = Duration::from_secs(1 << 40);
 
 /// Queue entries [`ApproxIndex::depths`] reads at most.
 pub const MAX_SCAN: usize = 65_536;
@@ -125,8 +133,18 @@ impl ApproxIndex {
         // Only the first `cap` blocks can be kept; deeper ones would be evicted at once.
         let seqs = &seqs[..seqs.len().min(cap)];
         self.index.insert_chain(worker, seqs)?;
-        let expires = now.plus(self.ttl);
         let g = self.workers.entry(worker).or_default();
+        // Once the engine says what it found cached, its guesses age as its LRU does: by what
+        // is routed there after them (up to the capacity learned), not by time (the TTL is
+        // for engines that say nothing). Their "expiry" is then a count far past any time,
+        // one apart each, so the queue keeps its order and a refreshed block's older entry
+        // stays stale.
+        let expires = if g.answered || g.cap.is_some() {
+            g.untimed += 1;
+            Time(UNTIMED.saturating_add(Duration::from_nanos(g.untimed)))
+        } else {
+            now.plus(self.ttl)
+        };
         // Deepest blocks first, so that among equal expiries leaves are evicted before roots.
         for s in seqs.iter().rev() {
             g.expiry.insert(s.0, expires);
@@ -197,6 +215,8 @@ impl ApproxIndex {
 
     /// Keeps at most `blocks` guesses for `worker` from now on (what its engine was found
     /// to keep), the least recently routed dropped first; never above the configured cap.
+    /// Its guesses made from now on no longer expire by time: as in the engine's LRU, they
+    /// leave when newer ones push them out.
     pub fn set_capacity(&mut self, worker: WorkerId, blocks: usize) {
         let cap = blocks.clamp(1, self.cap);
         self.workers.entry(worker).or_default().cap = Some(cap);
@@ -213,12 +233,9 @@ impl ApproxIndex {
         reported: usize,
     ) -> usize {
         let kept = self.capacity(worker);
-        let estimate = self
-            .workers
-            .entry(worker)
-            .or_default()
-            .learner
-            .observe(depths, predicted, reported, kept);
+        let g = self.workers.entry(worker).or_default();
+        g.answered = true;
+        let estimate = g.learner.observe(depths, predicted, reported, kept);
         if let Some(c) = estimate {
             self.set_capacity(worker, c);
         }
@@ -332,6 +349,33 @@ mod tests {
         // The two deepest blocks of the older prompt went first.
         assert_eq!(a.find_matches_seq(&p).depth(WorkerId(1)), 1);
         assert_eq!(a.find_matches_seq(&q).depth(WorkerId(1)), 3);
+    }
+
+    #[test]
+    fn a_learned_capacity_ages_guesses_by_what_follows_not_by_time() {
+        let mut a = approx(10.0, 100);
+        let (p, q, r) = (prompt(&[1, 2]), prompt(&[3, 4]), prompt(&[5, 6]));
+        a.set_capacity(WorkerId(1), 4);
+        assert_eq!(a.capacity(WorkerId(1)), 4);
+        a.insert(WorkerId(1), &p, Time::from_millis(0)).unwrap();
+        a.insert(WorkerId(1), &q, Time::from_millis(1)).unwrap();
+        // Long past the TTL they stand...
+        a.prune(Time::from_millis(3_600_000));
+        assert_eq!(a.find_matches_seq(&p).depth(WorkerId(1)), 2);
+        // ...and depths read their recency: q's blocks are the newest (its root last, as
+        // a prompt's blocks are noted leaf first), p's behind them.
+        assert_eq!(a.depths(WorkerId(1), &q), [Some(0), Some(1)]);
+        assert_eq!(a.depths(WorkerId(1), &p), [Some(2), Some(3)]);
+        // p refreshed, then r pushes out the least recently routed: q.
+        a.insert(WorkerId(1), &p, Time::from_millis(3_600_001))
+            .unwrap();
+        a.insert(WorkerId(1), &r, Time::from_millis(3_600_002))
+            .unwrap();
+        assert_eq!(a.find_matches_seq(&q).depth(WorkerId(1)), 0);
+        assert_eq!(a.find_matches_seq(&p).depth(WorkerId(1)), 2);
+        // Never above the configured cap.
+        a.set_capacity(WorkerId(1), 1_000);
+        assert_eq!(a.capacity(WorkerId(1)), 100);
     }
 
     #[test]
