@@ -78,8 +78,11 @@ impl Guesses {
 /// 35,000 years).
 const UNTIMED: Duration = Duration::from_secs(1 << 40);
 
-/// Queue entries [`ApproxIndex::depths`] reads at most.
-pub const MAX_SCAN: usize = 65_536;
+/// Queue entries [`ApproxIndex::depths`] reads at most: it runs at every dispatch to a
+/// worker tracked approximately, under the router's lock, so a block deeper than this in
+/// the worker's recency order is read as unknown (no bound learned from it) rather than
+/// paid for by a long scan.
+pub const MAX_SCAN: usize = 16_384;
 
 /// The prefix index in approximate mode.
 pub struct ApproxIndex {

@@ -118,25 +118,37 @@ async fn trtllm_pull_api_events_with_salts_predict_what_the_engine_caches() {
     run(EventFormat::Trtllm, true).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pull_api_that_dropped_events_is_cleared_and_marked_unknown() {
+/// A worker publishing TensorRT-LLM's pull API with room for three events only (more between
+/// two polls, 1 s apart, and the oldest are dropped), behind a gateway (`tweak`: its other
+/// settings), once its cache state is `exact`; then five prompts between two polls: at least
+/// five stored events for a queue of three.
+async fn polled_worker_losing_events(
+    tweak: impl FnOnce(&mut kvroute_gateway::GatewayConfig),
+) -> (kvroute_worker::WorkerHandle, kvroute_gateway::GatewayHandle) {
     let a = worker_with("a", |c| {
         c.event_format = EventFormat::Trtllm;
-        // Room for three events only: more between two polls and the oldest are dropped.
         c.pull_buffer = 3;
     })
     .await;
     let mut cfg = config(&[&a], "kv");
     cfg.workers[0].events = Some("poll".into());
     cfg.upstream.event_poll_secs = 1.0;
+    tweak(&mut cfg);
     let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
     let url = gw.url();
     let state = async || debug_workers(&url).await["workers"][0]["worker"].clone();
     assert!(eventually(10, async || state().await["cache_state"] == "exact").await);
-    // Five prompts between two polls: at least five stored events for a queue of three.
     for i in 0..5 {
         ask(&url, MODEL, None, &format!("prompt {i} ").repeat(40)).await;
     }
+    (a, gw)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_api_that_dropped_events_is_cleared_and_marked_unknown() {
+    let (a, gw) = polled_worker_losing_events(|_| {}).await;
+    let url = gw.url();
+    let state = async || debug_workers(&url).await["workers"][0]["worker"].clone();
     assert!(
         eventually(10, async || state().await["gaps"] == 1).await,
         "{}",
@@ -152,23 +164,13 @@ async fn a_pull_api_that_dropped_events_is_cleared_and_marked_unknown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_index_unknown_after_lost_events_heals_once_predictions_agree_again() {
     // Issue 40: a worker whose events were lost for good stayed `unknown` for ever.
-    let a = worker_with("a", |c| {
-        c.event_format = EventFormat::Trtllm;
-        c.pull_buffer = 3;
+    let (a, gw) = polled_worker_losing_events(|cfg| {
+        cfg.accuracy.window = 4;
+        cfg.accuracy.min_samples = 2;
     })
     .await;
-    let mut cfg = config(&[&a], "kv");
-    cfg.workers[0].events = Some("poll".into());
-    cfg.upstream.event_poll_secs = 1.0;
-    cfg.accuracy.window = 4;
-    cfg.accuracy.min_samples = 2;
-    let gw = gateway_with_feeds(cfg, BTreeMap::new()).await;
     let url = gw.url();
     let state = async || debug_workers(&url).await["workers"][0]["worker"].clone();
-    assert!(eventually(10, async || state().await["cache_state"] == "exact").await);
-    for i in 0..5 {
-        ask(&url, MODEL, None, &format!("prompt {i} ").repeat(40)).await;
-    }
     assert!(eventually(10, async || state().await["cache_state"] == "unknown").await);
     // A prompt the engine kept from before the loss, whose events were among those lost, is
     // predicted short: no agreement.
