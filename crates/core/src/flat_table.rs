@@ -1,5 +1,5 @@
 //! A flat hash table from 64-bit hashes to small values, for the routing core's hot tables
-//! (the prefix index's node table, the ledger's active blocks).
+//! (the prefix index's node table and engine-name tables, the ledger's active blocks).
 //!
 //! Open addressing with linear probing over small entries, with no separate control bytes.
 //! It is written for these tables rather than taken from a general map because of how they
@@ -9,8 +9,9 @@
 //! key *absent* from it would be written, so reading ahead only helped keys already present;
 //! here a key's first probe is its home entry, known in advance whether the key is there or
 //! not, and an insertion lands on it or just after it. For the same reason entries are as
-//! small as they can be: an [`Entry`] type says how a key and a value are stored (a pair, or
-//! a key and a few bits packed in one word).
+//! small as they can be: an [`Entry`] type says how a key and a value are stored (a pair, a
+//! key and a few bits packed in one word, or part of a key beside a value that tells where
+//! the owner keeps the rest).
 //!
 //! Keys are hashes already (uniform 64-bit values); an entry whose stored key is 0 is empty,
 //! so a key stored as 0 is stored as [`ZERO_KEY`] instead (a collision of probability 2^-64,
@@ -119,6 +120,46 @@ impl Entry for Packed8 {
     }
 }
 
+/// 32 bits of a key beside a 32-bit value in one word, for a table whose owner keeps the
+/// whole key elsewhere (the value names where): two keys agree on these bits with
+/// probability 2^-32, so the owner looks its keys up with a check of the value
+/// ([`FlatTable::get_by`], [`FlatTable::modify_by`]).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Tagged32(u64);
+
+/// The multiplier of [`Tagged32`]'s mix.
+const TAG_MUL: u64 = 0x94D0_49BB_1331_11EB;
+
+/// The key half of a [`Tagged32`].
+const TAG_MASK: u64 = 0xFFFF_FFFF_0000_0000;
+
+impl Entry for Tagged32 {
+    type Value = u32;
+
+    #[inline]
+    fn stored(key: u64) -> u64 {
+        match key.wrapping_mul(TAG_MUL) & TAG_MASK {
+            0 => ZERO_KEY & TAG_MASK,
+            k => k,
+        }
+    }
+
+    #[inline]
+    fn key(&self) -> u64 {
+        self.0 & TAG_MASK
+    }
+
+    #[inline]
+    fn value(&self) -> u32 {
+        self.0 as u32
+    }
+
+    #[inline]
+    fn new(key: u64, value: u32) -> Self {
+        Self(key | u64::from(value))
+    }
+}
+
 /// The table. See the module documentation.
 pub(crate) struct FlatTable<E> {
     entries: Vec<E>,
@@ -167,11 +208,19 @@ impl<E: Entry> FlatTable<E> {
     /// The position of stored key `key`, or of the empty entry where it would go.
     #[inline]
     fn probe(&self, key: u64) -> (usize, bool) {
+        self.probe_by(key, |_| true)
+    }
+
+    /// [`FlatTable::probe`] for entries that keep part of their key: an entry of stored key
+    /// `key` is the one sought only when `eq` accepts its value.
+    #[inline]
+    fn probe_by(&self, key: u64, mut eq: impl FnMut(E::Value) -> bool) -> (usize, bool) {
         let mask = self.mask();
         let mut i = self.home(key);
         loop {
-            match self.entries[i].key() {
-                k if k == key => return (i, true),
+            let e = self.entries[i];
+            match e.key() {
+                k if k == key && eq(e.value()) => return (i, true),
                 0 => return (i, false),
                 _ => i = (i + 1) & mask,
             }
@@ -181,10 +230,16 @@ impl<E: Entry> FlatTable<E> {
     /// The value at `key`.
     #[inline]
     pub fn get(&self, key: u64) -> Option<E::Value> {
+        self.get_by(key, |_| true)
+    }
+
+    /// The value at `key` that `eq` accepts (see [`Tagged32`]).
+    #[inline]
+    pub fn get_by(&self, key: u64, eq: impl FnMut(E::Value) -> bool) -> Option<E::Value> {
         if self.entries.is_empty() {
             return None;
         }
-        match self.probe(E::stored(key)) {
+        match self.probe_by(E::stored(key), eq) {
             (i, true) => Some(self.entries[i].value()),
             _ => None,
         }
@@ -194,11 +249,23 @@ impl<E: Entry> FlatTable<E> {
     /// probe: a value inserts or replaces, None removes (or leaves absent).
     #[inline]
     pub fn modify(&mut self, key: u64, change: impl FnOnce(Option<E::Value>) -> Option<E::Value>) {
+        self.modify_by(key, |_| true, change);
+    }
+
+    /// [`FlatTable::modify`] of the value at `key` that `eq` accepts (see [`Tagged32`]); a
+    /// value `change` makes when none is accepted is inserted beside the others.
+    #[inline]
+    pub fn modify_by(
+        &mut self,
+        key: u64,
+        mut eq: impl FnMut(E::Value) -> bool,
+        change: impl FnOnce(Option<E::Value>) -> Option<E::Value>,
+    ) {
         let key = E::stored(key);
         let (i, found) = if self.entries.is_empty() {
             (0, false)
         } else {
-            self.probe(key)
+            self.probe_by(key, &mut eq)
         };
         let old = found.then(|| self.entries[i].value());
         match (change(old), found) {
@@ -209,7 +276,7 @@ impl<E: Entry> FlatTable<E> {
                     i
                 } else {
                     self.reserve(1);
-                    self.probe(key).0
+                    self.probe_by(key, |_| false).0
                 };
                 self.entries[i] = E::new(key, v);
                 self.len += 1;
@@ -365,6 +432,47 @@ mod tests {
         #[test]
         fn packed_entries_behave_like_a_map(ops in proptest::collection::vec(op(), 0..400)) {
             against_a_map::<Packed8>(&ops, |v| v, |v| v)?;
+        }
+
+        #[test]
+        fn tagged_entries_behave_like_a_map(ops in proptest::collection::vec(op(), 0..400)) {
+            against_a_map::<Tagged32>(&ops, u32::from, |v| v as u8)?;
+        }
+
+        /// Keys whose tags agree are told apart by the check of the value: the table holds
+        /// each, finds each and removes each alone, as a map of the whole keys would.
+        #[test]
+        fn tagged_keys_that_share_a_tag_are_told_apart_by_their_values(
+            ops in proptest::collection::vec((0u64..6, any::<bool>()), 0..200),
+        ) {
+            // Keys 0..6 all share one tag: k * TAG_MUL differs from the first by k, which
+            // stays in the low half. The value stored for key k is k, so the check is v == k.
+            let inverse = {
+                let mut x = TAG_MUL;
+                for _ in 0..5 {
+                    x = x.wrapping_mul(2u64.wrapping_sub(TAG_MUL.wrapping_mul(x)));
+                }
+                x
+            };
+            let base = 0x1234_5678_0000_0000u64;
+            let key = |k: u64| base.wrapping_add(k).wrapping_mul(inverse);
+            assert_eq!(Tagged32::stored(key(0)), Tagged32::stored(key(5)));
+            let mut table = FlatTable::<Tagged32>::default();
+            let mut model = std::collections::BTreeSet::new();
+            for (k, insert) in ops {
+                let mut seen = None;
+                table.modify_by(key(k), |v| u64::from(v) == k, |old| {
+                    seen = old;
+                    insert.then_some(k as u32)
+                });
+                prop_assert_eq!(seen.is_some(), model.contains(&k));
+                if insert { model.insert(k); } else { model.remove(&k); }
+                prop_assert_eq!(table.len(), model.len());
+                for j in 0..6u64 {
+                    let got = table.get_by(key(j), |v| u64::from(v) == j);
+                    prop_assert_eq!(got.is_some(), model.contains(&j));
+                }
+            }
         }
     }
 

@@ -12,7 +12,11 @@
 //! the memory system.
 //!
 //! Each worker also has a table from the engine's own block hash to the sequence hash, used
-//! only to resolve the parent of a stored chain and to apply removals.
+//! only to resolve the parent of a stored chain and to apply removals; it keeps the blocks in
+//! the order they were stored, so the oldest go first when a worker holds more than the
+//! per-worker limit. A (block, worker) entry costs a 16-byte log entry and an 8-byte name
+//! entry of that table, and its share of a node entry (about 56 bytes in all at 10M entries;
+//! see docs/benchmarks.md).
 //!
 //! A 64-bit sequence-hash collision between two different prefixes (about 3e-6 for 10M live
 //! blocks) would make one prefix look cached where it is not: a routing mistake, never a
@@ -24,7 +28,7 @@ mod event;
 mod table;
 
 pub use approx::{ApproxConfig, ApproxIndex, CapacityLearner};
-pub use engine_table::MAX_BLOCK_IDS;
+pub use engine_table::{MAX_BLOCK_IDS, MAX_ENTRIES as MAX_BLOCKS_PER_WORKER};
 pub use event::{EventStats, IndexError, KvEvent, RejectKind, StoredBlocks, StoredHashed};
 
 use crate::hashing::{
@@ -35,7 +39,7 @@ use foldhash::fast::RandomState;
 use hashbrown::hash_map::Entry;
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 
 type Map<K, V> = hashbrown::HashMap<K, V, RandomState>;
 
@@ -119,9 +123,6 @@ struct Slot {
     held: usize,
     /// Blocks reserved ahead for it ([`PrefixIndex::reserve`]).
     reserved: usize,
-    /// Engine hashes in the order they were stored (with names removed since, until the
-    /// next compaction): the oldest go first when the worker holds too many.
-    order: VecDeque<u64>,
     /// Blocks dropped from the index to keep the worker under the limit.
     evicted: u64,
 }
@@ -135,43 +136,25 @@ impl Slot {
             copies: Map::default(),
             held: 0,
             reserved: 0,
-            order: VecDeque::new(),
             evicted: 0,
         }
     }
 
-    /// Drops the oldest names until at most `limit` are held; the number dropped. The order
-    /// is compacted (names no longer held, and earlier stores of names stored again, taken
-    /// out) when it holds twice what the worker does, so it stays bounded by removals too.
+    /// Drops the oldest names until at most `limit` are held; the number dropped.
     fn evict_past(&mut self, nodes: &mut NodeTable, ix: usize, limit: usize) -> u64 {
         let mut evicted = 0;
         while self.blocks.len() > limit {
-            let Some(engine) = self.order.pop_front() else {
+            let Some((engine, seq)) = self.blocks.pop_oldest() else {
                 break;
             };
             self.copies.remove(&engine);
-            if let Some(seq) = self.blocks.remove(engine) {
-                release(nodes, self, ix, seq);
-                evicted += 1;
-            }
+            release(nodes, self, ix, seq);
+            evicted += 1;
         }
         self.evicted += evicted;
-        if self.order.len() > 2 * self.blocks.len() + ORDER_SLACK {
-            let mut seen = Map::default();
-            let mut kept: VecDeque<u64> = VecDeque::with_capacity(self.blocks.len());
-            for &engine in self.order.iter().rev() {
-                if self.blocks.contains(engine) && seen.insert(engine, ()).is_none() {
-                    kept.push_front(engine);
-                }
-            }
-            self.order = kept;
-        }
         evicted
     }
 }
-
-/// Names the eviction order may hold beyond twice a worker's blocks before it is compacted.
-const ORDER_SLACK: usize = 4096;
 
 /// Blocks a worker may hold in one index unless configured: past it the oldest are dropped
 /// from the index (the engine may still hold them: a predicted miss, never a wrong hit).
@@ -215,10 +198,11 @@ impl PrefixIndex {
         self.block_size
     }
 
-    /// Keeps at most `limit` blocks (at least 1) per worker from now on: past it the oldest
-    /// stored are dropped from the index and counted ([`PrefixIndex::evicted`]).
+    /// Keeps at most `limit` blocks (at least 1, at most [`MAX_BLOCKS_PER_WORKER`]) per
+    /// worker from now on: past it the oldest stored are dropped from the index and counted
+    /// ([`PrefixIndex::evicted`]).
     pub fn set_max_blocks_per_worker(&mut self, limit: usize) {
-        self.max_blocks_per_worker = limit.max(1);
+        self.max_blocks_per_worker = limit.clamp(1, MAX_BLOCKS_PER_WORKER);
         for ix in 0..self.slots.len() {
             self.enforce_limit(ix);
         }
@@ -419,7 +403,7 @@ impl PrefixIndex {
         let Some(slot) = &self.slots[slot_ix] else {
             return;
         };
-        let seqs: Vec<u64> = engine.filter_map(|h| slot.blocks.get(h)).collect();
+        let seqs = slot.blocks.get_many(engine);
         self.nodes.warm(seqs.into_iter(), slot_ix);
     }
 
@@ -539,8 +523,6 @@ impl PrefixIndex {
         let slot = self.slots[ix].as_mut().expect("mapped slots are live");
         let blocks = blocks.min(MAX_RESERVED_BLOCKS);
         slot.blocks.reserve(blocks);
-        slot.order
-            .reserve_exact(blocks.saturating_sub(slot.order.len()));
         slot.reserved = blocks;
         // Room for the reservations of the workers registered now, together (shared blocks
         // make it an upper bound).
@@ -574,7 +556,6 @@ impl PrefixIndex {
         slot.dups = Map::default();
         slot.copies = Map::default();
         slot.held = 0;
-        slot.order = VecDeque::new();
     }
 
     /// Forgets `worker` and all its blocks.
@@ -645,7 +626,6 @@ impl PrefixIndex {
             + self.free_slots.capacity() * std::mem::size_of::<usize>();
         for s in self.slots.iter().flatten() {
             total += s.blocks.bytes()
-                + s.order.capacity() * std::mem::size_of::<u64>()
                 + table_bytes::<u64, u32>(s.dups.capacity())
                 + table_bytes::<u64, u32>(s.copies.capacity());
         }
@@ -713,9 +693,6 @@ fn store(
     count_copies: bool,
 ) {
     let before = slot.blocks.insert(engine, seq);
-    if before != Some(seq) {
-        slot.order.push_back(engine);
-    }
     match before {
         Some(old) if old == seq => {
             if count_copies {

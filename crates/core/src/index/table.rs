@@ -1,8 +1,6 @@
 //! The index's tables: the node table (keys, words and bits, in a narrow or a wide layout),
-//! and helpers for its hash maps (reading entries ahead before a batch of writes, memory
-//! size).
+//! and the memory size of its hash maps.
 
-use super::Map;
 use crate::flat_table::{Entry, FlatTable, Packed8, Pair};
 
 /// The most workers an index keeps in a narrow node table (see [`NodeTable`]).
@@ -158,17 +156,6 @@ impl NodeTable {
     pub fn bytes(&self) -> usize {
         each!(self, t => t.bytes())
     }
-}
-
-/// Reads the map entries of `keys` before a batch of writes to them. The reads do not
-/// depend on one another, so their cache misses overlap; the writes that follow then hit the
-/// cache instead of waiting for one miss after another.
-pub(super) fn warm<V: Copy + Into<u64>>(map: &Map<u64, V>, keys: impl Iterator<Item = u64>) {
-    let mut acc = 0u64;
-    for k in keys {
-        acc ^= map.get(&k).map_or(0, |v| (*v).into());
-    }
-    std::hint::black_box(acc);
 }
 
 /// Allocated bytes of a hashbrown table of `capacity` (one control byte per bucket plus one
