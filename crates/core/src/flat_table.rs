@@ -286,6 +286,22 @@ impl<E: Entry> FlatTable<E> {
         }
     }
 
+    /// Removes the value at `key` that `eq` accepts (see [`Tagged32`]); the value removed.
+    #[inline]
+    pub fn remove_by(&mut self, key: u64, eq: impl FnMut(E::Value) -> bool) -> Option<E::Value> {
+        if self.entries.is_empty() {
+            return None;
+        }
+        match self.probe_by(E::stored(key), eq) {
+            (i, true) => {
+                let v = self.entries[i].value();
+                self.remove_at(i);
+                Some(v)
+            }
+            _ => None,
+        }
+    }
+
     /// Empties entry `hole` and moves later entries of its probe run back over it, so every
     /// key stays reachable from its home without passing an empty entry.
     fn remove_at(&mut self, mut hole: usize) {

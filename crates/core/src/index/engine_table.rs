@@ -178,16 +178,8 @@ impl EngineTable {
                 self.by_id[i]
             }
             None => {
-                let (log, mut found) = (&self.log, None);
-                self.index.modify_by(
-                    name,
-                    |p| log.name(p) == name,
-                    |p| {
-                        found = p;
-                        None
-                    },
-                );
-                found?
+                let log = &self.log;
+                self.index.remove_by(name, |p| log.name(p) == name)?
             }
         };
         let seq = self.log.take(p);
@@ -201,7 +193,9 @@ impl EngineTable {
         let (p, name, seq) = self.log.pop_live()?;
         match self.slot(name) {
             Some(i) => self.present[i / 64] &= !(1 << (i % 64)),
-            None => self.index.modify_by(name, |q| q == p, |_| None),
+            None => {
+                self.index.remove_by(name, |q| q == p);
+            }
         }
         self.live -= 1;
         self.tidy();

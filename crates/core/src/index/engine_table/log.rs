@@ -8,8 +8,6 @@
 //! rewritten. A position is the entry's number since the log began, modulo 2^32; the log
 //! never holds 2^32 entries (see `MAX_ENTRIES`), so a position names one entry.
 
-use std::collections::VecDeque;
-
 /// Entries per chunk (16 KiB of entries and 128 bytes of dead bits).
 const CHUNK: usize = 1024;
 
@@ -43,7 +41,10 @@ impl Block {
 /// used as the log grows.
 #[derive(Default)]
 pub(super) struct Log {
-    chunks: VecDeque<Chunk>,
+    /// The chunks, oldest first (a plain vector: the front one leaves once per [`CHUNK`]
+    /// entries, when moving the others' pointers costs less than a deque's index arithmetic
+    /// on every access).
+    chunks: Vec<Chunk>,
     /// Where the first entry sits in the first chunk.
     head: usize,
     /// Entries, live and dead.
@@ -110,7 +111,7 @@ impl Log {
         let (c, o) = (i / CHUNK, i % CHUNK);
         if c == self.chunks.len() {
             let chunk = self.spare.take().unwrap_or_else(Block::new);
-            self.chunks.push_back(chunk);
+            self.chunks.push(chunk);
         }
         let chunk = &mut self.chunks[c];
         chunk.cells[o] = Cell { name, seq };
@@ -127,7 +128,7 @@ impl Log {
         self.len -= n;
         self.start = self.start.wrapping_add(n as u32);
         if self.head == CHUNK {
-            self.spare = self.chunks.pop_front();
+            self.spare = Some(self.chunks.remove(0));
             self.head = 0;
         }
     }
@@ -177,7 +178,7 @@ impl Log {
         let need = (self.head + self.len + more).div_ceil(CHUNK);
         while self.chunks.len() < need {
             let chunk = self.spare.take().unwrap_or_else(Block::new);
-            self.chunks.push_back(chunk);
+            self.chunks.push(chunk);
         }
     }
 
