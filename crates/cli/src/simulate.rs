@@ -120,6 +120,11 @@ pub struct SimulateArgs {
     /// own).
     #[arg(long, default_value = "0")]
     pub(crate) replica_sync_ms: String,
+    /// With several replicas: how long a replica holds the later requests of a burst so
+    /// that they are routed with its peers' bookings seen (`router.peer_hold_secs`), ms;
+    /// default: `--replica-sync-ms` (0 with `none`); 0: off.
+    #[arg(long)]
+    pub(crate) peer_hold_ms: Option<f64>,
     /// Engines publish no KV events: the router tracks their caches approximately (what it
     /// routed to each, for `--approx-ttl-secs`).
     #[arg(long)]
@@ -461,6 +466,7 @@ pub(crate) fn simulator_only_options(a: &SimulateArgs) -> Vec<&'static str> {
         ("--host-load-ratio", a.host_load_ratio.is_some()),
         ("--kv-event-delay-ms", a.kv_event_delay_ms != 0.0),
         ("--replicas", a.replicas != 1),
+        ("--peer-hold-ms", a.peer_hold_ms.is_some()),
         ("--no-events", a.no_events),
         ("--approx-ttl-secs", a.approx_ttl_secs.is_some()),
     ]
@@ -578,6 +584,10 @@ pub(crate) fn sim_config(
     cfg.kv_event_delay = Duration::from_secs_f64(a.kv_event_delay_ms / 1e3);
     cfg.replicas = a.replicas;
     cfg.replica_sync = replica_sync(a)?;
+    cfg.router.peer_hold_secs = match a.peer_hold_ms {
+        Some(ms) => ms / 1e3,
+        None => cfg.replica_sync.map_or(0.0, |d| d.as_secs_f64()),
+    };
     if a.no_events {
         cfg.tracking = kvroute_core::Tracking::Approximate;
     }

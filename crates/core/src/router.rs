@@ -11,6 +11,7 @@
 mod answers;
 mod config;
 mod explain;
+mod hold;
 mod peers;
 mod sessions;
 
@@ -143,6 +144,10 @@ pub struct Router {
     sessions: sessions::Sessions,
     /// Other router replicas' bookings.
     peers: peers::Peers,
+    /// This router's id among its replicas ([`Router::set_replica`]).
+    replica: u64,
+    /// When the current burst of its dispatches started ([`Router::hold_until`]).
+    burst: Option<Time>,
     decisions: u64,
 }
 
@@ -180,6 +185,8 @@ impl Router {
                 std::time::Duration::from_secs_f64(config.session_ttl_secs),
             ),
             peers: peers::Peers::default(),
+            replica: 0,
+            burst: None,
             decisions: 0,
             config,
         })
@@ -545,6 +552,7 @@ impl Router {
         if let Some(session) = req.session {
             self.sessions.record(session, selection.worker, now);
         }
+        self.note_burst(now);
         self.decisions += 1;
         Ok(())
     }

@@ -52,7 +52,10 @@ impl Replicas {
                 if k > 0 {
                     c.seed = splitmix64(c.seed ^ k as u64);
                 }
-                Router::new(c)
+                let mut r = Router::new(c)?;
+                // Its id in the bookings it shares (`catch_up` names peers so).
+                r.set_replica(k as u64);
+                Ok::<_, RouteError>(r)
             })
             .collect::<Result<_, _>>()?;
         Ok(Self {
@@ -144,6 +147,13 @@ impl Replicas {
     pub fn route(&mut self, replica: usize, req: &RouteRequest<'_>, now: Time) -> RouteOutcome {
         self.catch_up(now);
         self.routers[replica].route(req)
+    }
+
+    /// When `replica`'s router routes a request reaching it at `now` (None: at once; see
+    /// `Router::hold_until`).
+    pub fn hold_until(&mut self, replica: usize, now: Time) -> Option<Time> {
+        self.catch_up(now);
+        self.routers[replica].hold_until(now)
     }
 
     /// Whether `replica`'s router would book `sel` for `id`.

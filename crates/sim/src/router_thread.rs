@@ -48,6 +48,9 @@ pub(crate) struct RouteCall {
     pub session: Option<u64>,
     pub queue: QueueState,
     pub now: Time,
+    /// The router may hold it (a burst's later request, `Router::hold_until`): false for a
+    /// request already held or queued.
+    pub may_hold: bool,
 }
 
 /// The answer to a [`RouteCall`]: the prompt back (cut into blocks, and its tail), the
@@ -57,6 +60,8 @@ pub(crate) struct Routed {
     pub tail: Vec<u32>,
     pub outcome: RouteOutcome,
     pub dispatch_refused: bool,
+    /// Not routed: to be held until then and routed again (`outcome` is meaningless).
+    pub held: Option<Time>,
 }
 
 enum Call {
@@ -269,6 +274,18 @@ fn route(
         RoutePrompt::Blocked(prompt, tail) => (prompt, tail),
         RoutePrompt::Trace(i) => next.take(i, prompts, scratch),
     };
+    if call.may_hold {
+        if let Some(until) = router.hold_until(call.replica, call.now) {
+            let routed = Routed {
+                prompt,
+                tail,
+                outcome: RouteOutcome::Queue,
+                dispatch_refused: false,
+                held: Some(until),
+            };
+            return replies.send(routed).is_ok();
+        }
+    }
     let req = RouteRequest {
         prompt: &prompt,
         session: call.session,
@@ -288,6 +305,7 @@ fn route(
         tail,
         outcome,
         dispatch_refused,
+        held: None,
     };
     if replies.send(routed).is_err() {
         return false;

@@ -22,6 +22,8 @@ enum Event {
     KvDelivery(usize, Tier, Vec<KvEvent>),
     /// A queued request's deadline.
     QueueTimeout,
+    /// A request the router held (a burst's later request) is routed now.
+    Release(Box<Waiting>),
 }
 
 struct Entry {
@@ -313,6 +315,7 @@ impl<'a> Sim<'a> {
                     self.router.events(WorkerId(w as u64), tier, events)
                 }
                 Event::QueueTimeout => self.expire(t),
+                Event::Release(q) => self.admit(t, *q, false),
             }
         }
     }
@@ -392,11 +395,16 @@ impl<'a> Sim<'a> {
             max_tokens: r.max_tokens,
             session: r.session,
         };
+        self.admit(t, q, true);
+    }
+
+    /// Routes `q` at `t` (the router may hold it when `may_hold`), or queues it.
+    fn admit(&mut self, t: Time, q: Waiting, may_hold: bool) {
         // Behind the requests already waiting, without overtaking them (as in the gateway).
         let waits = if self.queue.holds(&Eligible::Any) {
             Some(q)
         } else {
-            self.try_dispatch(t, q, self.queue.state())
+            self.try_dispatch(t, q, self.queue.state(), may_hold)
         };
         if let Some(q) = waits {
             let admission = &self.cfg.router.admission;
@@ -416,7 +424,13 @@ impl<'a> Sim<'a> {
 
     /// Routes and dispatches `q`, with `queue` waiting ahead of it; gives it back when it
     /// must wait in the queue.
-    fn try_dispatch(&mut self, t: Time, q: Waiting, queue: QueueState) -> Option<Waiting> {
+    fn try_dispatch(
+        &mut self,
+        t: Time,
+        q: Waiting,
+        queue: QueueState,
+        may_hold: bool,
+    ) -> Option<Waiting> {
         let Waiting {
             id,
             prompt,
@@ -432,9 +446,21 @@ impl<'a> Sim<'a> {
             session,
             queue,
             now: t,
+            may_hold,
         };
         let (prompts, scratch) = (self.prompts, &mut self.scratch);
         let routed = self.router.route(call, || prompts.hash_ahead(scratch));
+        if let Some(until) = routed.held {
+            let held = Waiting {
+                id,
+                prompt: RoutePrompt::Blocked(routed.prompt, routed.tail),
+                tokens,
+                max_tokens,
+                session,
+            };
+            self.push(until, Event::Release(Box::new(held)));
+            return None;
+        }
         let sel = match routed.outcome {
             RouteOutcome::Queue => {
                 return Some(Waiting {
@@ -489,7 +515,7 @@ impl<'a> Sim<'a> {
         while let Some(e) = pass.next() {
             let ahead = pass.state();
             let Queued { item, .. } = e;
-            if let Some(item) = self.try_dispatch(t, item, ahead) {
+            if let Some(item) = self.try_dispatch(t, item, ahead, false) {
                 pass.wait(Queued { item, ..e });
             }
         }

@@ -45,6 +45,13 @@ pub struct RouterConfig {
     pub max_blocks_per_worker: usize,
     /// Most requests in flight.
     pub max_inflight: usize,
+    /// With peer replicas sharing their bookings: how late their bookings arrive, in seconds
+    /// (the plane's sync delay, its p99), and how long a replica holds the later requests of
+    /// a burst (requests reaching it within that time of the burst's first), so that they
+    /// are routed with the bookings its peers made for the same burst seen; replicas take
+    /// turns by rank ([`Router::hold_until`](super::Router::hold_until)). 0: off (every
+    /// request routed at once, blind to its peers' choices of the last sync delay).
+    pub peer_hold_secs: f64,
 }
 
 impl Default for RouterConfig {
@@ -63,6 +70,7 @@ impl Default for RouterConfig {
             max_workers: crate::index::DEFAULT_MAX_WORKERS,
             max_blocks_per_worker: crate::index::DEFAULT_MAX_BLOCKS_PER_WORKER,
             max_inflight: crate::ledger::DEFAULT_MAX_INFLIGHT,
+            peer_hold_secs: 0.0,
         }
     }
 }
@@ -92,6 +100,12 @@ impl RouterConfig {
             return Err(bad(format!(
                 "session_ttl_secs must be > 0, got {}",
                 self.session_ttl_secs
+            )));
+        }
+        if !(self.peer_hold_secs.is_finite() && (0.0..=1.0).contains(&self.peer_hold_secs)) {
+            return Err(bad(format!(
+                "peer_hold_secs must be within 0..=1, got {}",
+                self.peer_hold_secs
             )));
         }
         if self.max_workers == 0 || self.max_inflight == 0 || self.max_blocks_per_worker == 0 {

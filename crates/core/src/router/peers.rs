@@ -52,6 +52,18 @@ pub(super) struct Peers {
     by_replica: Map<u64, Peer>,
 }
 
+impl Peers {
+    /// The peers' ids.
+    pub(super) fn ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.by_replica.keys().copied()
+    }
+
+    /// How many peers are known.
+    pub(super) fn len(&self) -> usize {
+        self.by_replica.len()
+    }
+}
+
 /// What the router counts of its peers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PeerStats {

@@ -1,0 +1,66 @@
+//! Bursts across replicas: holding a burst's later requests until the peers' bookings of
+//! the same burst have arrived.
+//!
+//! Replicas share their bookings, but a booking reaches the others only after the plane's
+//! sync delay. Requests that reach different replicas within that delay are routed blind to
+//! each other, and with the same view every replica picks the same best worker: a burst
+//! spread over the replicas herds onto the workers one router would have used first.
+//!
+//! A replica that routed a request at `s` (a burst's first) holds any request reaching it
+//! before `s + (1 + rank) * hold` (`hold`: [`RouterConfig::peer_hold_secs`], the sync delay;
+//! `rank`: its place by id among the replicas it has heard from) and routes them then, in
+//! their order. Replicas given shares of one burst thus route its first requests at once
+//! (blind to each other's, one per replica), then the rest in turn, rank 0 first, each
+//! turn with every earlier turn's bookings seen: as one router would, but for the first
+//! requests. A steady stream slower than one request per `hold` per replica is never held;
+//! a request is held at most `replicas * hold`. A router without peers (or with
+//! `peer_hold_secs` 0) holds nothing.
+//!
+//! [`RouterConfig::peer_hold_secs`]: super::RouterConfig::peer_hold_secs
+
+use super::Router;
+use crate::types::Time;
+use std::time::Duration;
+
+impl Router {
+    /// Names this router among its replicas: its id in the bookings it shares (peers know
+    /// it by that id). Sets its turn in a burst ([`Router::hold_until`]).
+    pub fn set_replica(&mut self, id: u64) {
+        self.replica = id;
+    }
+
+    /// This router's place among the replicas heard from, itself included, by id:
+    /// `(rank, replicas)`; `(0, 1)` alone.
+    pub fn replica_rank(&self) -> (usize, usize) {
+        let below = self.peers.ids().filter(|&id| id < self.replica).count();
+        (below, self.peers.len() + 1)
+    }
+
+    /// When a request reaching this router at `now` is to be routed: `None`, now; `Some(t)`,
+    /// hold it until `t` and route it then (see the module's text). Held requests are routed
+    /// in the order they came, before later ones.
+    pub fn hold_until(&self, now: Time) -> Option<Time> {
+        if self.config.peer_hold_secs <= 0.0 || self.peers.len() == 0 {
+            return None;
+        }
+        let release = self.burst_release(self.burst?);
+        (now < release).then_some(release)
+    }
+
+    /// When the requests held in the burst that started at `start` are routed.
+    fn burst_release(&self, start: Time) -> Time {
+        let (rank, _) = self.replica_rank();
+        start.plus(Duration::from_secs_f64(
+            self.config.peer_hold_secs * (1 + rank) as f64,
+        ))
+    }
+
+    /// A request was dispatched at `now`: past the current burst's release it starts a
+    /// new burst.
+    pub(super) fn note_burst(&mut self, now: Time) {
+        match self.burst {
+            Some(start) if now <= self.burst_release(start) => {}
+            _ => self.burst = Some(now),
+        }
+    }
+}
