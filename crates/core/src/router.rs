@@ -146,8 +146,8 @@ pub struct Router {
     peers: peers::Peers,
     /// This router's id among its replicas ([`Router::set_replica`]).
     replica: u64,
-    /// When the current burst of its dispatches started ([`Router::hold_until`]).
-    burst: Option<Time>,
+    /// The current burst of requests reaching it ([`Router::hold_until`]).
+    burst: Option<hold::Burst>,
     decisions: u64,
 }
 
@@ -552,7 +552,6 @@ impl Router {
         if let Some(session) = req.session {
             self.sessions.record(session, selection.worker, now);
         }
-        self.note_burst(now);
         self.decisions += 1;
         Ok(())
     }

@@ -36,31 +36,57 @@ impl Router {
         (below, self.peers.len() + 1)
     }
 
-    /// When a request reaching this router at `now` is to be routed: `None`, now; `Some(t)`,
-    /// hold it until `t` and route it then (see the module's text). Held requests are routed
-    /// in the order they came, before later ones.
-    pub fn hold_until(&self, now: Time) -> Option<Time> {
+    /// A request reached this router at `now`: when it is to be routed. `None`, now;
+    /// `Some(t)`, hold it until `t` and route it then (see the module's text). Called once
+    /// per request as it arrives; held requests are routed in the order they came.
+    pub fn hold_until(&mut self, now: Time) -> Option<Time> {
+        let turn = match self.burst {
+            Some(b) if now <= self.turn(&b) => {
+                self.burst = Some(Burst {
+                    requests: b.requests + 1,
+                    ..b
+                });
+                self.turn(&b)
+            }
+            prev => {
+                let b = Burst {
+                    start: now,
+                    requests: 1,
+                    lead_held: prev.is_some_and(|p| p.requests > 1),
+                };
+                self.burst = Some(b);
+                if !b.lead_held {
+                    // The first request goes at once, as it would alone.
+                    return None;
+                }
+                self.turn(&b)
+            }
+        };
         if self.config.peer_hold_secs <= 0.0 || self.peers.len() == 0 {
             return None;
         }
-        let release = self.burst_release(self.burst?);
-        (now < release).then_some(release)
+        (now < turn).then_some(turn)
     }
 
-    /// When the requests held in the burst that started at `start` are routed.
-    fn burst_release(&self, start: Time) -> Time {
+    /// When the requests held in burst `b` are routed: rank 0 first, one sync delay a
+    /// rank; after a first turn of each replica's first request alone unless the burst
+    /// before was a burst too (more than one request).
+    fn turn(&self, b: &Burst) -> Time {
         let (rank, _) = self.replica_rank();
-        start.plus(Duration::from_secs_f64(
-            self.config.peer_hold_secs * (1 + rank) as f64,
+        let turns = rank + usize::from(!b.lead_held);
+        b.start.plus(Duration::from_secs_f64(
+            self.config.peer_hold_secs * turns as f64,
         ))
     }
+}
 
-    /// A request was dispatched at `now`: past the current burst's release it starts a
-    /// new burst.
-    pub(super) fn note_burst(&mut self, now: Time) {
-        match self.burst {
-            Some(start) if now <= self.burst_release(start) => {}
-            _ => self.burst = Some(now),
-        }
-    }
+/// The burst of requests reaching a router.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Burst {
+    /// Its first request's arrival.
+    start: Time,
+    /// Requests in it so far.
+    requests: u64,
+    /// Its first request is held too (the burst before had several requests).
+    lead_held: bool,
 }
