@@ -90,3 +90,68 @@ pub(super) struct Burst {
     /// Its first request is held too (the burst before had several requests).
     lead_held: bool,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::router::RouterConfig;
+
+    fn at(ms: u64) -> Time {
+        Time::from_millis(ms)
+    }
+
+    fn router(hold_secs: f64, id: u64, peers: &[u64]) -> Router {
+        let mut r = Router::new(RouterConfig {
+            peer_hold_secs: hold_secs,
+            ..RouterConfig::default()
+        })
+        .unwrap();
+        r.set_replica(id);
+        for &p in peers {
+            r.peer_seen(p, at(0)).unwrap();
+        }
+        r
+    }
+
+    #[test]
+    fn a_bursts_later_requests_wait_for_the_peers_turns_by_rank() {
+        // Rank 1 of 3 (peers 3 and 9, itself 5), hold 10 ms.
+        let mut r = router(0.010, 5, &[3, 9]);
+        assert_eq!(r.replica_rank(), (1, 3));
+        // A burst at 1 s: its first goes at once, the rest after rank 0's turn.
+        assert_eq!(r.hold_until(at(1_000)), None);
+        assert_eq!(r.hold_until(at(1_000)), Some(at(1_020)));
+        assert_eq!(r.hold_until(at(1_015)), Some(at(1_020)));
+        // At its turn it routes at once, in the burst.
+        assert_eq!(r.hold_until(at(1_020)), None);
+        // The next burst follows a burst: its first waits for rank 0's turn too.
+        assert_eq!(r.hold_until(at(4_000)), Some(at(4_010)));
+        assert_eq!(r.hold_until(at(4_000)), Some(at(4_010)));
+        // A lone request, then (after a lone one) requests go at once again.
+        assert_eq!(r.hold_until(at(7_000)), Some(at(7_010)));
+        assert_eq!(r.hold_until(at(9_000)), None);
+        // Rank 0 holds a burst's later requests one sync delay, and never its first.
+        let mut first = router(0.010, 1, &[3, 9]);
+        assert_eq!(first.replica_rank(), (0, 3));
+        assert_eq!(first.hold_until(at(0)), None);
+        assert_eq!(first.hold_until(at(5)), Some(at(10)));
+        assert_eq!(first.hold_until(at(3_000)), None);
+        assert_eq!(first.hold_until(at(3_000)), None, "its turn is the burst's start");
+    }
+
+    #[test]
+    fn nothing_is_held_alone_or_when_off() {
+        let mut alone = router(0.010, 5, &[]);
+        let mut off = router(0.0, 5, &[3, 9]);
+        for r in [&mut alone, &mut off] {
+            for ms in [0, 0, 1, 1, 2, 3_000, 3_000] {
+                assert_eq!(r.hold_until(at(ms)), None);
+            }
+        }
+        let bad = RouterConfig {
+            peer_hold_secs: -1.0,
+            ..RouterConfig::default()
+        };
+        assert!(Router::new(bad).is_err());
+    }
+}

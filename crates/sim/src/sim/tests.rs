@@ -444,6 +444,53 @@ fn replicas_agree_as_one_router_when_bookings_sync_at_once_and_not_when_they_nev
 }
 
 #[test]
+fn replicas_holding_a_bursts_later_requests_route_it_about_as_one_router() {
+    // Issue 40 item 4: bursts of ten new prompts of unequal sizes at one instant, every
+    // 2 s, over three replicas whose bookings reach each other 1 ms later. Routed blind to
+    // each other, with the same view, the replicas herd onto the same workers; holding a
+    // burst's later requests (in turns by rank) for the sync delay routes them with the
+    // peers' bookings seen.
+    let mut lines = Vec::new();
+    let mut next_id = 0u64;
+    for burst in 0..30u64 {
+        for i in 0..10u64 {
+            let k = burst * 10 + i;
+            let tokens = 1_000 + 500 * ((k * 7) % 13);
+            let blocks = tokens.div_ceil(512);
+            let ids: Vec<u64> = (next_id..next_id + blocks).collect();
+            next_id += blocks;
+            lines.push(format!(
+                r#"{{"timestamp": {}, "input_length": {tokens}, "output_length": 300, "hash_ids": {ids:?}}}"#,
+                burst * 2_000
+            ));
+        }
+    }
+    let opts = TraceOptions {
+        block_tokens: 512,
+        ..TraceOptions::default()
+    };
+    let trace = mooncake::parse_str(&lines.join("\n"), &opts).unwrap();
+    let run = |replicas: usize, hold_ms: f64| {
+        let mut cfg = SimConfig::for_profile("mocker-poly", 4).unwrap();
+        cfg.router.policy.kind = PolicyKind::Goodput;
+        cfg.replicas = replicas;
+        cfg.replica_sync = Some(Duration::from_millis(1));
+        cfg.router.peer_hold_secs = hold_ms / 1e3;
+        let r = simulate(&cfg, Workload::Trace(trace.clone())).unwrap();
+        assert_eq!(r.summary.completed, 300);
+        r.summary.ttft_ms.mean.unwrap()
+    };
+    let one = run(1, 1.0);
+    let blind = run(3, 0.0);
+    let held = run(3, 1.0);
+    eprintln!("TTFT mean ms: one router {one:.1}, 3 replicas blind {blind:.1}, holding {held:.1}");
+    assert!(blind > 1.2 * one, "herding costs: {blind} against {one}");
+    assert!(held < 1.05 * one, "held: {held} against one router's {one}");
+    // One router has no peers: it holds nothing whatever the setting.
+    assert_eq!(run(1, 0.0), one);
+}
+
+#[test]
 fn approximate_tracking_learns_how_much_an_engine_without_events_keeps() {
     // Issue 40: engines that publish no events keep an LRU of a size the router does not
     // know. 24 shared prefixes over 4 engines of 24 blocks each (16-token blocks: a prefix
