@@ -174,6 +174,9 @@ pub async fn spawn(
         config.router.seed = kvroute_core::hashing::splitmix64(config.router.seed ^ replica);
     }
     let mut router = Router::new(config.router.clone())?;
+    // Its id among the replicas, the one its shared bookings carry: its turn in a burst
+    // (`router.peer_hold_secs`).
+    router.set_replica(replica);
     for (i, w) in config.workers.iter().enumerate() {
         let t = membership::tracking_of(preprocessor.is_approximate(), w, feeds.contains_key(&i));
         router.add_worker_with(

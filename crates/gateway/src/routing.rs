@@ -67,6 +67,12 @@ pub async fn admit(
     explain: bool,
     started: Time,
 ) -> Result<(Selection, LedgerGuard, Option<Explanation>), GatewayError> {
+    // A burst's later request (with peer replicas, `router.peer_hold_secs`) waits until the
+    // peers' bookings of the same burst have arrived, its replica's turn.
+    let arrived = gw.now();
+    if let Some(until) = gw.table.update(|r| r.hold_until(arrived)) {
+        tokio::time::sleep_until(gw.clock.instant(until)).await;
+    }
     let (first, wake) = gw.table.with_both(|q, r| {
         let request = RouteRequest {
             prompt: &prep.prompt,

@@ -216,3 +216,37 @@ async fn a_request_that_left_while_it_was_being_booked_is_released() {
         .unwrap();
     drop(again);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_bursts_later_request_waits_for_its_turn_after_the_peers_bookings() {
+    // Issue 40 item 4: with a peer sharing its bookings 10 ms late, a second request
+    // within 10 ms of the first is held until the peers' bookings of the burst are in: this
+    // replica (id 5) ranks after its peer (id 1), so its turn is two sync delays on.
+    let mut config = GatewayConfig {
+        workers: vec![WorkerSpec {
+            url: "http://127.0.0.1:9".into(),
+            name: Some("w".into()),
+            max_batch: Some(8),
+            ..WorkerSpec::default()
+        }],
+        ..GatewayConfig::default()
+    };
+    config.router.admission.mode = AdmissionMode::None;
+    config.router.peer_hold_secs = 0.010;
+    let mut router = Router::new(config.router.clone()).unwrap();
+    router
+        .add_worker_with(WorkerId(1), WorkerCapacity::default(), Tracking::Approximate)
+        .unwrap();
+    router.set_replica(5);
+    let gw = Gateway::for_tests(config, router);
+    gw.table.update(|r| r.peer_seen(1, gw.now())).unwrap();
+    let start = tokio::time::Instant::now();
+    let (_, _first, _) = admit(&gw, &prompt(0), &kvroute_core::ANY_WORKER, false, gw.now())
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO, "a burst's first goes at once");
+    let (_, _second, _) = admit(&gw, &prompt(1), &kvroute_core::ANY_WORKER, false, gw.now())
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(20));
+}
