@@ -6,15 +6,19 @@
 //! each other, and with the same view every replica picks the same best worker: a burst
 //! spread over the replicas herds onto the workers one router would have used first.
 //!
-//! A replica that routed a request at `s` (a burst's first) holds any request reaching it
-//! before `s + (1 + rank) * hold` (`hold`: [`RouterConfig::peer_hold_secs`], the sync delay;
-//! `rank`: its place by id among the replicas it has heard from) and routes them then, in
-//! their order. Replicas given shares of one burst thus route its first requests at once
-//! (blind to each other's, one per replica), then the rest in turn, rank 0 first, each
-//! turn with every earlier turn's bookings seen: as one router would, but for the first
-//! requests. A steady stream slower than one request per `hold` per replica is never held;
-//! a request is held at most `replicas * hold`. A router without peers (or with
-//! `peer_hold_secs` 0) holds nothing.
+//! A replica whose request comes within a round of turns (`replicas * hold`, `hold`:
+//! [`RouterConfig::peer_hold_secs`], the sync delay) of the last of its burst holds it
+//! until its next turn: rank `r` (its place by id among the replicas it has heard from)
+//! has its turns at `s + (r + 1) * hold`, then one round later each (`s`: the burst's
+//! first request, which goes at once). Replicas given shares of one burst thus route its
+//! first requests at once (blind to each other's, one per replica), then the rest in turns,
+//! rank 0 first, each turn with the earlier turns' bookings seen: as one router would, but
+//! for the first requests. When the burst before had several requests too (bursts recur),
+//! the first request is held as well, turns starting at `s + r * hold`: no replica decides
+//! blind then. A lone request after a lone one is never held; a steady stream slower than
+//! one request per round per replica rarely is; a request waits at most a round. A router
+//! without peers (or with `peer_hold_secs` 0) holds nothing. The hold must be at least the
+//! real sync delay: shorter, the turns overlap again.
 //!
 //! [`RouterConfig::peer_hold_secs`]: super::RouterConfig::peer_hold_secs
 
@@ -40,43 +44,61 @@ impl Router {
     /// `Some(t)`, hold it until `t` and route it then (see the module's text). Called once
     /// per request as it arrives; held requests are routed in the order they came.
     pub fn hold_until(&mut self, now: Time) -> Option<Time> {
-        let turn = match self.burst {
-            Some(b) if now <= self.turn(&b) => {
+        let release = match self.burst {
+            Some(b) if now <= b.last.plus(self.round()) => {
+                let t = self.next_turn(&b, now);
                 self.burst = Some(Burst {
                     requests: b.requests + 1,
+                    last: t,
                     ..b
                 });
-                self.turn(&b)
+                t
             }
             prev => {
-                let b = Burst {
+                let mut b = Burst {
                     start: now,
                     requests: 1,
                     lead_held: prev.is_some_and(|p| p.requests > 1),
+                    last: now,
                 };
-                self.burst = Some(b);
-                if !b.lead_held {
-                    // The first request goes at once, as it would alone.
-                    return None;
+                if b.lead_held {
+                    b.last = self.next_turn(&b, now);
                 }
-                self.turn(&b)
+                self.burst = Some(b);
+                b.last
             }
         };
         if self.config.peer_hold_secs <= 0.0 || self.peers.len() == 0 {
             return None;
         }
-        (now < turn).then_some(turn)
+        (now < release).then_some(release)
     }
 
-    /// When the requests held in burst `b` are routed: rank 0 first, one sync delay a
-    /// rank; after a first turn of each replica's first request alone unless the burst
-    /// before was a burst too (more than one request).
-    fn turn(&self, b: &Burst) -> Time {
+    /// One round of turns: every replica's.
+    fn round(&self) -> Duration {
+        let (_, replicas) = self.replica_rank();
+        Duration::from_secs_f64(self.config.peer_hold_secs * replicas as f64)
+    }
+
+    /// This router's first turn in burst `b` at or after `now`: rank 0 first, one sync delay
+    /// a rank, a round of every replica's turn after another; the first turn comes after
+    /// a turn of each replica's first request alone unless the burst before was a burst
+    /// too (more than one request).
+    fn next_turn(&self, b: &Burst, now: Time) -> Time {
         let (rank, _) = self.replica_rank();
         let turns = rank + usize::from(!b.lead_held);
-        b.start.plus(Duration::from_secs_f64(
+        let first = b.start.plus(Duration::from_secs_f64(
             self.config.peer_hold_secs * turns as f64,
-        ))
+        ));
+        if now <= first {
+            return first;
+        }
+        let round = self.round().as_secs_f64();
+        if round <= 0.0 {
+            return now;
+        }
+        let k = (now.since(first).as_secs_f64() / round).ceil();
+        first.plus(Duration::from_secs_f64(k * round))
     }
 }
 
@@ -89,6 +111,8 @@ pub(super) struct Burst {
     requests: u64,
     /// Its first request is held too (the burst before had several requests).
     lead_held: bool,
+    /// When its last request is routed.
+    last: Time,
 }
 
 #[cfg(test)]
@@ -124,6 +148,9 @@ mod tests {
         assert_eq!(r.hold_until(at(1_015)), Some(at(1_020)));
         // At its turn it routes at once, in the burst.
         assert_eq!(r.hold_until(at(1_020)), None);
+        // Past it, still in the burst (within a round of its last): its turn of the next
+        // round, every replica's turn later.
+        assert_eq!(r.hold_until(at(1_025)), Some(at(1_050)));
         // The next burst follows a burst: its first waits for rank 0's turn too.
         assert_eq!(r.hold_until(at(4_000)), Some(at(4_010)));
         assert_eq!(r.hold_until(at(4_000)), Some(at(4_010)));
