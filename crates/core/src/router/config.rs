@@ -49,10 +49,16 @@ pub struct RouterConfig {
     /// (the plane's sync delay, its p99), and how long a replica holds the later requests of
     /// a burst (requests reaching it within that time of the burst's first), so that they
     /// are routed with the bookings its peers made for the same burst seen; replicas take
-    /// turns by rank ([`Router::hold_until`](super::Router::hold_until)). 0: off (every
-    /// request routed at once, blind to its peers' choices of the last sync delay).
+    /// turns by rank ([`Router::hold_until`](super::Router::hold_until)). A router that has
+    /// heard from no peer holds nothing. 0: off (every request routed at once, blind to its
+    /// peers' choices of the last sync delay). Default [`DEFAULT_PEER_HOLD_SECS`]: above the
+    /// plane's measured p99 (docs/scale-out.md).
     pub peer_hold_secs: f64,
 }
+
+/// The default of [`RouterConfig::peer_hold_secs`]: 10 ms, above the booking sync delay
+/// the gateways measured over NATS here (p99 <= 6.4 ms).
+pub const DEFAULT_PEER_HOLD_SECS: f64 = 0.010;
 
 impl Default for RouterConfig {
     fn default() -> Self {
@@ -70,7 +76,7 @@ impl Default for RouterConfig {
             max_workers: crate::index::DEFAULT_MAX_WORKERS,
             max_blocks_per_worker: crate::index::DEFAULT_MAX_BLOCKS_PER_WORKER,
             max_inflight: crate::ledger::DEFAULT_MAX_INFLIGHT,
-            peer_hold_secs: 0.0,
+            peer_hold_secs: DEFAULT_PEER_HOLD_SECS,
         }
     }
 }

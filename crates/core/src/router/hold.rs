@@ -163,7 +163,11 @@ mod tests {
         assert_eq!(first.hold_until(at(0)), None);
         assert_eq!(first.hold_until(at(5)), Some(at(10)));
         assert_eq!(first.hold_until(at(3_000)), None);
-        assert_eq!(first.hold_until(at(3_000)), None, "its turn is the burst's start");
+        assert_eq!(
+            first.hold_until(at(3_000)),
+            None,
+            "its turn is the burst's start"
+        );
     }
 
     #[test]

@@ -417,6 +417,8 @@ fn replicas_agree_as_one_router_when_bookings_sync_at_once_and_not_when_they_nev
         let mut cfg = tiny(3, PolicyKind::Goodput);
         cfg.replicas = replicas;
         cfg.replica_sync = sync;
+        // Bookings seen at once or never: nothing to wait for (as `kvroute simulate` sets it).
+        cfg.router.peer_hold_secs = 0.0;
         let w = Workload::MultiTurn {
             gen: small_chat(3),
             concurrency: 8,

@@ -235,7 +235,11 @@ async fn a_bursts_later_request_waits_for_its_turn_after_the_peers_bookings() {
     config.router.peer_hold_secs = 0.010;
     let mut router = Router::new(config.router.clone()).unwrap();
     router
-        .add_worker_with(WorkerId(1), WorkerCapacity::default(), Tracking::Approximate)
+        .add_worker_with(
+            WorkerId(1),
+            WorkerCapacity::default(),
+            Tracking::Approximate,
+        )
         .unwrap();
     router.set_replica(5);
     let gw = Gateway::for_tests(config, router);
@@ -244,7 +248,11 @@ async fn a_bursts_later_request_waits_for_its_turn_after_the_peers_bookings() {
     let (_, _first, _) = admit(&gw, &prompt(0), &kvroute_core::ANY_WORKER, false, gw.now())
         .await
         .unwrap();
-    assert_eq!(start.elapsed(), Duration::ZERO, "a burst's first goes at once");
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "a burst's first goes at once"
+    );
     let (_, _second, _) = admit(&gw, &prompt(1), &kvroute_core::ANY_WORKER, false, gw.now())
         .await
         .unwrap();
