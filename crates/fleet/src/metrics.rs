@@ -92,6 +92,9 @@ pub struct Metrics {
     /// Seconds from a peer sending a load message to this gateway reading it (by the two
     /// machines' clocks).
     pub peer_load_delay: Histogram,
+    /// Seconds a burst's later request waited for its replica's turn
+    /// (`router.peer_hold_secs`); its count is the requests held.
+    pub peer_hold: Histogram,
 }
 
 fn token_buckets() -> Vec<f64> {
@@ -329,6 +332,11 @@ impl Metrics {
             peer_load_delay: histogram(
                 "kvroute_peer_load_delay_seconds",
                 "Seconds from a peer gateway sending its bookings to this one reading them.",
+                exponential_buckets(25e-6, 2.0, 16)?,
+            )?,
+            peer_hold: histogram(
+                "kvroute_peer_hold_seconds",
+                "Seconds a request of a burst waited for this replica's turn, so that it is routed with the peers' bookings of the burst seen (router.peer_hold_secs).",
                 exponential_buckets(25e-6, 2.0, 16)?,
             )?,
             migrations: counter_vec(

@@ -71,6 +71,9 @@ pub async fn admit(
     // peers' bookings of the same burst have arrived, its replica's turn.
     let arrived = gw.now();
     if let Some(until) = gw.table.update(|r| r.hold_until(arrived)) {
+        gw.metrics
+            .peer_hold
+            .observe(until.since(arrived).as_secs_f64());
         tokio::time::sleep_until(gw.clock.instant(until)).await;
     }
     let (first, wake) = gw.table.with_both(|q, r| {

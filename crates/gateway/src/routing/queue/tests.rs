@@ -253,8 +253,12 @@ async fn a_bursts_later_request_waits_for_its_turn_after_the_peers_bookings() {
         Duration::ZERO,
         "a burst's first goes at once"
     );
+    assert_eq!(gw.metrics.peer_hold.get_sample_count(), 0);
     let (_, _second, _) = admit(&gw, &prompt(1), &kvroute_core::ANY_WORKER, false, gw.now())
         .await
         .unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(20));
+    // Counted, with the time it waited.
+    assert_eq!(gw.metrics.peer_hold.get_sample_count(), 1);
+    assert!((gw.metrics.peer_hold.get_sample_sum() - 0.020).abs() < 1e-9);
 }
