@@ -36,6 +36,12 @@ pub struct Candidate {
     pub loadable: Loadable,
     /// All blocks the index holds for the worker (tie-break: less cached data wins).
     pub cached_blocks: usize,
+    /// The most blocks its cache holds, when known: the engine's KV blocks, or for a worker
+    /// without KV events the size learned from its answers. Ties then go to the least full
+    /// cache rather than the one holding fewest blocks, so a smaller cache is not picked for
+    /// every new prefix (it would evict its own at each).
+    #[serde(default)]
+    pub cache_blocks: Option<usize>,
     /// Booked load.
     pub load: WorkerLoad,
     /// Known capacity.
@@ -242,8 +248,8 @@ fn lowest_cost(input: &PolicyInput<'_>, mut costs: Vec<f64>) -> Choice {
     }
 }
 
-/// The lowest cost; ties (within a relative 1e-9) go to the candidate with the least cached
-/// data, then to a seeded random pick.
+/// The lowest cost; ties (within a relative 1e-9) go to the candidate with the least full
+/// cache (see [`Candidate::cache_blocks`]), then to a seeded random pick.
 fn argmin_tiebreak(input: &PolicyInput<'_>, costs: &[f64]) -> usize {
     let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
     let tol = 1e-9 * min.abs().max(1.0);
@@ -253,15 +259,20 @@ fn argmin_tiebreak(input: &PolicyInput<'_>, costs: &[f64]) -> usize {
     if tied.len() <= 1 {
         return tied.first().copied().unwrap_or(0);
     }
-    let least = tied
+    // How full each tied cache is: its share of its size when every tied worker's size is
+    // known, else its blocks.
+    let sized = tied
         .iter()
-        .map(|&i| input.candidates[i].cached_blocks)
-        .min()
-        .unwrap_or(0);
-    let tied: Vec<usize> = tied
-        .into_iter()
-        .filter(|&i| input.candidates[i].cached_blocks == least)
-        .collect();
+        .all(|&i| input.candidates[i].cache_blocks.is_some_and(|b| b > 0));
+    let fill = |i: usize| {
+        let c = &input.candidates[i];
+        match c.cache_blocks {
+            Some(size) if sized => c.cached_blocks as f64 / size as f64,
+            _ => c.cached_blocks as f64,
+        }
+    };
+    let least = tied.iter().map(|&i| fill(i)).fold(f64::INFINITY, f64::min);
+    let tied: Vec<usize> = tied.into_iter().filter(|&i| fill(i) == least).collect();
     if tied.len() == 1 {
         return tied[0];
     }

@@ -660,6 +660,9 @@ impl Router {
                     matched_blocks,
                     loadable,
                     cached_blocks: self.cached_blocks(v.worker),
+                    cache_blocks: self
+                        .approx_capacity(v.worker)
+                        .or_else(|| v.capacity.kv_blocks.and_then(|b| usize::try_from(b).ok())),
                     load: v.load,
                     capacity: v.capacity,
                     prefill: v.prefill,

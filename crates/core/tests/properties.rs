@@ -370,6 +370,7 @@ proptest! {
             matched_blocks: *m,
             loadable: Default::default(),
             cached_blocks: *c,
+            cache_blocks: None,
             load: WorkerLoad { inflight: 1, prefill_tokens: *p, active_blocks: *a, ..WorkerLoad::default() },
             capacity: WorkerCapacity::default(),
             prefill: None,

@@ -8,6 +8,7 @@ fn cand(id: u64, matched: usize, active_blocks: u64) -> Candidate {
         matched_blocks: matched,
         loadable: Loadable::default(),
         cached_blocks: 0,
+        cache_blocks: None,
         load: WorkerLoad {
             active_blocks,
             ..WorkerLoad::default()
@@ -82,6 +83,37 @@ fn kv_ties_go_to_least_cached_data_then_seeded_random() {
     assert_eq!(picks, again, "deterministic for a seed");
     for i in 0..3 {
         assert!(picks.contains(&i), "random tie-break reaches every worker");
+    }
+}
+
+/// Caches of known sizes tie by how full they are: a smaller cache holding fewer blocks is
+/// not the least cached when it is as full (it would take every new prefix and evict its
+/// own), and a fuller large cache loses to an emptier small one.
+#[test]
+fn kv_ties_between_caches_of_known_sizes_go_by_how_full_they_are() {
+    let sized = |id, cached, size| {
+        let mut c = cand(id, 0, 0);
+        c.cached_blocks = cached;
+        c.cache_blocks = Some(size);
+        c
+    };
+    // Both full: a random pick among them, not always the smaller.
+    let cs = [sized(1, 23, 23), sized(2, 19, 19)];
+    let picks: Vec<usize> = (0..60)
+        .map(|d| KvCost::default().select(&input(&cs, 64, d)).chosen)
+        .collect();
+    assert!(picks.contains(&0) && picks.contains(&1), "{picks:?}");
+    // Half full beats three-quarters full, whatever the counts.
+    let cs = [sized(1, 300, 400), sized(2, 100, 200)];
+    for d in 0..20 {
+        assert_eq!(KvCost::default().select(&input(&cs, 64, d)).chosen, 1);
+    }
+    // A size unknown for one of them: counts, as before.
+    let mut unknown = sized(2, 100, 200);
+    unknown.cache_blocks = None;
+    let cs = [sized(1, 150, 400), unknown];
+    for d in 0..20 {
+        assert_eq!(KvCost::default().select(&input(&cs, 64, d)).chosen, 1);
     }
 }
 

@@ -534,14 +534,37 @@ fn approximate_tracking_learns_how_much_an_engine_without_events_keeps() {
         // Its guesses follow the engines': hardly a prediction above what they found
         // (without the learning: about 470 of the 600).
         assert!(over(&approx) <= 12, "{policy:?}: {}", over(&approx));
-        if policy != PolicyKind::Kv {
-            // The default policy (and `predictive`) hit as often as with events.
-            assert!(
-                hit(&approx) >= 0.98 * hit(&exact),
-                "{policy:?}: {} vs {}",
-                hit(&approx),
-                hit(&exact)
-            );
-        }
+    }
+    // The hit rate with approximate tracking is within 2% of the exact one's, over eight
+    // prompt orders (one order alone moves either by several percent: which prefixes an
+    // engine evicts decides later hits). With ties between full caches going to the one
+    // holding fewest blocks, `kv` put almost every new prefix on the engine whose learned
+    // size was smallest (429 of 458 in one run) and trailed by 8.6%; by how full they
+    // are, they spread (+1.3% and -1.5% here).
+    for policy in [PolicyKind::Goodput, PolicyKind::Kv] {
+        let mean = |tracking: Tracking| {
+            let seeds = 1..=8u64;
+            let n = seeds.clone().count() as f64;
+            seeds
+                .map(|seed| {
+                    let mut cfg = tiny(4, policy);
+                    cfg.engine.num_gpu_blocks = 24;
+                    cfg.tracking = tracking;
+                    let gen = Synthetic::new(prefixes_24(), seed).unwrap();
+                    let w = Workload::Synthetic {
+                        gen,
+                        concurrency: 1,
+                        requests: 600,
+                    };
+                    hit(&simulate(&cfg, w).unwrap())
+                })
+                .sum::<f64>()
+                / n
+        };
+        let (exact, approx) = (mean(Tracking::Events), mean(Tracking::Approximate));
+        eprintln!(
+            "{policy:?}: mean hit rate of 8 orders: events {exact:.4}, approximate {approx:.4}"
+        );
+        assert!(approx >= 0.98 * exact, "{policy:?}: {approx} vs {exact}");
     }
 }
