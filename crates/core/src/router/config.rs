@@ -51,14 +51,17 @@ pub struct RouterConfig {
     /// are routed with the bookings its peers made for the same burst seen; replicas take
     /// turns by rank ([`Router::hold_until`](super::Router::hold_until)). A router that has
     /// heard from no peer holds nothing. 0: off (every request routed at once, blind to its
-    /// peers' choices of the last sync delay). Default [`DEFAULT_PEER_HOLD_SECS`]: above the
-    /// plane's measured p99 (docs/scale-out.md).
+    /// peers' choices of the last sync delay). Default [`DEFAULT_PEER_HOLD_SECS`] (off): it
+    /// buys placement in bursts with first-token time of every held request (docs/scale-out.md
+    /// has both); set it to the plane's p99 (about 0.01) for bursty traffic of new prompts.
     pub peer_hold_secs: f64,
 }
 
-/// The default of [`RouterConfig::peer_hold_secs`]: 10 ms, above the booking sync delay
-/// the gateways measured over NATS here (p99 <= 6.4 ms).
-pub const DEFAULT_PEER_HOLD_SECS: f64 = 0.010;
+/// The default of [`RouterConfig::peer_hold_secs`]: off. On at 10 ms (above the sync delay
+/// measured over NATS here, p99 <= 6.4 ms), three demo gateways under steady multi-turn
+/// load held most requests and their TTFT p50 rose from about 8 ms to 16-44 ms, for no
+/// measurable hit-rate gain: their turns mostly hit cached prefixes, which no hold improves.
+pub const DEFAULT_PEER_HOLD_SECS: f64 = 0.0;
 
 impl Default for RouterConfig {
     fn default() -> Self {
