@@ -14,27 +14,26 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-/// A gateway with one worker that takes one request at a time (`max_batch` 1), requests
-/// waiting at most `wait_secs`, and the queue's task running.
-fn gateway(wait_secs: f64) -> Arc<Gateway> {
+/// A gateway with one worker that takes `max_batch` requests at a time, configured by
+/// `tweak`, and the queue's task running.
+fn gateway_with(max_batch: u32, tweak: impl FnOnce(&mut GatewayConfig)) -> Arc<Gateway> {
     let mut config = GatewayConfig {
         workers: vec![WorkerSpec {
             url: "http://127.0.0.1:9".into(),
             name: Some("w".into()),
-            max_batch: Some(1),
+            max_batch: Some(max_batch),
             ..WorkerSpec::default()
         }],
         ..GatewayConfig::default()
     };
-    config.router.admission.mode = AdmissionMode::Queue;
-    config.router.admission.max_queue_wait_secs = wait_secs;
+    tweak(&mut config);
     let mut router = Router::new(config.router.clone()).unwrap();
     router
         .add_worker_with(
             WorkerId(1),
             WorkerCapacity {
                 kv_blocks: None,
-                max_batch: Some(1),
+                max_batch: Some(max_batch),
             },
             Tracking::Approximate,
         )
@@ -42,6 +41,15 @@ fn gateway(wait_secs: f64) -> Arc<Gateway> {
     let gw = Gateway::for_tests(config, router);
     tokio::spawn(drive(gw.clone()));
     gw
+}
+
+/// A gateway with one worker that takes one request at a time (`max_batch` 1), requests
+/// waiting at most `wait_secs`, and the queue's task running.
+fn gateway(wait_secs: f64) -> Arc<Gateway> {
+    gateway_with(1, |config| {
+        config.router.admission.mode = AdmissionMode::Queue;
+        config.router.admission.max_queue_wait_secs = wait_secs;
+    })
 }
 
 fn prompt(n: u32) -> Prepared {
@@ -222,27 +230,11 @@ async fn a_bursts_later_request_waits_for_its_turn_after_the_peers_bookings() {
     // Issue 40 item 4: with a peer sharing its bookings 10 ms late, a second request
     // within 10 ms of the first is held until the peers' bookings of the burst are in: this
     // replica (id 5) ranks after its peer (id 1), so its turn is two sync delays on.
-    let mut config = GatewayConfig {
-        workers: vec![WorkerSpec {
-            url: "http://127.0.0.1:9".into(),
-            name: Some("w".into()),
-            max_batch: Some(8),
-            ..WorkerSpec::default()
-        }],
-        ..GatewayConfig::default()
-    };
-    config.router.admission.mode = AdmissionMode::None;
-    config.router.peer_hold_secs = 0.010;
-    let mut router = Router::new(config.router.clone()).unwrap();
-    router
-        .add_worker_with(
-            WorkerId(1),
-            WorkerCapacity::default(),
-            Tracking::Approximate,
-        )
-        .unwrap();
-    router.set_replica(5);
-    let gw = Gateway::for_tests(config, router);
+    let gw = gateway_with(8, |config| {
+        config.router.admission.mode = AdmissionMode::None;
+        config.router.peer_hold_secs = 0.010;
+    });
+    gw.table.update(|r| r.set_replica(5));
     gw.table.update(|r| r.peer_seen(1, gw.now())).unwrap();
     let start = tokio::time::Instant::now();
     let (_, _first, _) = admit(&gw, &prompt(0), &kvroute_core::ANY_WORKER, false, gw.now())
