@@ -69,8 +69,13 @@ pub async fn admit(
 ) -> Result<(Selection, LedgerGuard, Option<Explanation>), GatewayError> {
     // A burst's later request (with peer replicas, `router.peer_hold_secs`) waits until the
     // peers' bookings of the same burst have arrived, its replica's turn.
+    // (Off by default: then the routing table's lock is not taken for it.)
     let arrived = gw.now();
-    if let Some(until) = gw.table.update(|r| r.hold_until(arrived)) {
+    let hold = gw.config().router.peer_hold_secs > 0.0;
+    if let Some(until) = hold
+        .then(|| gw.table.update(|r| r.hold_until(arrived)))
+        .flatten()
+    {
         gw.metrics
             .peer_hold
             .observe(until.since(arrived).as_secs_f64());

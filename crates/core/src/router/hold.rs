@@ -44,6 +44,11 @@ impl Router {
     /// `Some(t)`, hold it until `t` and route it then (see the module's text). Called once
     /// per request as it arrives; held requests are routed in the order they came.
     pub fn hold_until(&mut self, now: Time) -> Option<Time> {
+        // Off, or alone: nothing to wait for, and no burst to follow.
+        if self.config.peer_hold_secs <= 0.0 || self.peers.len() == 0 {
+            self.burst = None;
+            return None;
+        }
         let release = match self.burst {
             Some(b) if now <= b.last.plus(self.round()) => {
                 let t = self.next_turn(&b, now);
@@ -68,9 +73,6 @@ impl Router {
                 b.last
             }
         };
-        if self.config.peer_hold_secs <= 0.0 || self.peers.len() == 0 {
-            return None;
-        }
         (now < release).then_some(release)
     }
 
