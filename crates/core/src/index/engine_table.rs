@@ -142,23 +142,34 @@ impl EngineTable {
                     None
                 }
             }
-            None => match self.position(name) {
-                Some(p) => {
-                    let old = self.log.seq(p);
-                    if old != seq {
+            None => {
+                // One probe: the entry's new position is the log's next one, known ahead.
+                let (log, next) = (&self.log, self.log.next_position());
+                let mut found = None;
+                self.index.modify_by(
+                    name,
+                    |p| log.name(p) == name,
+                    |p| {
+                        found = p.map(|p| (p, log.seq(p)));
+                        match found {
+                            Some((p, old)) if old == seq => Some(p),
+                            _ => Some(next),
+                        }
+                    },
+                );
+                match found {
+                    Some((_, old)) if old == seq => {}
+                    Some((p, _)) => {
                         self.log.kill(p);
-                        let q = self.log.push(name, seq);
-                        self.index.modify_by(name, |v| v == p, |_| Some(q));
+                        self.log.push(name, seq);
                     }
-                    Some(old)
+                    None => {
+                        self.log.push(name, seq);
+                        self.live += 1;
+                    }
                 }
-                None => {
-                    let q = self.log.push(name, seq);
-                    self.index.modify_by(name, |_| false, |_| Some(q));
-                    self.live += 1;
-                    None
-                }
-            },
+                found.map(|(_, old)| old)
+            }
         };
         if old.is_some() {
             self.tidy();

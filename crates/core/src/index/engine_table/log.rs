@@ -104,6 +104,12 @@ impl Log {
         chunk.cells[o].seq
     }
 
+    /// The position the next entry appended will have.
+    #[inline]
+    pub fn next_position(&self) -> u32 {
+        self.start.wrapping_add(self.len as u32)
+    }
+
     /// Appends an entry; its position.
     #[inline]
     pub fn push(&mut self, name: u64, seq: u64) -> u32 {
@@ -116,7 +122,7 @@ impl Log {
         let chunk = &mut self.chunks[c];
         chunk.cells[o] = Cell { name, seq };
         chunk.dead[o / 64] &= !(1 << (o % 64));
-        let pos = self.start.wrapping_add(self.len as u32);
+        let pos = self.next_position();
         self.len += 1;
         pos
     }
