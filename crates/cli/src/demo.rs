@@ -237,9 +237,12 @@ impl LocalNats {
             .local_addr()?
             .port();
         let store = tempfile::tempdir()?;
+        let config = store.path().join("server.conf");
+        let text = kvroute_plane::local_server_config(port, &store.path().join("store"));
+        std::fs::write(&config, text).with_context(|| format!("writing {}", config.display()))?;
         let child = std::process::Command::new(binary)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(store.path())
+            .arg("-c")
+            .arg(&config)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()

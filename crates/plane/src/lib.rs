@@ -18,12 +18,14 @@ mod connection;
 mod feed;
 mod items;
 mod load;
+mod local_server;
 mod relay;
 mod snapshot;
 
 pub use connection::Connection;
 pub use feed::{connect, nats_feed, NatsFeeds};
 pub use load::{start as share_load, LoadShare};
+pub use local_server::{local_server_config, LOCAL_MAX_FILE_STORE, LOCAL_MAX_MEMORY_STORE};
 pub use relay::{run_relay, RelayOptions};
 pub use snapshot::start as write_snapshots;
 

@@ -65,6 +65,20 @@ pub(super) async fn ensure_stream(js: &jetstream::Context, plane: &PlaneConfig) 
     let _ = (|| js.get_or_create_stream(crate::stream_config(plane)))
         .retry(backoff::reconnect())
         .notify(|e, _| {
+            if let jetstream::context::CreateStreamErrorKind::JetStream(j) = e.kind() {
+                if j.error_code() == jetstream::ErrorCode::STORAGE_RESOURCES_EXCEEDED {
+                    tracing::warn!(
+                        stream = %plane.stream,
+                        max_bytes = plane.max_bytes,
+                        error = %e,
+                        "event plane: the NATS server offers JetStream less file storage than \
+                         event_plane.max_bytes; lower max_bytes or raise the server's \
+                         jetstream max_file_store (its default is a share of the disk's free \
+                         space); trying again"
+                    );
+                    return;
+                }
+            }
             tracing::warn!(stream = %plane.stream, error = %e, "event plane: stream not ready; trying again");
         })
         .await;

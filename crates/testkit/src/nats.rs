@@ -1,6 +1,8 @@
 //! A real `nats-server` with JetStream on 127.0.0.1, started by a test: an ephemeral port,
-//! its store in a temporary directory, stopped (`kill -9`) and started again on the same
-//! port and store, ended by its PID when dropped.
+//! its store in a temporary directory with explicit storage limits
+//! (`kvroute_plane::local_server_config`: a nearly full disk does not refuse the stream),
+//! stopped (`kill -9`) and started again on the same port and store, ended by its PID when
+//! dropped.
 //!
 //! Where `nats-server` is not installed the tests that need it are skipped, unless
 //! `KVROUTE_REQUIRE_NATS=1` (CI sets it): then its absence fails them.
@@ -68,16 +70,12 @@ impl NatsServer {
     pub fn restart(&mut self) {
         self.kill();
         let log = std::fs::File::create(self.dir.path().join("server.log")).expect("a log file");
+        let config = self.dir.path().join("server.conf");
+        let text = kvroute_plane::local_server_config(self.port, &self.dir.path().join("store"));
+        std::fs::write(&config, text).expect("writing the server's configuration");
         let child = Command::new(&self.binary)
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
-            .arg(self.dir.path().join("store"))
+            .arg("-c")
+            .arg(&config)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
