@@ -3,10 +3,11 @@
 # simulator: N replicas, each routing the conversations assigned to it round-robin (trace
 # requests by number), their bookings reaching the others after 0 / 1 / 10 ms or never.
 # Prints goodput req/s, hit rate and TTFT p95 per cell (docs/scale-out.md quotes them).
-# Usage: bash bench/replicas.sh [POLICY] (default goodput); needs target/release/kvroute.
+# Usage: bash bench/replicas.sh [POLICY] (default goodput); needs target/release/kvroute
+# (or the binary K names).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-K=target/release/kvroute
+K=${K:-target/release/kvroute}
 [ -x "$K" ] || cargo build --release -q -p kvroute
 POLICY=${1:-goodput}
 TRACE=${TRACE:-../shared/data/mooncake/conversation_trace.jsonl}

@@ -125,6 +125,10 @@ pub struct SimulateArgs {
     /// default: `--replica-sync-ms` (0 with `none`); 0: off.
     #[arg(long)]
     pub(crate) peer_hold_ms: Option<f64>,
+    /// With the hold on: only a request finding less than this share of its prompt cached
+    /// on any worker is held (`router.peer_hold_max_cached`; 1: any request).
+    #[arg(long, default_value_t = kvroute_core::router::DEFAULT_PEER_HOLD_MAX_CACHED)]
+    pub(crate) peer_hold_max_cached: f64,
     /// Engines publish no KV events: the router tracks their caches approximately (what it
     /// routed to each, for `--approx-ttl-secs`).
     #[arg(long)]
@@ -467,6 +471,10 @@ pub(crate) fn simulator_only_options(a: &SimulateArgs) -> Vec<&'static str> {
         ("--kv-event-delay-ms", a.kv_event_delay_ms != 0.0),
         ("--replicas", a.replicas != 1),
         ("--peer-hold-ms", a.peer_hold_ms.is_some()),
+        (
+            "--peer-hold-max-cached",
+            a.peer_hold_max_cached != kvroute_core::router::DEFAULT_PEER_HOLD_MAX_CACHED,
+        ),
         ("--no-events", a.no_events),
         ("--approx-ttl-secs", a.approx_ttl_secs.is_some()),
     ]
@@ -588,6 +596,7 @@ pub(crate) fn sim_config(
         Some(ms) => ms / 1e3,
         None => cfg.replica_sync.map_or(0.0, |d| d.as_secs_f64()),
     };
+    cfg.router.peer_hold_max_cached = a.peer_hold_max_cached;
     if a.no_events {
         cfg.tracking = kvroute_core::Tracking::Approximate;
     }

@@ -15,7 +15,7 @@ mod hold;
 mod peers;
 mod sessions;
 
-pub use config::{RouterConfig, DEFAULT_PEER_HOLD_SECS};
+pub use config::{RouterConfig, DEFAULT_PEER_HOLD_MAX_CACHED, DEFAULT_PEER_HOLD_SECS};
 pub use explain::{Explanation, WorkerExplanation};
 pub use peers::{peer_request_id, PeerBooking, PeerStats, MAX_PEERS};
 

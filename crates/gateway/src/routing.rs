@@ -67,13 +67,13 @@ pub async fn admit(
     explain: bool,
     started: Time,
 ) -> Result<(Selection, LedgerGuard, Option<Explanation>), GatewayError> {
-    // A burst's later request (with peer replicas, `router.peer_hold_secs`) waits until the
-    // peers' bookings of the same burst have arrived, its replica's turn.
-    // (Off by default: then the routing table's lock is not taken for it.)
+    // A burst's later request whose choice is open (with peer replicas,
+    // `router.peer_hold_secs`) waits until the peers' bookings of the same burst have
+    // arrived, its replica's turn. (Off: the routing table's lock is not taken for it.)
     let arrived = gw.now();
     let hold = gw.config().router.peer_hold_secs > 0.0;
     if let Some(until) = hold
-        .then(|| gw.table.update(|r| r.hold_until(arrived)))
+        .then(|| gw.table.update(|r| r.hold_until(arrived, &prep.prompt)))
         .flatten()
     {
         gw.metrics

@@ -10,8 +10,8 @@
 use kvroute_core::hashing::splitmix64;
 use kvroute_core::router::{PeerBooking, RouteOutcome, Selection};
 use kvroute_core::{
-    BatchOutcome, IndexError, KvEvent, RequestId, RouteError, RouteRequest, Router, RouterConfig,
-    SequenceHash, Tier, Time, WorkerId,
+    BatchOutcome, BlockedPrompt, IndexError, KvEvent, RequestId, RouteError, RouteRequest, Router,
+    RouterConfig, SequenceHash, Tier, Time, WorkerId,
 };
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -149,11 +149,16 @@ impl Replicas {
         self.routers[replica].route(req)
     }
 
-    /// When `replica`'s router routes a request reaching it at `now` (None: at once; see
+    /// When `replica`'s router routes `prompt`, reaching it at `now` (None: at once; see
     /// `Router::hold_until`).
-    pub fn hold_until(&mut self, replica: usize, now: Time) -> Option<Time> {
+    pub fn hold_until(
+        &mut self,
+        replica: usize,
+        now: Time,
+        prompt: &BlockedPrompt,
+    ) -> Option<Time> {
         self.catch_up(now);
-        self.routers[replica].hold_until(now)
+        self.routers[replica].hold_until(now, prompt)
     }
 
     /// Whether `replica`'s router would book `sel` for `id`.

@@ -275,7 +275,7 @@ fn route(
         RoutePrompt::Trace(i) => next.take(i, prompts, scratch),
     };
     if call.may_hold {
-        if let Some(until) = router.hold_until(call.replica, call.now) {
+        if let Some(until) = router.hold_until(call.replica, call.now, &prompt) {
             let routed = Routed {
                 prompt,
                 tail,

@@ -49,19 +49,32 @@ pub struct RouterConfig {
     /// (the plane's sync delay, its p99), and how long a replica holds the later requests of
     /// a burst (requests reaching it within that time of the burst's first), so that they
     /// are routed with the bookings its peers made for the same burst seen; replicas take
-    /// turns by rank ([`Router::hold_until`](super::Router::hold_until)). A router that has
+    /// turns by rank ([`Router::hold_until`](super::Router::hold_until)). Only requests whose
+    /// choice is open are held ([`RouterConfig::peer_hold_max_cached`]). A router that has
     /// heard from no peer holds nothing. 0: off (every request routed at once, blind to its
-    /// peers' choices of the last sync delay). Default [`DEFAULT_PEER_HOLD_SECS`] (off): it
-    /// buys placement in bursts with first-token time of every held request (docs/scale-out.md
-    /// has both); set it to the plane's p99 (about 0.01) for bursty traffic of new prompts.
+    /// peers' choices of the last sync delay). Default [`DEFAULT_PEER_HOLD_SECS`].
     pub peer_hold_secs: f64,
+    /// With the hold on: only a request whose choice is open is held, one whose deepest
+    /// cached prefix on any worker covers less than this share of its prompt (a new prompt,
+    /// placed by load, where simultaneous replicas herd). A request that finds more of its
+    /// prompt cached goes at once and is no part of a burst. 1: every request may be held.
+    /// Default [`DEFAULT_PEER_HOLD_MAX_CACHED`].
+    pub peer_hold_max_cached: f64,
 }
 
-/// The default of [`RouterConfig::peer_hold_secs`]: off. On at 10 ms (above the sync delay
-/// measured over NATS here, p99 <= 6.4 ms), three demo gateways under steady multi-turn
-/// load held most requests and their TTFT p50 rose from about 8 ms to 16-44 ms, for no
-/// measurable hit-rate gain: their turns mostly hit cached prefixes, which no hold improves.
-pub const DEFAULT_PEER_HOLD_SECS: f64 = 0.0;
+/// The default of [`RouterConfig::peer_hold_secs`]: 10 ms, above the sync delay measured
+/// over NATS here (p99 <= 6.4 ms; docs/scale-out.md). A held request waits at most one
+/// round of turns (replicas x this).
+pub const DEFAULT_PEER_HOLD_SECS: f64 = 0.010;
+
+/// The default of [`RouterConfig::peer_hold_max_cached`]: requests finding less than 90%
+/// of their prompt cached anywhere may be held. Measured (docs/scale-out.md): holding
+/// every request of three demo gateways under steady multi-turn load raised TTFT p50 from
+/// about 9 ms to 15-32 ms (most turns held, none placed better: their prefix decides);
+/// holding only these held 6-10 of each gateway's 72 requests, TTFT p50 as with no hold;
+/// in the simulator's bursts of the conversation trace three replicas keep 0.98 of one
+/// router's goodput (0.99 holding every request, 0.95 holding below half cached).
+pub const DEFAULT_PEER_HOLD_MAX_CACHED: f64 = 0.9;
 
 impl Default for RouterConfig {
     fn default() -> Self {
@@ -80,6 +93,7 @@ impl Default for RouterConfig {
             max_blocks_per_worker: crate::index::DEFAULT_MAX_BLOCKS_PER_WORKER,
             max_inflight: crate::ledger::DEFAULT_MAX_INFLIGHT,
             peer_hold_secs: DEFAULT_PEER_HOLD_SECS,
+            peer_hold_max_cached: DEFAULT_PEER_HOLD_MAX_CACHED,
         }
     }
 }
@@ -115,6 +129,12 @@ impl RouterConfig {
             return Err(bad(format!(
                 "peer_hold_secs must be within 0..=1, got {}",
                 self.peer_hold_secs
+            )));
+        }
+        if !(0.0..=1.0).contains(&self.peer_hold_max_cached) {
+            return Err(bad(format!(
+                "peer_hold_max_cached must be within 0..=1, got {}",
+                self.peer_hold_max_cached
             )));
         }
         if self.max_workers == 0 || self.max_inflight == 0 || self.max_blocks_per_worker == 0 {

@@ -20,10 +20,18 @@
 //! without peers (or with `peer_hold_secs` 0) holds nothing. The hold must be at least the
 //! real sync delay: shorter, the turns overlap again.
 //!
+//! Only a request whose choice is open takes part: one whose deepest cached prefix on any
+//! worker covers less than [`RouterConfig::peer_hold_max_cached`] of its prompt. A request
+//! that finds most of its prompt cached goes where its cache is at once (live, holding
+//! every turn of multi-turn conversations cost their first-token time and placed none
+//! better).
+//!
 //! [`RouterConfig::peer_hold_secs`]: super::RouterConfig::peer_hold_secs
+//! [`RouterConfig::peer_hold_max_cached`]: super::RouterConfig::peer_hold_max_cached
 
 use super::Router;
 use crate::types::Time;
+use crate::BlockedPrompt;
 use std::time::Duration;
 
 impl Router {
@@ -43,10 +51,14 @@ impl Router {
     /// A request reached this router at `now`: when it is to be routed. `None`, now;
     /// `Some(t)`, hold it until `t` and route it then (see the module's text). Called once
     /// per request as it arrives; held requests are routed in the order they came.
-    pub fn hold_until(&mut self, now: Time) -> Option<Time> {
+    pub fn hold_until(&mut self, now: Time, prompt: &BlockedPrompt) -> Option<Time> {
         // Off, or alone: nothing to wait for, and no burst to follow.
         if self.config.peer_hold_secs <= 0.0 || self.peers.len() == 0 {
             self.burst = None;
+            return None;
+        }
+        // Its cache decides where it goes: at once, and no part of a burst.
+        if !self.choice_is_open(prompt) {
             return None;
         }
         let release = match self.burst {
@@ -74,6 +86,18 @@ impl Router {
             }
         };
         (now < release).then_some(release)
+    }
+
+    /// Whether `prompt`'s worker is still to be chosen by load: no worker holds as much as
+    /// [`RouterConfig::peer_hold_max_cached`](super::RouterConfig::peer_hold_max_cached) of
+    /// it (by the same matches a route reads).
+    fn choice_is_open(&self, prompt: &BlockedPrompt) -> bool {
+        let share = self.config.peer_hold_max_cached;
+        if share >= 1.0 {
+            return true;
+        }
+        let cached = self.matches(prompt).max_depth() * self.block_size.get();
+        (cached as f64) < share * prompt.tokens as f64
     }
 
     /// One round of turns: every replica's.
@@ -120,10 +144,43 @@ pub(super) struct Burst {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hashing::Namespace;
+    use crate::index::StoredBlocks;
     use crate::router::RouterConfig;
+    use crate::{BlockSize, EngineHash, KvEvent, WorkerCapacity, WorkerId};
 
     fn at(ms: u64) -> Time {
         Time::from_millis(ms)
+    }
+
+    /// A prompt no worker holds.
+    fn fresh() -> BlockedPrompt {
+        prompt(7)
+    }
+
+    fn prompt(salt: u32) -> BlockedPrompt {
+        let tokens: Vec<u32> = (0..64).map(|i| i * 31 + salt).collect();
+        BlockedPrompt::new(&tokens, BlockSize::new(16).unwrap(), Namespace::default())
+    }
+
+    /// Worker 1 holds the first `blocks` blocks of `prompt(salt)`'s tokens.
+    fn store(r: &mut Router, salt: u32, blocks: usize) {
+        let tokens: Vec<u32> = (0..64).map(|i| i * 31 + salt).collect();
+        let _ = r.add_worker(WorkerId(1), WorkerCapacity::default());
+        r.apply_event(
+            WorkerId(1),
+            &KvEvent::Stored(StoredBlocks {
+                parent: None,
+                block_hashes: (0..blocks as u64)
+                    .map(|i| EngineHash(u64::from(salt) << 16 | i))
+                    .collect(),
+                token_ids: tokens[..blocks * 16].to_vec(),
+                block_size: 16,
+                namespace: Namespace::default(),
+                block_keys: Vec::new(),
+            }),
+        )
+        .unwrap();
     }
 
     fn router(hold_secs: f64, id: u64, peers: &[u64]) -> Router {
@@ -145,28 +202,28 @@ mod tests {
         let mut r = router(0.010, 5, &[3, 9]);
         assert_eq!(r.replica_rank(), (1, 3));
         // A burst at 1 s: its first goes at once, the rest after rank 0's turn.
-        assert_eq!(r.hold_until(at(1_000)), None);
-        assert_eq!(r.hold_until(at(1_000)), Some(at(1_020)));
-        assert_eq!(r.hold_until(at(1_015)), Some(at(1_020)));
+        assert_eq!(r.hold_until(at(1_000), &fresh()), None);
+        assert_eq!(r.hold_until(at(1_000), &fresh()), Some(at(1_020)));
+        assert_eq!(r.hold_until(at(1_015), &fresh()), Some(at(1_020)));
         // At its turn it routes at once, in the burst.
-        assert_eq!(r.hold_until(at(1_020)), None);
+        assert_eq!(r.hold_until(at(1_020), &fresh()), None);
         // Past it, still in the burst (within a round of its last): its turn of the next
         // round, every replica's turn later.
-        assert_eq!(r.hold_until(at(1_025)), Some(at(1_050)));
+        assert_eq!(r.hold_until(at(1_025), &fresh()), Some(at(1_050)));
         // The next burst follows a burst: its first waits for rank 0's turn too.
-        assert_eq!(r.hold_until(at(4_000)), Some(at(4_010)));
-        assert_eq!(r.hold_until(at(4_000)), Some(at(4_010)));
+        assert_eq!(r.hold_until(at(4_000), &fresh()), Some(at(4_010)));
+        assert_eq!(r.hold_until(at(4_000), &fresh()), Some(at(4_010)));
         // A lone request, then (after a lone one) requests go at once again.
-        assert_eq!(r.hold_until(at(7_000)), Some(at(7_010)));
-        assert_eq!(r.hold_until(at(9_000)), None);
+        assert_eq!(r.hold_until(at(7_000), &fresh()), Some(at(7_010)));
+        assert_eq!(r.hold_until(at(9_000), &fresh()), None);
         // Rank 0 holds a burst's later requests one sync delay, and never its first.
         let mut first = router(0.010, 1, &[3, 9]);
         assert_eq!(first.replica_rank(), (0, 3));
-        assert_eq!(first.hold_until(at(0)), None);
-        assert_eq!(first.hold_until(at(5)), Some(at(10)));
-        assert_eq!(first.hold_until(at(3_000)), None);
+        assert_eq!(first.hold_until(at(0), &fresh()), None);
+        assert_eq!(first.hold_until(at(5), &fresh()), Some(at(10)));
+        assert_eq!(first.hold_until(at(3_000), &fresh()), None);
         assert_eq!(
-            first.hold_until(at(3_000)),
+            first.hold_until(at(3_000), &fresh()),
             None,
             "its turn is the burst's start"
         );
@@ -178,11 +235,40 @@ mod tests {
         let mut off = router(0.0, 5, &[3, 9]);
         for r in [&mut alone, &mut off] {
             for ms in [0, 0, 1, 1, 2, 3_000, 3_000] {
-                assert_eq!(r.hold_until(at(ms)), None);
+                assert_eq!(r.hold_until(at(ms), &fresh()), None);
             }
         }
         let bad = RouterConfig {
             peer_hold_secs: -1.0,
+            ..RouterConfig::default()
+        };
+        assert!(Router::new(bad).is_err());
+    }
+
+    #[test]
+    fn only_a_request_whose_choice_is_open_is_held() {
+        // Rank 1 of 3; worker 1 holds 2 of prompt(1)'s 4 blocks (half), 1 of prompt(2)'s;
+        // requests finding less than half their prompt cached may be held.
+        let mut r = router(0.010, 5, &[3, 9]);
+        r.config.peer_hold_max_cached = 0.5;
+        store(&mut r, 1, 2);
+        store(&mut r, 2, 1);
+        assert_eq!(r.hold_until(at(1_000), &fresh()), None, "a burst's first");
+        // Half of it cached: it goes where its cache is, at once, and
+        // is no part of the burst.
+        assert_eq!(r.hold_until(at(1_000), &prompt(1)), None);
+        assert_eq!(r.hold_until(at(1_000), &prompt(1)), None);
+        // A quarter cached: open, held for its turn like a new prompt.
+        assert_eq!(r.hold_until(at(1_000), &prompt(2)), Some(at(1_020)));
+        assert_eq!(r.hold_until(at(1_000), &fresh()), Some(at(1_020)));
+        // A share of 1: everything may be held.
+        let mut all = router(0.010, 5, &[3, 9]);
+        all.config.peer_hold_max_cached = 1.0;
+        store(&mut all, 1, 2);
+        assert_eq!(all.hold_until(at(1_000), &fresh()), None);
+        assert_eq!(all.hold_until(at(1_000), &prompt(1)), Some(at(1_020)));
+        let bad = RouterConfig {
+            peer_hold_max_cached: 1.5,
             ..RouterConfig::default()
         };
         assert!(Router::new(bad).is_err());
