@@ -430,6 +430,11 @@ export type Fleet = {
    * Its workers.
    */
   workers: Array<WorkerCard>,
+  /**
+   * Each role's workers and load together, for the roles that have workers (the
+   * gateway's `/debug/workers` `pools`).
+   */
+  pools: Array<PoolCard>,
 };
 
 /**
@@ -559,6 +564,28 @@ export type P50P95 = {
    * 95th percentile.
    */
   p95: number | null,
+};
+
+/**
+ * The workers of one role together.
+ */
+export type PoolCard = {
+  /**
+   * The role: `both`, `prefill` or `decode`.
+   */
+  role: string,
+  /**
+   * Its workers.
+   */
+  workers: number,
+  /**
+   * Requests the gateway has in flight on them.
+   */
+  inflight: number,
+  /**
+   * Prompt tokens without a first token yet on them.
+   */
+  prefill_tokens: number,
 };
 
 /**
@@ -896,6 +923,11 @@ export type WorkerCard = {
    * Whether the gateway sends it traffic.
    */
   up: boolean,
+  /**
+   * Its role in a disaggregated fleet (`both`, `prefill`, `decode`), when the gateway
+   * says.
+   */
+  role: string | null,
   /**
    * The engine behind it, from its metrics (`vLLM`, `SGLang`, or kvroute's simulated
    * engine with its profile).

@@ -67,4 +67,6 @@ pub use router::{
     Router, RouterConfig, Selection, Tracking,
 };
 pub use tiers::{Loadable, Tier, TierConfig};
-pub use types::{BlockSize, Eligible, InvalidBlockSize, RequestId, Time, WorkerId, ANY_WORKER};
+pub use types::{
+    BlockSize, Eligible, InvalidBlockSize, RequestId, Time, WorkerId, WorkerRole, ANY_WORKER,
+};

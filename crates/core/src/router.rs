@@ -27,7 +27,7 @@ use crate::index::{
 use crate::ledger::{Booking, LedgerError, LoadLedger, WorkerCapacity};
 use crate::policy::{Candidate, Choice, Policy, PolicyInput};
 use crate::tiers::{Loadable, OffloadedTiers, Tier};
-use crate::types::{BlockSize, Eligible, RequestId, Time, WorkerId, ANY_WORKER};
+use crate::types::{BlockSize, Eligible, RequestId, Time, WorkerId, WorkerRole, ANY_WORKER};
 use serde::{Deserialize, Serialize};
 
 /// Router errors.
@@ -139,6 +139,8 @@ pub struct Router {
     approximate: Vec<WorkerId>,
     /// Workers offered to no policy for now (few; usually none).
     unavailable: Vec<WorkerId>,
+    /// Workers whose role is not `both` ([`Router::set_role`]; usually none).
+    roles: Vec<(WorkerId, WorkerRole)>,
     ledger: LoadLedger,
     policy: Box<dyn Policy>,
     sessions: sessions::Sessions,
@@ -178,6 +180,7 @@ impl Router {
             }),
             approximate: Vec::new(),
             unavailable: Vec::new(),
+            roles: Vec::new(),
             ledger: LoadLedger::with_max_inflight(block_size, config.max_inflight),
             policy: config.policy.build(),
             sessions: sessions::Sessions::new(
@@ -328,7 +331,25 @@ impl Router {
             p.remove_worker(worker);
         }
         self.unavailable.retain(|w| *w != worker);
+        self.roles.retain(|(w, _)| *w != worker);
         self.ledger.remove_worker(worker);
+    }
+
+    /// Sets what `worker` does in a disaggregated fleet (`both` unless set). A prefill-only
+    /// worker is offered to no policy as a request's worker: it serves prefill legs only.
+    pub fn set_role(&mut self, worker: WorkerId, role: WorkerRole) {
+        self.roles.retain(|(w, _)| *w != worker);
+        if role != WorkerRole::Both {
+            self.roles.push((worker, role));
+        }
+    }
+
+    /// What `worker` does (`both` unless set).
+    pub fn role(&self, worker: WorkerId) -> WorkerRole {
+        self.roles
+            .iter()
+            .find(|(w, _)| *w == worker)
+            .map_or(WorkerRole::Both, |(_, r)| *r)
     }
 
     /// Applies a KV event of `worker`. Events of a worker tracked approximately are not
@@ -646,7 +667,11 @@ impl Router {
         let candidates: Vec<Candidate> = self
             .ledger
             .views()
-            .filter(|v| req.eligible.allows(v.worker) && !self.unavailable.contains(&v.worker))
+            .filter(|v| {
+                req.eligible.allows(v.worker)
+                    && !self.unavailable.contains(&v.worker)
+                    && (self.roles.is_empty() || self.role(v.worker).decodes())
+            })
             .map(|v| {
                 let matched_blocks = matches.depth(v.worker).min(max_hit);
                 let loadable = if offloaded {

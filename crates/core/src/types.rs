@@ -14,6 +14,57 @@ impl fmt::Display for WorkerId {
     }
 }
 
+/// What a worker does in a disaggregated fleet: a request's prompt is computed (prefill) on
+/// one worker and its tokens generated (decode) on another, its KV cache moved between
+/// them; a worker that does both serves a request alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerRole {
+    /// Prefill and decode: every request may be served whole here (the default).
+    #[default]
+    Both,
+    /// Prefill only: it computes prompts whose KV another worker decodes from.
+    Prefill,
+    /// Decode only (it may also compute a prompt itself when no prefill worker does).
+    Decode,
+}
+
+impl WorkerRole {
+    /// Every role, in their order.
+    pub const ALL: [WorkerRole; 3] = [WorkerRole::Both, WorkerRole::Prefill, WorkerRole::Decode];
+
+    /// Its name in configuration, labels and answers.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerRole::Both => "both",
+            WorkerRole::Prefill => "prefill",
+            WorkerRole::Decode => "decode",
+        }
+    }
+
+    /// Whether it generates tokens (a request's worker of record is one that does).
+    pub fn decodes(self) -> bool {
+        self != WorkerRole::Prefill
+    }
+}
+
+impl fmt::Display for WorkerRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for WorkerRole {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| format!("role {s:?} is not one of both, prefill, decode"))
+    }
+}
+
 /// The workers a request may go to.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Eligible {

@@ -14,7 +14,7 @@ pub mod pool;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, WatchStreamExt};
-use kvroute_fleet::config::WorkerSpec;
+use kvroute_fleet::config::{WorkerRole, WorkerSpec};
 use std::collections::BTreeMap;
 use tokio::sync::watch;
 
@@ -25,6 +25,12 @@ pub const PORT_ANNOTATION: &str = "kvroute.io/port";
 pub const EVENTS_ANNOTATION: &str = "kvroute.io/events";
 /// The annotation giving a Pod's replay endpoint (`{host}` is the Pod's IP).
 pub const REPLAY_ANNOTATION: &str = "kvroute.io/replay";
+
+/// The annotation giving a Pod's role in a disaggregated fleet (`both`, `prefill`,
+/// `decode`); without it, the label [`ROLE_LABEL`].
+pub const ROLE_ANNOTATION: &str = "kvroute.io/role";
+/// The label llm-d's guides put on model server Pods for their role (same values).
+pub const ROLE_LABEL: &str = "llm-d.ai/role";
 
 pub use kvroute_fleet::config::KubernetesSource;
 
@@ -77,6 +83,21 @@ pub fn worker_of(pod: &Pod, src: &KubernetesSource) -> Option<WorkerSpec> {
             .and_then(|n| named_port(pod, n))
             .map(|p| format!("tcp://{host}:{p}"))
     };
+    let role = note(ROLE_ANNOTATION).or_else(|| {
+        pod.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ROLE_LABEL))
+            .cloned()
+    });
+    let role = match role.as_deref().map(str::parse::<WorkerRole>) {
+        None => WorkerRole::Both,
+        Some(Ok(r)) => r,
+        Some(Err(e)) => {
+            tracing::warn!(pod = %name, error = %e, "Kubernetes discovery: a Pod with an unknown role is not served");
+            return None;
+        }
+    };
     let events = note(EVENTS_ANNOTATION).or_else(|| endpoint(&src.events_port_name));
     let replay = note(REPLAY_ANNOTATION).or_else(|| endpoint(&src.replay_port_name));
     let spec = WorkerSpec {
@@ -92,6 +113,7 @@ pub fn worker_of(pod: &Pod, src: &KubernetesSource) -> Option<WorkerSpec> {
         dp_size: src.dp_size,
         kv_blocks: src.kv_blocks,
         max_batch: src.max_batch,
+        role,
         ..WorkerSpec::default()
     };
     spec.check().ok().map(|()| spec)
@@ -309,5 +331,25 @@ mod tests {
         let mut bad = vllm_pod("x", "10.0.0.1", "True");
         bad["metadata"]["annotations"] = serde_json::json!({"kvroute.io/port": "http"});
         assert!(worker_of(&pod(bad), &source()).is_none());
+    }
+
+    #[test]
+    fn a_pods_role_comes_from_its_annotation_or_llm_ds_label() {
+        let plain = worker_of(&pod(vllm_pod("a", "10.0.0.1", "True")), &source()).unwrap();
+        assert_eq!(plain.role, WorkerRole::Both);
+        let mut p = vllm_pod("p", "10.0.0.2", "True");
+        p["metadata"]["labels"]["llm-d.ai/role"] = serde_json::json!("prefill");
+        assert_eq!(
+            worker_of(&pod(p.clone()), &source()).unwrap().role,
+            WorkerRole::Prefill
+        );
+        // The annotation wins over the label.
+        p["metadata"]["annotations"] = serde_json::json!({"kvroute.io/role": "decode"});
+        assert_eq!(
+            worker_of(&pod(p.clone()), &source()).unwrap().role,
+            WorkerRole::Decode
+        );
+        p["metadata"]["annotations"] = serde_json::json!({"kvroute.io/role": "leader"});
+        assert!(worker_of(&pod(p), &source()).is_none(), "an unknown role");
     }
 }

@@ -133,6 +133,13 @@ mod tests {
         assert!(parse_file("[[workers]]\nurl = \"ftp://x\"\n").is_err());
         assert!(parse_file("[[workers]]\nurl = \"http://x:1\"\nbogus = 1\n").is_err());
         assert!(parse_file("workers = 3").is_err());
+        let roles = parse_file(
+            "[[workers]]\nurl = \"http://10.0.0.7:8000\"\nrole = \"prefill\"\n\n[[workers]]\nurl = \"http://10.0.0.8:8000\"\nrole = \"decode\"\n",
+        )
+        .unwrap();
+        assert_eq!(roles[0].role, kvroute_fleet::config::WorkerRole::Prefill);
+        assert_eq!(roles[1].role, kvroute_fleet::config::WorkerRole::Decode);
+        assert!(parse_file("[[workers]]\nurl = \"http://x:1\"\nrole = \"all\"\n").is_err());
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod worker_sources;
 pub use ranks::expand as expand_ranks;
 
 pub use event_plane::{is_server_address, PlaneConfig, PlaneConfigError};
+pub use kvroute_core::WorkerRole;
 use kvroute_core::{RouterConfig, WorkerCapacity};
 use kvroute_protocol::openai::Endpoint;
 pub use kvroute_runtime::Secret;
@@ -164,6 +165,9 @@ pub struct WorkerSpec {
     /// its rank (the engines' convention), its requests steered there with the
     /// `X-Data-Parallel-Rank` header. `kv_blocks` and `max_batch` are then per rank.
     pub dp_size: Option<u32>,
+    /// What it does in a disaggregated fleet: `both` (the default), `prefill` or `decode`.
+    /// A prefill-only worker is never a request's worker: it serves prefill legs only.
+    pub role: WorkerRole,
     /// Which rank of its engine this entry is, once the ranks are expanded (set by the
     /// gateway, never configured).
     #[serde(skip)]
@@ -175,18 +179,43 @@ pub struct WorkerSpec {
 }
 
 impl WorkerSpec {
-    /// Parses the command-line form `URL[=EVENTS[=REPLAY]][,dp=N]`, e.g.
-    /// `http://127.0.0.1:8001=tcp://127.0.0.1:5557=tcp://127.0.0.1:5558,dp=2`.
+    /// Parses the command-line form `URL[=EVENTS[=REPLAY]][,dp=N][,role=ROLE]` (the options
+    /// in any order), e.g.
+    /// `http://127.0.0.1:8001=tcp://127.0.0.1:5557=tcp://127.0.0.1:5558,dp=2,role=decode`.
     pub fn parse(s: &str) -> Result<Self, ConfigError> {
-        let (s, dp_size) = match s.rsplit_once(",dp=") {
-            Some((rest, n)) => (
-                rest,
-                Some(n.parse::<u32>().map_err(|_| {
-                    ConfigError(format!("worker {s:?}: dp={n:?} is not a rank count"))
-                })?),
-            ),
-            None => (s, None),
-        };
+        let whole = s;
+        let mut s = s;
+        let mut dp_size = None;
+        let mut role = None;
+        // Trailing `,key=value` options, last first.
+        while let Some((rest, option)) = s.rsplit_once(',') {
+            let Some((key, value)) = option.split_once('=') else {
+                break;
+            };
+            match key {
+                "dp" if dp_size.is_none() => {
+                    dp_size = Some(value.parse::<u32>().map_err(|_| {
+                        ConfigError(format!(
+                            "worker {whole:?}: dp={value:?} is not a rank count"
+                        ))
+                    })?);
+                }
+                "role" if role.is_none() => {
+                    role = Some(
+                        value
+                            .parse::<WorkerRole>()
+                            .map_err(|e| ConfigError(format!("worker {whole:?}: {e}")))?,
+                    );
+                }
+                "dp" | "role" => {
+                    return Err(ConfigError(format!(
+                        "worker {whole:?}: {key}= is given twice"
+                    )))
+                }
+                _ => break,
+            }
+            s = rest;
+        }
         let mut parts = s.splitn(3, '=');
         let url = parts.next().unwrap_or_default().to_string();
         let events = parts.next().map(str::to_string);
@@ -196,6 +225,7 @@ impl WorkerSpec {
             events,
             replay,
             dp_size,
+            role: role.unwrap_or_default(),
             ..Self::default()
         };
         spec.validate()?;
@@ -686,6 +716,28 @@ mod tests {
         ] {
             assert!(WorkerSpec::parse(bad).is_err(), "{bad}");
         }
+        // Options after the endpoints, in any order.
+        let w = WorkerSpec::parse("http://h:1=tcp://h:2,role=prefill,dp=2").unwrap();
+        assert_eq!((w.role, w.dp_size), (WorkerRole::Prefill, Some(2)));
+        assert_eq!(w.events.as_deref(), Some("tcp://h:2"));
+        let w = WorkerSpec::parse("http://h:1,dp=2,role=decode").unwrap();
+        assert_eq!((w.role, w.dp_size), (WorkerRole::Decode, Some(2)));
+        assert_eq!(
+            WorkerSpec::parse("http://h:1").unwrap().role,
+            WorkerRole::Both
+        );
+        for (bad, says) in [
+            ("http://h:1,role=leader", "not one of both, prefill, decode"),
+            ("http://h:1,role=decode,role=both", "role= is given twice"),
+            ("http://h:1,dp=x", "not a rank count"),
+        ] {
+            let e = WorkerSpec::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        let from_file: WorkerSpec =
+            toml::from_str("url = \"http://h:1\"\nrole = \"prefill\"").unwrap();
+        assert_eq!(from_file.role, WorkerRole::Prefill);
+        assert!(toml::from_str::<WorkerSpec>("url = \"http://h:1\"\nrole = \"x\"").is_err());
         // The endpoints are parsed once, with or without a trailing slash.
         let w = crate::registry::Registry::new(&[WorkerSpec::parse("http://h:1/").unwrap()]);
         let entry = w.all().into_iter().next().unwrap();

@@ -126,9 +126,11 @@ pub fn add(fleet: &Arc<Fleet>, spec: WorkerSpec) -> Result<Vec<WorkerId>, FleetE
         let entry = fleet.registry.insert(r);
         let t = tracking_of(fleet.approximate, r, false);
         // The router's lock is let go before the refusal is undone (it takes it again).
-        let added = fleet
-            .table
-            .update(|router| router.add_worker_with(entry.id, fleet.config.capacity_of(r), t));
+        let added = fleet.table.update(|router| {
+            router.add_worker_with(entry.id, fleet.config.capacity_of(r), t)?;
+            router.set_role(entry.id, r.role);
+            Ok::<_, kvroute_core::RouteError>(())
+        });
         if let Err(e) = added {
             for e in entries.iter().chain([&entry]) {
                 let e: &Arc<WorkerEntry> = e;

@@ -51,6 +51,14 @@ pub struct Metrics {
     pub offloaded_blocks: IntGaugeVec,
     /// 1 for each worker's current cache state (exact, catching_up, unknown, approximate).
     pub cache_state: IntGaugeVec,
+    /// 1 for each worker's role in a disaggregated fleet (both, prefill, decode).
+    pub worker_role: IntGaugeVec,
+    /// Workers per role.
+    pub pool_workers: IntGaugeVec,
+    /// Requests in flight on each role's workers together.
+    pub pool_inflight: IntGaugeVec,
+    /// Outstanding prefill tokens of each role's workers together.
+    pub pool_prefill: IntGaugeVec,
     /// Engine restarts seen on a worker's event stream.
     pub event_restarts: IntCounterVec,
     /// Times a worker's event publisher came back after going away.
@@ -239,6 +247,26 @@ impl Metrics {
                 "1 for the worker's cache state: exact (every event applied), catching_up, unknown (events lost or publisher away), approximate (no events).",
                 &["worker", "state"],
             )?,
+            worker_role: gauge_vec(
+                "kvroute_worker_role",
+                "1 for the worker's role in a disaggregated fleet: both (serves requests whole), prefill, decode.",
+                &["worker", "role"],
+            )?,
+            pool_workers: gauge_vec(
+                "kvroute_pool_workers",
+                "Workers of each role (both, prefill, decode).",
+                &["role"],
+            )?,
+            pool_inflight: gauge_vec(
+                "kvroute_pool_inflight_requests",
+                "Requests in flight on the workers of each role together (the router's ledger).",
+                &["role"],
+            )?,
+            pool_prefill: gauge_vec(
+                "kvroute_pool_outstanding_prefill_tokens",
+                "Uncached prompt tokens without a first token yet on the workers of each role together.",
+                &["role"],
+            )?,
             event_restarts: counter_vec(
                 "kvroute_kv_event_restarts_total",
                 "Engine restarts seen on the worker's KV event stream (its index rebuilt).",
@@ -366,6 +394,7 @@ impl Metrics {
         forget(&self.index_evicted, name);
         forget(&self.offloaded_blocks, name);
         forget(&self.cache_state, name);
+        forget(&self.worker_role, name);
         forget(&self.event_restarts, name);
         forget(&self.event_resubscribes, name);
         forget(&self.predictions, name);

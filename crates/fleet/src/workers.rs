@@ -181,9 +181,25 @@ impl Workers {
         r: &Router,
         workers: &[std::sync::Arc<crate::registry::WorkerEntry>],
     ) {
+        let mut pools = [(0i64, 0i64, 0i64); kvroute_core::WorkerRole::ALL.len()];
         for w in workers {
             let load = r.ledger().load(w.id).unwrap_or_default();
             let labels = [w.name.as_str()];
+            let role = r.role(w.id);
+            for (i, each) in kvroute_core::WorkerRole::ALL.into_iter().enumerate() {
+                self.metrics
+                    .worker_role
+                    .with_label_values(&[w.name.as_str(), each.as_str()])
+                    .set(i64::from(each == role));
+                if each == role {
+                    let pool = &mut pools[i];
+                    pool.0 += 1;
+                    pool.1 += i64::from(load.inflight);
+                    pool.2 = pool
+                        .2
+                        .saturating_add(i64::try_from(load.prefill_tokens).unwrap_or(i64::MAX));
+                }
+            }
             self.metrics
                 .worker_inflight
                 .with_label_values(&labels)
@@ -227,6 +243,18 @@ impl Workers {
                 let v = value.load(std::sync::atomic::Ordering::Relaxed);
                 c.inc_by(v.saturating_sub(c.get()));
             }
+        }
+        for (role, (n, inflight, prefill)) in kvroute_core::WorkerRole::ALL.into_iter().zip(pools) {
+            let labels = [role.as_str()];
+            self.metrics.pool_workers.with_label_values(&labels).set(n);
+            self.metrics
+                .pool_inflight
+                .with_label_values(&labels)
+                .set(inflight);
+            self.metrics
+                .pool_prefill
+                .with_label_values(&labels)
+                .set(prefill);
         }
         let peers = r.peer_stats();
         let own = r.ledger().inflight().saturating_sub(peers.inflight);

@@ -170,8 +170,27 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
 
 async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
     let reports = gw.registry.reports();
-    let list: Vec<serde_json::Value> = gw.table.read(|r| {
-        reports
+    let (list, pools): (Vec<serde_json::Value>, serde_json::Value) = gw.table.read(|r| {
+        // Each role's pool: its workers and their booked load together.
+        let pools: serde_json::Map<String, serde_json::Value> = kvroute_core::WorkerRole::ALL
+            .into_iter()
+            .map(|role| {
+                let loads: Vec<_> = reports
+                    .iter()
+                    .map(|w| kvroute_core::WorkerId(w.id))
+                    .filter(|&id| r.role(id) == role)
+                    .map(|id| r.ledger().load(id).unwrap_or_default())
+                    .collect();
+                let pool = serde_json::json!({
+                    "workers": loads.len(),
+                    "inflight": loads.iter().map(|l| u64::from(l.inflight)).sum::<u64>(),
+                    "prefill_tokens": loads.iter().map(|l| l.prefill_tokens).sum::<u64>(),
+                    "active_blocks": loads.iter().map(|l| l.active_blocks).sum::<u64>(),
+                });
+                (role.as_str().to_string(), pool)
+            })
+            .collect();
+        let list = reports
             .into_iter()
             .map(|w| {
                 let id = kvroute_core::WorkerId(w.id);
@@ -180,6 +199,7 @@ async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
                 let offloaded = r.offloaded();
                 serde_json::json!({
                     "worker": w,
+                    "role": r.role(id),
                     "load": load,
                     "index_blocks": blocks,
                     // Tracked approximately: the blocks its guesses are kept to (learned
@@ -194,9 +214,11 @@ async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
                     "capacity": r.ledger().capacity(id),
                 })
             })
-            .collect()
+            .collect();
+        (list, serde_json::Value::Object(pools))
     });
-    Json(serde_json::json!({ "policy": gw.policy, "workers": list })).into_response()
+    Json(serde_json::json!({ "policy": gw.policy, "workers": list, "pools": pools }))
+        .into_response()
 }
 
 /// Explains where a request would go: the body is a chat or completions request (chat when

@@ -54,7 +54,7 @@ impl GatewayError {
                 let (code, message) = match reason {
                     RejectReason::NoWorkers => (
                         "no_healthy_workers",
-                        "no healthy worker can take the request",
+                        "no healthy worker can take the request (none is up and able to decode: a prefill-only worker serves no request whole)",
                     ),
                     RejectReason::AllWorkersBusy => {
                         ("all_workers_busy", "every worker is busy; retry later")

@@ -179,11 +179,9 @@ pub async fn spawn(
     router.set_replica(replica);
     for (i, w) in config.workers.iter().enumerate() {
         let t = membership::tracking_of(preprocessor.is_approximate(), w, feeds.contains_key(&i));
-        router.add_worker_with(
-            kvroute_core::WorkerId(i as u64 + 1),
-            config.capacity_of(w),
-            t,
-        )?;
+        let id = kvroute_core::WorkerId(i as u64 + 1);
+        router.add_worker_with(id, config.capacity_of(w), t)?;
+        router.set_role(id, w.role);
     }
     let client = reqwest::Client::builder()
         .connect_timeout(std::time::Duration::from_secs_f64(

@@ -20,6 +20,9 @@ pub struct WorkerCard {
     pub url: String,
     /// Whether the gateway sends it traffic.
     pub up: bool,
+    /// Its role in a disaggregated fleet (`both`, `prefill`, `decode`), when the gateway
+    /// says.
+    pub role: Option<String>,
     /// The engine behind it, from its metrics (`vLLM`, `SGLang`, or kvroute's simulated
     /// engine with its profile).
     pub engine: Option<String>,
@@ -95,6 +98,23 @@ pub struct Fleet {
     pub queued: Option<f64>,
     /// Its workers.
     pub workers: Vec<WorkerCard>,
+    /// Each role's workers and load together, for the roles that have workers (the
+    /// gateway's `/debug/workers` `pools`).
+    pub pools: Vec<PoolCard>,
+}
+
+/// The workers of one role together.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "ts", derive(ts_rs::TS))]
+pub struct PoolCard {
+    /// The role: `both`, `prefill` or `decode`.
+    pub role: String,
+    /// Its workers.
+    pub workers: u64,
+    /// Requests the gateway has in flight on them.
+    pub inflight: u64,
+    /// Prompt tokens without a first token yet on them.
+    pub prefill_tokens: u64,
 }
 
 /// Largest upstream answer read, in bytes.
@@ -181,6 +201,7 @@ impl FleetReader {
                 name: w["worker"]["name"].as_str().unwrap_or_default().to_string(),
                 url: w["worker"]["url"].as_str().unwrap_or_default().to_string(),
                 up: w["worker"]["health"] == "up",
+                role: w["role"].as_str().map(|s| s.chars().take(16).collect()),
                 inflight: w["load"]["inflight"].as_u64(),
                 index_blocks: w["index_blocks"].as_u64(),
                 cache_state: w["worker"]["cache_state"]
@@ -212,8 +233,26 @@ impl FleetReader {
                 .ok()
                 .and_then(|t| first_value(&t, "kvroute_queued_requests")),
             workers,
+            pools: pools_of(&v["pools"]),
         })
     }
+}
+
+/// The pools of a `/debug/workers` answer that have workers, in the gateway's order.
+fn pools_of(v: &serde_json::Value) -> Vec<PoolCard> {
+    let Some(map) = v.as_object() else {
+        return Vec::new();
+    };
+    map.iter()
+        .take(8)
+        .map(|(role, p)| PoolCard {
+            role: role.chars().take(16).collect(),
+            workers: p["workers"].as_u64().unwrap_or(0),
+            inflight: p["inflight"].as_u64().unwrap_or(0),
+            prefill_tokens: p["prefill_tokens"].as_u64().unwrap_or(0),
+        })
+        .filter(|p| p.workers > 0)
+        .collect()
 }
 
 /// The value of label `label` on the first series whose name starts with `prefix`.

@@ -227,11 +227,18 @@ async fn the_dashboard_api_starts_steers_streams_and_stops_the_load() {
     assert!(f["queued"].is_f64(), "{f}");
     let cards = f["workers"].as_array().unwrap();
     assert_eq!(cards.len(), 2);
+    // One pool: both workers do both.
+    assert_eq!(f["pools"].as_array().map(Vec::len), Some(1), "{f}");
+    assert_eq!(
+        (&f["pools"][0]["role"], &f["pools"][0]["workers"]),
+        (&json!("both"), &json!(2))
+    );
     for w in cards {
         assert_eq!(w["up"], true, "{w}");
         assert!(w["kv_usage"].is_f64() && w["busy"].is_f64(), "{w}");
         assert!(w["inflight"].is_u64(), "{w}");
         assert_eq!(w["cache_state"], "exact", "{w}");
+        assert_eq!(w["role"], "both", "{w}");
         // The engine and model behind it, from its metrics.
         assert!(
             w["engine"]

@@ -229,12 +229,29 @@ export function WorkerCards(props: { fleet: Fleet | null }) {
   const f = props.fleet;
   if (!f) return <p className="muted">—</p>;
   if (!f.available) return <p className="muted">The target does not list its workers ({f.error}).</p>;
+  // Pools are worth a line once a fleet has more than one role (a disaggregated fleet).
+  const disaggregated = f.pools.length > 1 || f.pools.some((p) => p.role !== "both");
   return (
+    <>
+      {disaggregated && (
+        <p className="pools" data-testid="pools">
+          {f.pools.map((p) => (
+            <span key={p.role} className="pool" data-testid="pool">
+              {p.role}: {p.workers} worker{p.workers === 1 ? "" : "s"}, {p.inflight} in flight, {p.prefill_tokens} prefill tokens
+            </span>
+          ))}
+        </p>
+      )}
     <div className="workers">
       {f.workers.map((w) => (
         <div key={w.name} className={`worker${w.up ? "" : " down"}`} data-testid="worker-card">
           <h4>
             {w.name} <span className="muted">{w.up ? "up" : "down"}</span>
+            {w.role && w.role !== "both" && (
+              <span className={`role role-${w.role}`} data-testid="worker-role">
+                {w.role}
+              </span>
+            )}
           </h4>
           <p className="muted engine" data-testid="worker-engine">
             {w.engine ?? "engine unknown"}
@@ -263,6 +280,7 @@ export function WorkerCards(props: { fleet: Fleet | null }) {
         </div>
       ))}
     </div>
+    </>
   );
 }
 

@@ -196,14 +196,14 @@ describe("the concurrency slider", () => {
 
 describe("worker cards", () => {
   it("say when the target does not list its workers", () => {
-    render(<WorkerCards fleet={{ available: false, error: "not a kvroute gateway", policy: null, queued: null, workers: [] }} />);
+    render(<WorkerCards fleet={{ available: false, error: "not a kvroute gateway", policy: null, queued: null, workers: [], pools: [] }} />);
     expect(screen.getByText(/not a kvroute gateway/)).toBeTruthy();
   });
 });
 
 describe("worker accuracy", () => {
   const card = (accuracy: AccuracyCard | null) => ({
-    name: "w1", url: "http://w1", up: true, engine: "vLLM", model: "llama", inflight: 0, index_blocks: 10, kv_usage: 0.1, busy: 0.2,
+    name: "w1", url: "http://w1", up: true, role: "both", engine: "vLLM", model: "llama", inflight: 0, index_blocks: 10, kv_usage: 0.1, busy: 0.2,
     queue_time_secs: 0, running: 0, waiting: 0, cache_state: "exact", accuracy,
   });
   it("shows the share of exact predictions, the error and a degraded verdict", () => {
@@ -211,11 +211,31 @@ describe("worker accuracy", () => {
     expect(accuracyText(a)).toBe("50.0% of 32 (±48 tok) — over predicting");
     expect(accuracyText({ ...a, exact_ratio: 1, mean_abs_error_tokens: 0, degraded: null })).toBe("100.0% of 32");
     expect(accuracyText(null)).toBe("—");
-    render(<WorkerCards fleet={{ available: true, error: null, policy: "kv", queued: 0, workers: [card(a)] }} />);
+    render(<WorkerCards fleet={{ available: true, error: null, policy: "kv", queued: 0, workers: [card(a)], pools: [{ role: "both", workers: 1, inflight: 0, prefill_tokens: 0 }] }} />);
     const cell = screen.getByTestId("prediction-accuracy");
+    // One pool of workers doing both: no pool line, no role badge.
+    expect(screen.queryByTestId("pools")).toBeNull();
+    expect(screen.queryByTestId("worker-role")).toBeNull();
     expect(cell.textContent).toContain("over predicting");
     expect(cell.className).toBe("slo-bad");
     expect(screen.getByTestId("worker-engine").textContent).toBe("vLLM · llama");
+  });
+});
+
+describe("a disaggregated fleet's cards", () => {
+  it("show each worker's role and each pool's load", () => {
+    const card = (name: string, role: string) => ({
+      name, url: `http://${name}`, up: true, role, engine: null, model: null, inflight: 1, index_blocks: 0, kv_usage: null, busy: null,
+      queue_time_secs: null, running: null, waiting: null, cache_state: "exact", accuracy: null,
+    });
+    const pools = [
+      { role: "decode", workers: 2, inflight: 5, prefill_tokens: 0 },
+      { role: "prefill", workers: 1, inflight: 2, prefill_tokens: 900 },
+    ];
+    render(<WorkerCards fleet={{ available: true, error: null, policy: "goodput", queued: 0, workers: [card("p1", "prefill"), card("d1", "decode"), card("d2", "decode")], pools }} />);
+    expect(screen.getAllByTestId("worker-role").map((e) => e.textContent)).toEqual(["prefill", "decode", "decode"]);
+    const lines = screen.getAllByTestId("pool").map((e) => e.textContent);
+    expect(lines).toEqual(["decode: 2 workers, 5 in flight, 0 prefill tokens", "prefill: 1 worker, 2 in flight, 900 prefill tokens"]);
   });
 });
 

@@ -669,3 +669,46 @@ fn max_workers_counts_every_worker_however_tracked() {
         .unwrap();
     assert_eq!(r.ledger().worker_count(), 2);
 }
+
+#[test]
+fn a_prefill_only_worker_is_never_a_requests_worker() {
+    let mut r = router(PolicyKind::Kv, AdmissionConfig::default());
+    let t = tokens(160, 9);
+    let p = prompt(&t);
+    // Worker 2 holds the whole prompt; as a prefill-only worker it is not offered.
+    store(&mut r, 2, &t);
+    r.set_role(WorkerId(2), WorkerRole::Prefill);
+    r.set_role(WorkerId(3), WorkerRole::Decode);
+    assert_eq!(r.role(WorkerId(2)), WorkerRole::Prefill);
+    assert_eq!(r.role(WorkerId(1)), WorkerRole::Both);
+    for _ in 0..4 {
+        match r.route(&req(&p)) {
+            RouteOutcome::Dispatch(sel) => assert_ne!(sel.worker, WorkerId(2)),
+            other => panic!("{other:?}"),
+        }
+    }
+    let ex = r.explain(&req(&p));
+    assert!(ex.workers.iter().all(|w| w.worker != WorkerId(2)));
+    // Back to both: it is the prefix's worker again.
+    r.set_role(WorkerId(2), WorkerRole::Both);
+    match r.route(&req(&p)) {
+        RouteOutcome::Dispatch(sel) => assert_eq!(sel.worker, WorkerId(2)),
+        other => panic!("{other:?}"),
+    }
+    // Only prefill workers: nobody to serve the request, a rejection.
+    for w in 1..=3 {
+        r.set_role(WorkerId(w), WorkerRole::Prefill);
+    }
+    assert_eq!(
+        r.route(&req(&p)),
+        RouteOutcome::Reject(RejectReason::NoWorkers)
+    );
+    // Forgetting a worker forgets its role.
+    r.remove_worker(WorkerId(1));
+    assert_eq!(r.role(WorkerId(1)), WorkerRole::Both);
+    assert_eq!("decode".parse::<WorkerRole>(), Ok(WorkerRole::Decode));
+    assert!("leader"
+        .parse::<WorkerRole>()
+        .unwrap_err()
+        .contains("both, prefill, decode"));
+}

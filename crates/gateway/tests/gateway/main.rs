@@ -16,6 +16,7 @@ mod plane;
 mod ranks;
 mod replicas;
 mod resync;
+mod roles;
 mod round_trip;
 mod streams;
 mod support;
