@@ -77,6 +77,10 @@ pub(super) struct Session {
     session_header: Option<String>,
     /// The data plane's subset hint, when it gave one.
     subset: Option<Vec<String>>,
+    /// The conformance suite's endpoint selection header, when honoured and sent.
+    test_selection: Option<Vec<String>>,
+    /// The endpoint the data plane says served the answer (its response metadata).
+    served: Option<String>,
     body: Vec<u8>,
     /// The request headers were answered (the destination is set).
     decided: bool,
@@ -100,6 +104,8 @@ impl Session {
             path: String::new(),
             session_header: None,
             subset: None,
+            test_selection: None,
+            served: None,
             body: Vec::new(),
             decided: false,
             buffered: false,
@@ -120,6 +126,11 @@ impl Session {
     pub(super) async fn on(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
         if self.gw.config().epp.subset_hint && self.subset.is_none() {
             self.subset = wire::subset_hint(msg.metadata_context.as_ref());
+        }
+        if self.gw.config().epp.conformance_headers
+            && matches!(msg.request, Some(Request::ResponseHeaders(_)))
+        {
+            self.served = wire::served_endpoint(msg.metadata_context.as_ref());
         }
         if let Some(pc) = &msg.protocol_config {
             use wire::mode;
@@ -201,6 +212,16 @@ impl Session {
             .request_id(wire::header(h, kvroute_fleet::headers::REQUEST_ID_HEADER));
         self.path = wire::header(h, ":path").unwrap_or("/").to_string();
         self.session_header = wire::header(h, "x-session-id").map(str::to_string);
+        if self.gw.config().epp.conformance_headers {
+            self.test_selection = wire::header(h, wire::TEST_SELECTION_HEADER).map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|e| !e.is_empty())
+                    .take(256)
+                    .map(str::to_string)
+                    .collect()
+            });
+        }
         if h.end_of_stream || inference_endpoint(&self.path).is_none() {
             // No body (a GET), or not a request the picker routes: any worker, at once.
             return self.pass_to_any();
@@ -316,25 +337,32 @@ impl Session {
     /// The workers the data plane allows: all, or those its subset hint names (by address
     /// and port, or by address alone when an entry gives no port; addresses compared as
     /// addresses, so `[::1]:80` and `::1` name the same engine).
+    /// The conformance suite's selection header restricts them the same way, when honoured
+    /// (`[epp] conformance_headers`): a worker must be named by every list given.
     fn eligible(&self) -> Result<Eligible, GatewayError> {
-        let Some(subset) = &self.subset else {
+        let lists: Vec<Vec<Hint>> = [&self.subset, &self.test_selection]
+            .into_iter()
+            .flatten()
+            .map(|l| l.iter().map(|s| Hint::parse(s)).collect())
+            .collect();
+        if lists.is_empty() {
             return Ok(Eligible::Any);
-        };
-        let hints: Vec<Hint> = subset.iter().map(|s| Hint::parse(s)).collect();
+        }
         let ids: Vec<WorkerId> = self
             .gw
             .registry
             .all()
             .iter()
             .filter(|w| {
-                wire::endpoint_of(&w.spec.url).is_some_and(|e| hints.iter().any(|h| h.names(&e)))
+                wire::endpoint_of(&w.spec.url)
+                    .is_some_and(|e| lists.iter().all(|hints| hints.iter().any(|h| h.names(&e))))
             })
             .map(|w| w.id)
             .collect();
         if ids.is_empty() {
             return Err(GatewayError::Api(ApiError::unavailable(
                 "no_eligible_endpoint",
-                "no worker of the data plane's subset hint is known here",
+                "no worker the data plane's subset hint or the request's endpoint selection names is known here",
                 1,
             )));
         }
@@ -434,7 +462,7 @@ impl Session {
                 }
             }
         };
-        let set = [
+        let mut set = vec![
             (
                 kvroute_fleet::headers::WORKER_HEADER,
                 pick.worker_name.clone(),
@@ -448,6 +476,13 @@ impl Session {
                 self.request_id.clone(),
             ),
         ];
+        if self.gw.config().epp.conformance_headers {
+            // As the conformance suite's pickers answer when the data plane says nothing.
+            let served = self.served.clone().unwrap_or_else(|| {
+                "fail: missing destination endpoint served metadata".to_string()
+            });
+            set.push((wire::TEST_SERVED_HEADER, served));
+        }
         let out = vec![wire::response_headers(&set)];
         if h.end_of_stream || self.no_response_body {
             self.end_answer();

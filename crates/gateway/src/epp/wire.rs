@@ -21,6 +21,13 @@ pub const LB_NAMESPACE: &str = "envoy.lb";
 pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
 /// The subset hint's key: a list of `ip:port` the request may go to.
 pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
+/// The conformance suite's request header restricting the endpoints a request may go to
+/// (comma-separated `IP` or `IP:port`; `[epp] conformance_headers`).
+pub const TEST_SELECTION_HEADER: &str = "test-epp-endpoint-selection";
+/// The conformance suite's response header naming the endpoint that served the request.
+pub const TEST_SERVED_HEADER: &str = "x-conformance-test-served-endpoint";
+/// The data plane's `envoy.lb` metadata key naming the endpoint that served the request.
+pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
 /// The `ext_proc` gRPC service's name (Envoy health-checks it by this name).
 pub const EXT_PROC_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
 /// The largest body chunk sent back (the protocol's limit on one streamed chunk).
@@ -70,6 +77,20 @@ pub fn subset_hint(metadata: Option<&Metadata>) -> Option<Vec<String>> {
         Some(Kind::StringValue(s)) => s.split(',').map(|e| e.trim().to_string()).collect(),
         _ => Vec::new(),
     })
+}
+
+/// The endpoint the data plane says served the request (`envoy.lb`
+/// `x-gateway-destination-endpoint-served` in `metadata`), when it says.
+pub fn served_endpoint(metadata: Option<&Metadata>) -> Option<String> {
+    let v = metadata?
+        .filter_metadata
+        .get(LB_NAMESPACE)?
+        .fields
+        .get(SERVED_KEY)?;
+    match &v.kind {
+        Some(Kind::StringValue(s)) => Some(s.chars().take(256).collect()),
+        _ => None,
+    }
 }
 
 /// A header to set (replacing any the client sent).

@@ -312,25 +312,39 @@ async fn the_health_port_serves_while_the_picker_does_and_says_whether_an_engine
     gw.shutdown().await;
 }
 
-/// The fail-closed configuration with a filter before the picker setting the subset hint to
-/// `subset` (as a data plane that knows which endpoints may serve does).
-fn with_subset_hint(config: &str, subset: &[String]) -> String {
-    let list: Vec<String> = subset.iter().map(|e| format!("\"{e}\"")).collect();
+/// `config` with a filter before the picker setting dynamic metadata `namespace` to `value`
+/// (a YAML map), forwarded to the picker.
+fn with_metadata(config: &str, namespace: &str, value: &str) -> String {
     let set_metadata = format!(
         r#"http_filters:
           - name: envoy.filters.http.set_metadata
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config
               metadata:
-              - metadata_namespace: envoy.lb.subset_hint
-                value: {{x-gateway-destination-endpoint-subset: [{}]}}"#,
-        list.join(", ")
+              - metadata_namespace: {namespace}
+                value: {value}"#
     );
     config.replacen("http_filters:", &set_metadata, 1).replacen(
         r#"receiving_namespaces: {untyped: ["envoy.lb"]}"#,
-        r#"receiving_namespaces: {untyped: ["envoy.lb"]}
-                forwarding_namespaces: {untyped: ["envoy.lb.subset_hint"]}"#,
+        &format!(
+            r#"receiving_namespaces: {{untyped: ["envoy.lb"]}}
+                forwarding_namespaces: {{untyped: ["{namespace}"]}}"#
+        ),
         1,
+    )
+}
+
+/// The fail-closed configuration with a filter before the picker setting the subset hint to
+/// `subset` (as a data plane that knows which endpoints may serve does).
+fn with_subset_hint(config: &str, subset: &[String]) -> String {
+    let list: Vec<String> = subset.iter().map(|e| format!("\"{e}\"")).collect();
+    with_metadata(
+        config,
+        "envoy.lb.subset_hint",
+        &format!(
+            "{{x-gateway-destination-endpoint-subset: [{}]}}",
+            list.join(", ")
+        ),
     )
 }
 
@@ -371,6 +385,89 @@ async fn the_subset_hint_limits_the_choice() {
     assert_eq!(status, 503, "{json}");
     assert_eq!(json["error"]["code"], "no_eligible_endpoint");
     drop((envoy2, epp));
+    gw.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_headers_select_and_report_the_endpoint_when_asked_to() {
+    let (a, b, c) = (worker("a").await, worker("b").await, worker("c").await);
+    let mut cfg = config(&[&a, &b, &c], "kv");
+    cfg.epp.conformance_headers = true;
+    let (gw, epp) = picker_with(&[&a, &b, &c], cfg).await;
+    let b_endpoint = format!("127.0.0.1:{}", worker_port(&b));
+    // The data plane reports the endpoint that served (as the conformance suite's gateways
+    // do; here a filter sets it, the one the selection allows).
+    let Some(envoy) = Envoy::start(&with_metadata(
+        &envoy_config(epp.addr.port(), false, &[]),
+        "envoy.lb",
+        &format!("{{x-gateway-destination-endpoint-served: \"{b_endpoint}\"}}"),
+    )) else {
+        return;
+    };
+    let ask = |selection: String, i: usize| {
+        let url = envoy.url();
+        async move {
+            let r = client()
+                .post(format!("{url}/v1/chat/completions"))
+                .header("test-epp-endpoint-selection", selection)
+                .json(&chat(&[("user", &format!("conformance {i}"))], false, 4))
+                .send()
+                .await
+                .unwrap();
+            let header = |n: &str| r.headers().get(n).map(|v| v.to_str().unwrap().to_string());
+            (
+                r.status().as_u16(),
+                header("x-kvroute-worker"),
+                header("x-conformance-test-served-endpoint"),
+            )
+        }
+    };
+    for i in 0..4 {
+        // The engine alone, or followed by one the picker does not know.
+        let selection = if i % 2 == 0 {
+            b_endpoint.clone()
+        } else {
+            format!("{b_endpoint}, 10.255.0.9:8000")
+        };
+        let (status, worker, served) = ask(selection, i).await;
+        assert_eq!((status, worker.as_deref()), (200, Some("b")));
+        assert_eq!(served.as_deref(), Some(b_endpoint.as_str()));
+    }
+    // A selection naming no engine: nothing is eligible.
+    let (status, _, _) = ask("10.255.0.9".into(), 9).await;
+    assert_eq!(status, 503);
+    drop((envoy, epp));
+    gw.shutdown().await;
+
+    // Off (the default): the header is ignored and no report is added.
+    let (gw, epp) = picker(&[&a, &b, &c]).await;
+    let envoy = Envoy::start(&envoy_config(epp.addr.port(), false, &[])).unwrap();
+    let mut served_by = std::collections::BTreeSet::new();
+    for i in 0..6 {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", envoy.url()))
+            .header("test-epp-endpoint-selection", "10.255.0.9")
+            .json(&chat(&[("user", &format!("not a test {i}"))], false, 4))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        assert!(r
+            .headers()
+            .get("x-conformance-test-served-endpoint")
+            .is_none());
+        served_by.insert(
+            r.headers()["x-kvroute-worker"]
+                .to_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    assert!(!served_by.is_empty());
+    drop((envoy, epp));
     gw.shutdown().await;
     a.shutdown().await;
     b.shutdown().await;
