@@ -8,11 +8,15 @@
 //! `(seed, decision number)`, and the caller books the choice afterwards.
 
 mod baseline;
+mod disaggregation;
 mod goodput;
 mod kv;
 mod predictive;
 
 pub use baseline::{LeastLoaded, PowerOfTwo, RandomChoice, RoundRobin};
+pub use disaggregation::{
+    split, DisaggregationConfig, DisaggregationMode, RemotePrefill, SplitChoice,
+};
 pub use goodput::{Goodput, GoodputConfig};
 pub use kv::{KvConfig, KvCost};
 pub use predictive::{Predictive, PredictiveConfig};

@@ -25,7 +25,10 @@ use crate::index::{
     ApproxConfig, ApproxIndex, BatchOutcome, IndexError, KvEvent, Matches, PrefixIndex,
 };
 use crate::ledger::{Booking, LedgerError, LoadLedger, WorkerCapacity};
-use crate::policy::{Candidate, Choice, Policy, PolicyInput};
+use crate::policy::{
+    Candidate, Choice, DisaggregationMode, Goodput, Policy, PolicyInput, PolicyKind, Predictive,
+    RemotePrefill,
+};
 use crate::tiers::{Loadable, OffloadedTiers, Tier};
 use crate::types::{BlockSize, Eligible, RequestId, Time, WorkerId, WorkerRole, ANY_WORKER};
 use serde::{Deserialize, Serialize};
@@ -85,6 +88,10 @@ pub struct Selection {
     pub cached_tokens: usize,
     /// The policy's cost for it, if the policy has costs.
     pub cost: Option<f64>,
+    /// The prefill worker that computes its prompt first, its KV then moved here, when the
+    /// request is split (disaggregated prefill); None: this worker computes it.
+    #[serde(default)]
+    pub prefill: Option<RemotePrefill>,
 }
 
 /// What to do with a request.
@@ -118,8 +125,11 @@ struct Evaluation {
     /// Parallel to `candidates`: offered to the policy.
     eligible: Vec<bool>,
     decision: AdmissionDecision,
-    /// Indexes into `candidates` of the eligible ones, and the policy's answer over them.
+    /// Indexes into `candidates` of the eligible ones, and the policy's answer over them
+    /// (with a split request, its decode worker).
     choice: Option<(Vec<usize>, Choice)>,
+    /// The prefill worker offered, and whether the request is split there.
+    prefill: Option<(RemotePrefill, bool)>,
 }
 
 /// The router.
@@ -150,6 +160,11 @@ pub struct Router {
     replica: u64,
     /// The current burst of requests reaching it ([`Router::hold_until`]).
     burst: Option<hold::Burst>,
+    /// The caller runs a request's prefill and decode on two workers
+    /// ([`Router::set_split_prefill`]).
+    split_prefill: bool,
+    /// The `goodput` policy, when it is the policy (it prices split requests).
+    goodput: Option<Goodput>,
     decisions: u64,
 }
 
@@ -190,6 +205,13 @@ impl Router {
             peers: peers::Peers::default(),
             replica: 0,
             burst: None,
+            split_prefill: false,
+            goodput: (config.policy.kind == PolicyKind::Goodput).then(|| {
+                Goodput::new(
+                    config.policy.goodput.clone(),
+                    Predictive::new(config.policy.predictive.clone()),
+                )
+            }),
             decisions: 0,
             config,
         })
@@ -342,6 +364,13 @@ impl Router {
         if role != WorkerRole::Both {
             self.roles.push((worker, role));
         }
+    }
+
+    /// Tells the router that its caller can run a request's prefill on a prefill worker
+    /// and its decode on another (the engines' transfer protocols); until then every
+    /// request is served whole by a worker that decodes, whatever `disaggregation` says.
+    pub fn set_split_prefill(&mut self, can: bool) {
+        self.split_prefill = can;
     }
 
     /// What `worker` does (`both` unless set).
@@ -500,14 +529,20 @@ impl Router {
             (AdmissionDecision::Dispatch, Some((ix, choice))) => {
                 let i = ix[choice.chosen];
                 let c = &ev.candidates[i];
+                let prefill = ev.prefill.filter(|(_, split)| *split).map(|(p, _)| p);
+                // A split request's engines report the prefill worker's own hit (the decode
+                // engine counts the moved KV as cached: docs/disaggregation.md).
+                let reused = match prefill {
+                    Some(p) => p.matched_blocks,
+                    None => c.matched_blocks + c.loadable.blocks(),
+                };
                 RouteOutcome::Dispatch(Selection {
                     worker: c.worker,
                     matched_blocks: c.matched_blocks,
                     loadable: c.loadable,
-                    cached_tokens: ((c.matched_blocks + c.loadable.blocks())
-                        * self.block_size.get())
-                    .min(req.prompt.tokens),
+                    cached_tokens: (reused * self.block_size.get()).min(req.prompt.tokens),
                     cost: choice.costs[choice.chosen],
+                    prefill,
                 })
             }
             (AdmissionDecision::Queue, _) => RouteOutcome::Queue,
@@ -657,6 +692,56 @@ impl Router {
         found
     }
 
+    /// The prefill worker to offer `req` (see [`crate::policy::split`]): among the
+    /// prefill-only workers it may use that are not busy, the one predicted to end its
+    /// prefill of the prompt first (its booked prefill and its matched prefix counted).
+    /// None when requests are not split here.
+    fn remote_prefill(
+        &self,
+        req: &RouteRequest<'_>,
+        open: &dyn Fn(&crate::ledger::WorkerView) -> bool,
+        candidate: &dyn Fn(&crate::ledger::WorkerView) -> Candidate,
+    ) -> Option<RemotePrefill> {
+        let cfg = &self.config.disaggregation;
+        if !self.split_prefill
+            || cfg.mode == DisaggregationMode::Never
+            || !self.roles.iter().any(|(_, r)| *r == WorkerRole::Prefill)
+        {
+            return None;
+        }
+        let bs = self.block_size.get();
+        let adm = &self.config.admission;
+        let pool: Vec<Candidate> = self
+            .ledger
+            .views()
+            .filter(|v| open(v) && self.role(v.worker) == WorkerRole::Prefill)
+            .map(|v| candidate(&v))
+            .filter(|c| !adm.is_busy(&c.load, &c.capacity, bs))
+            .collect();
+        if pool.is_empty() {
+            return None;
+        }
+        let input = PolicyInput {
+            prompt_tokens: req.prompt.tokens,
+            block_size: bs,
+            candidates: &pool,
+            decision: self.decisions,
+            seed: self.config.seed,
+            affinity: None,
+            affinity_bias: 0.0,
+            tiers: self.config.tiers,
+        };
+        let ttft = Predictive::new(self.config.policy.predictive.clone()).predict(&input);
+        let best = (0..pool.len()).min_by(|&a, &b| ttft[a].total_cmp(&ttft[b]))?;
+        Some(RemotePrefill {
+            worker: pool[best].worker,
+            matched_blocks: pool[best].matched_blocks,
+            prefill_secs: ttft[best],
+            transfer_secs_per_token: cfg.secs_per_token(),
+            transfer_latency_secs: cfg.link_latency_secs,
+        })
+    }
+
     fn evaluate(&self, req: &RouteRequest<'_>) -> Evaluation {
         let matches = self.matches(req.prompt);
         let bs = self.block_size.get();
@@ -664,38 +749,38 @@ impl Router {
         // block before it (vLLM and the simulated engine cap a hit at `tokens - 1`).
         let max_hit = req.prompt.tokens.saturating_sub(1) / bs;
         let offloaded = !self.offloaded.is_empty();
+        let candidate = |v: &crate::ledger::WorkerView| {
+            let matched_blocks = matches.depth(v.worker).min(max_hit);
+            let loadable = if offloaded {
+                self.offloaded
+                    .loadable(v.worker, &req.prompt.sequence, matched_blocks, max_hit)
+            } else {
+                Loadable::default()
+            };
+            Candidate {
+                worker: v.worker,
+                matched_blocks,
+                loadable,
+                cached_blocks: self.cached_blocks(v.worker),
+                cache_blocks: self
+                    .approx_capacity(v.worker)
+                    .or_else(|| v.capacity.kv_blocks.and_then(|b| usize::try_from(b).ok())),
+                load: v.load,
+                capacity: v.capacity,
+                prefill: v.prefill,
+                service_secs: v.service_secs,
+                decode: v.decode,
+                output_tokens: v.output_tokens,
+            }
+        };
+        let open = |v: &crate::ledger::WorkerView| {
+            req.eligible.allows(v.worker) && !self.unavailable.contains(&v.worker)
+        };
         let candidates: Vec<Candidate> = self
             .ledger
             .views()
-            .filter(|v| {
-                req.eligible.allows(v.worker)
-                    && !self.unavailable.contains(&v.worker)
-                    && (self.roles.is_empty() || self.role(v.worker).decodes())
-            })
-            .map(|v| {
-                let matched_blocks = matches.depth(v.worker).min(max_hit);
-                let loadable = if offloaded {
-                    self.offloaded
-                        .loadable(v.worker, &req.prompt.sequence, matched_blocks, max_hit)
-                } else {
-                    Loadable::default()
-                };
-                Candidate {
-                    worker: v.worker,
-                    matched_blocks,
-                    loadable,
-                    cached_blocks: self.cached_blocks(v.worker),
-                    cache_blocks: self
-                        .approx_capacity(v.worker)
-                        .or_else(|| v.capacity.kv_blocks.and_then(|b| usize::try_from(b).ok())),
-                    load: v.load,
-                    capacity: v.capacity,
-                    prefill: v.prefill,
-                    service_secs: v.service_secs,
-                    decode: v.decode,
-                    output_tokens: v.output_tokens,
-                }
-            })
+            .filter(|v| open(v) && (self.roles.is_empty() || self.role(v.worker).decodes()))
+            .map(|v| candidate(&v))
             .collect();
         let adm = &self.config.admission;
         let busy: Vec<bool> = candidates
@@ -722,14 +807,37 @@ impl Router {
                 affinity_bias: self.config.affinity_bias,
                 tiers: self.config.tiers,
             };
-            (ix, self.policy.select(&input))
+            let choice = self.policy.select(&input);
+            let Some(remote) = self.remote_prefill(req, &open, &candidate) else {
+                return (ix, choice, None);
+            };
+            let mode = self.config.disaggregation.mode;
+            let split = crate::policy::split(
+                mode,
+                &input,
+                &remote,
+                choice.clone(),
+                self.goodput.as_ref(),
+                || Predictive::new(self.config.policy.predictive.clone()).predict(&input),
+            );
+            let mut choice = choice;
+            choice.chosen = split.chosen;
+            if let Some(c) = choice.costs.get_mut(split.chosen) {
+                *c = split.cost;
+            }
+            (ix, choice, Some((remote, split.remote)))
         });
+        let (choice, prefill) = match choice {
+            Some((ix, c, p)) => (Some((ix, c)), p),
+            None => (None, None),
+        };
         Evaluation {
             candidates,
             busy,
             eligible,
             decision,
             choice,
+            prefill,
         }
     }
 }

@@ -22,7 +22,7 @@
 //! spread from the start.
 
 use super::predictive::{batch_wait_secs, Predictive};
-use super::{lowest_cost, Choice, Policy, PolicyInput};
+use super::{lowest_cost, Choice, Policy, PolicyInput, RemotePrefill};
 use crate::ledger::DecodeEstimate;
 use serde::{Deserialize, Serialize};
 
@@ -96,6 +96,23 @@ impl Goodput {
     /// known anywhere: then only the time to first token counts).
     pub fn predict(&self, input: &PolicyInput<'_>) -> Vec<f64> {
         let ttft = self.ttft.predict(input);
+        self.costs(input, &ttft, true)
+    }
+
+    /// [`Goodput::predict`] with the prompt computed on the prefill worker `remote` offers
+    /// and its KV moved to each candidate: the first token after that prefill and the
+    /// transfer of what the candidate lacks, and no prefill stalling the requests running on
+    /// the candidate.
+    pub fn predict_remote(&self, input: &PolicyInput<'_>, remote: &RemotePrefill) -> Vec<f64> {
+        let ttft: Vec<f64> = (0..input.candidates.len())
+            .map(|i| remote.ttft_secs(input, i))
+            .collect();
+        self.costs(input, &ttft, false)
+    }
+
+    /// The costs of the candidates given each one's time to first token (`ttft`), the
+    /// prompt computed on the candidate itself when `local_prefill`.
+    fn costs(&self, input: &PolicyInput<'_>, ttft: &[f64], local_prefill: bool) -> Vec<f64> {
         let known: Vec<DecodeEstimate> = input.candidates.iter().filter_map(|c| c.decode).collect();
         let fleet = if known.is_empty() {
             self.prior(input)
@@ -122,7 +139,7 @@ impl Goodput {
         input
             .candidates
             .iter()
-            .zip(ttft)
+            .zip(ttft.iter().copied())
             .map(|(c, ttft)| {
                 let d = c.decode.unwrap_or(fleet);
                 let output = c.output_tokens.unwrap_or(fleet_output).max(1.0);
@@ -132,6 +149,7 @@ impl Goodput {
                 let step_with = d.step_secs(running + 1.0, kv + prompt_tokens);
                 let prefill_secs = c
                     .prefill
+                    .filter(|_| local_prefill)
                     .map_or(0.0, |e| input.prefill_work(c) * e.secs_per_token);
                 // The running requests are halfway through their answers, on average.
                 let remaining = (output / 2.0).max(1.0);

@@ -60,6 +60,10 @@ pub struct RouterConfig {
     /// prompt cached goes at once and is no part of a burst. 1: every request may be held.
     /// Default [`DEFAULT_PEER_HOLD_MAX_CACHED`].
     pub peer_hold_max_cached: f64,
+    /// Disaggregated prefill: whether and how requests use prefill workers, and what
+    /// moving KV costs (`[router.disaggregation]`). Applies only where the caller runs a
+    /// request's two legs ([`Router::set_split_prefill`](super::Router::set_split_prefill)).
+    pub disaggregation: crate::policy::DisaggregationConfig,
 }
 
 /// The default of [`RouterConfig::peer_hold_secs`]: 10 ms, above the sync delay measured
@@ -94,6 +98,7 @@ impl Default for RouterConfig {
             max_inflight: crate::ledger::DEFAULT_MAX_INFLIGHT,
             peer_hold_secs: DEFAULT_PEER_HOLD_SECS,
             peer_hold_max_cached: DEFAULT_PEER_HOLD_MAX_CACHED,
+            disaggregation: crate::policy::DisaggregationConfig::default(),
         }
     }
 }
@@ -107,6 +112,7 @@ impl RouterConfig {
         self.admission.validate().map_err(bad)?;
         self.approx.validate().map_err(bad)?;
         self.tiers.validate().map_err(bad)?;
+        self.disaggregation.validate().map_err(bad)?;
         if !(self.pending_secs.is_finite() && self.pending_secs >= 0.0) {
             return Err(bad(format!(
                 "pending_secs must be >= 0, got {}",

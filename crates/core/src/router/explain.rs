@@ -23,6 +23,22 @@ pub struct Explanation {
     pub winner: Option<WorkerId>,
     /// Per worker, in id order.
     pub workers: Vec<WorkerExplanation>,
+    /// The prefill worker offered, when requests may be split (disaggregated prefill).
+    #[serde(default)]
+    pub prefill: Option<PrefillExplanation>,
+}
+
+/// The prefill worker offered to a request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrefillExplanation {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Leading prompt blocks it holds.
+    pub matched_blocks: usize,
+    /// Predicted seconds until its prefill of the prompt ends.
+    pub prefill_secs: f64,
+    /// Whether the prompt goes there (else the decode worker computes it).
+    pub chosen: bool,
 }
 
 /// One worker's terms.
@@ -102,6 +118,12 @@ impl Router {
             decision: ev.decision,
             winner,
             workers,
+            prefill: ev.prefill.map(|(p, chosen)| PrefillExplanation {
+                worker: p.worker,
+                matched_blocks: p.matched_blocks,
+                prefill_secs: p.prefill_secs,
+                chosen,
+            }),
         }
     }
 }

@@ -1,0 +1,225 @@
+//! Disaggregated prefill: whether a request's prompt is computed on a prefill worker and its
+//! KV moved to the decode worker, or computed by the decode worker itself.
+//!
+//! The router offers the policy the best prefill worker for the prompt ([`RemotePrefill`]:
+//! the predicted time until its prefill of this prompt ends, its booked prefill first, and
+//! what moving the KV costs). Moving it costs, per decode worker, the tokens that worker
+//! does not hold (it loads only those) over the link, plus a fixed latency
+//! ([`DisaggregationConfig`]).
+//!
+//! `always` sends every request's prompt to a prefill worker when one is free; `never`
+//! computes it on the decode worker. `auto` weighs both ways per request: `goodput` prices
+//! each decode worker both ways with the same terms it prices a request by (time to first
+//! token and decode, the stall a local prefill brings to the requests running there, misses
+//! of either objective: [`super::Goodput::predict_remote`]) and takes the lowest of all;
+//! every other policy chooses its worker as ever, which then computes the prompt itself
+//! unless the remote way gives an earlier first token. A short or mostly cached prompt stays
+//! local (its transfer and the prefill worker's queue cost more than computing it), and a
+//! backed-up prefill pool is bypassed (its queue is in its predicted time).
+
+use super::{Choice, PolicyInput};
+use crate::types::WorkerId;
+use serde::{Deserialize, Serialize};
+
+/// How requests use prefill workers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DisaggregationMode {
+    /// Per request, whichever way the policy predicts better (the default).
+    #[default]
+    Auto,
+    /// Every request's prompt on a prefill worker when one can take it.
+    Always,
+    /// Every request served whole by its decode worker.
+    Never,
+}
+
+impl DisaggregationMode {
+    /// Every mode, in their order.
+    pub const ALL: [DisaggregationMode; 3] = [Self::Auto, Self::Always, Self::Never];
+
+    /// Its name in configuration and flags.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Always => "always",
+            Self::Never => "never",
+        }
+    }
+}
+
+impl std::str::FromStr for DisaggregationMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| format!("disaggregation {s:?} is not one of auto, always, never"))
+    }
+}
+
+/// Settings of disaggregated prefill (`[router.disaggregation]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DisaggregationConfig {
+    /// Whether requests use prefill workers: `auto`, `always`, `never`.
+    pub mode: DisaggregationMode,
+    /// Bytes of KV cache per prompt token (2 x layers x KV heads x head size x bytes per
+    /// value: 131,072 for an 8B Llama in 16 bits, 327,680 for a 70B one).
+    pub kv_bytes_per_token: f64,
+    /// Bytes per second between a prefill and a decode worker.
+    pub link_bytes_per_sec: f64,
+    /// Seconds every transfer takes beyond its bytes (set-up, notification).
+    pub link_latency_secs: f64,
+}
+
+impl Default for DisaggregationConfig {
+    fn default() -> Self {
+        Self {
+            mode: DisaggregationMode::Auto,
+            kv_bytes_per_token: 131_072.0,
+            link_bytes_per_sec: 25e9,
+            link_latency_secs: 0.002,
+        }
+    }
+}
+
+impl DisaggregationConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("kv_bytes_per_token", self.kv_bytes_per_token),
+            ("link_bytes_per_sec", self.link_bytes_per_sec),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(format!("disaggregation {name} must be > 0, got {v}"));
+            }
+        }
+        if !(self.link_latency_secs.is_finite() && self.link_latency_secs >= 0.0) {
+            return Err(format!(
+                "disaggregation link_latency_secs must be >= 0, got {}",
+                self.link_latency_secs
+            ));
+        }
+        Ok(())
+    }
+
+    /// Seconds to move one token's KV.
+    pub fn secs_per_token(&self) -> f64 {
+        self.kv_bytes_per_token / self.link_bytes_per_sec
+    }
+}
+
+/// The prefill worker offered for a request.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RemotePrefill {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Leading prompt blocks it holds.
+    pub matched_blocks: usize,
+    /// Predicted seconds until its prefill of this prompt ends (its booked prefill first).
+    pub prefill_secs: f64,
+    /// Seconds to move one token's KV to a decode worker.
+    pub transfer_secs_per_token: f64,
+    /// Seconds every transfer takes beyond its bytes.
+    pub transfer_latency_secs: f64,
+}
+
+impl RemotePrefill {
+    /// Seconds to move the KV `input`'s candidate `i` lacks.
+    pub fn transfer_secs(&self, input: &PolicyInput<'_>, i: usize) -> f64 {
+        let missing = input.uncached_tokens(&input.candidates[i]) as f64;
+        self.transfer_latency_secs + missing * self.transfer_secs_per_token
+    }
+
+    /// Predicted seconds to the first token on candidate `i` with the prompt computed here:
+    /// the prefill, then the transfer of what the candidate lacks.
+    pub fn ttft_secs(&self, input: &PolicyInput<'_>, i: usize) -> f64 {
+        self.prefill_secs + self.transfer_secs(input, i)
+    }
+}
+
+/// A policy's answer with disaggregation: the decode worker (index into the candidates) and
+/// whether the prompt is computed on the prefill worker offered.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SplitChoice {
+    /// The decode worker's index.
+    pub chosen: usize,
+    /// Its cost the way chosen, when the policy has costs.
+    pub cost: Option<f64>,
+    /// Its prompt is computed on the prefill worker offered.
+    pub remote: bool,
+    /// Per candidate, the cost with remote prefill, when priced (`goodput` in `auto`).
+    pub remote_costs: Vec<Option<f64>>,
+}
+
+/// Chooses the decode worker and whether its prompt is computed on the prefill worker
+/// `remote` offers (see the module's text). `local` is the policy's own choice, every
+/// candidate computing the prompt itself; `goodput`, the policy when it is `goodput` (it
+/// prices both ways); `local_ttft`, the predicted first-token times of the candidates
+/// computing the prompt themselves (read only by `auto` under another policy).
+pub fn split(
+    mode: DisaggregationMode,
+    input: &PolicyInput<'_>,
+    remote: &RemotePrefill,
+    local: Choice,
+    goodput: Option<&super::Goodput>,
+    local_ttft: impl FnOnce() -> Vec<f64>,
+) -> SplitChoice {
+    let n = input.candidates.len();
+    let local_cost = local.costs.get(local.chosen).copied().flatten();
+    let stay = |remote_costs: Vec<Option<f64>>| SplitChoice {
+        chosen: local.chosen,
+        cost: local_cost,
+        remote: false,
+        remote_costs,
+    };
+    let priced = goodput.map(|g| super::lowest_cost(input, g.predict_remote(input, remote)));
+    let remote_costs = |p: &Option<Choice>| {
+        p.as_ref()
+            .map_or_else(|| vec![None; n], |c| c.costs.clone())
+    };
+    match mode {
+        DisaggregationMode::Never => stay(vec![None; n]),
+        DisaggregationMode::Always => match &priced {
+            Some(c) => SplitChoice {
+                chosen: c.chosen,
+                cost: c.costs[c.chosen],
+                remote: true,
+                remote_costs: remote_costs(&priced),
+            },
+            None => SplitChoice {
+                chosen: local.chosen,
+                cost: local_cost,
+                remote: true,
+                remote_costs: vec![None; n],
+            },
+        },
+        DisaggregationMode::Auto => match &priced {
+            Some(c) => {
+                let best_remote = c.costs[c.chosen].unwrap_or(f64::INFINITY);
+                let best_local = local_cost.unwrap_or(f64::INFINITY);
+                if best_remote < best_local {
+                    SplitChoice {
+                        chosen: c.chosen,
+                        cost: Some(best_remote),
+                        remote: true,
+                        remote_costs: remote_costs(&priced),
+                    }
+                } else {
+                    stay(remote_costs(&priced))
+                }
+            }
+            None => {
+                let ttft = local_ttft();
+                let here = ttft.get(local.chosen).copied().unwrap_or(f64::INFINITY);
+                let there = remote.ttft_secs(input, local.chosen);
+                SplitChoice {
+                    remote: there < here,
+                    ..stay(vec![None; n])
+                }
+            }
+        },
+    }
+}
