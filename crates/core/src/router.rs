@@ -13,6 +13,7 @@ mod config;
 mod explain;
 mod hold;
 mod peers;
+mod roles;
 mod sessions;
 
 pub use config::{RouterConfig, DEFAULT_PEER_HOLD_MAX_CACHED, DEFAULT_PEER_HOLD_SECS};
@@ -26,8 +27,7 @@ use crate::index::{
 };
 use crate::ledger::{Booking, LedgerError, LoadLedger, WorkerCapacity};
 use crate::policy::{
-    Candidate, Choice, DisaggregationMode, Goodput, Policy, PolicyInput, PolicyKind, Predictive,
-    RemotePrefill,
+    Candidate, Choice, Goodput, Policy, PolicyInput, PolicyKind, Predictive, RemotePrefill,
 };
 use crate::tiers::{Loadable, OffloadedTiers, Tier};
 use crate::types::{BlockSize, Eligible, RequestId, Time, WorkerId, WorkerRole, ANY_WORKER};
@@ -357,30 +357,6 @@ impl Router {
         self.ledger.remove_worker(worker);
     }
 
-    /// Sets what `worker` does in a disaggregated fleet (`both` unless set). A prefill-only
-    /// worker is offered to no policy as a request's worker: it serves prefill legs only.
-    pub fn set_role(&mut self, worker: WorkerId, role: WorkerRole) {
-        self.roles.retain(|(w, _)| *w != worker);
-        if role != WorkerRole::Both {
-            self.roles.push((worker, role));
-        }
-    }
-
-    /// Tells the router that its caller can run a request's prefill on a prefill worker
-    /// and its decode on another (the engines' transfer protocols); until then every
-    /// request is served whole by a worker that decodes, whatever `disaggregation` says.
-    pub fn set_split_prefill(&mut self, can: bool) {
-        self.split_prefill = can;
-    }
-
-    /// What `worker` does (`both` unless set).
-    pub fn role(&self, worker: WorkerId) -> WorkerRole {
-        self.roles
-            .iter()
-            .find(|(w, _)| *w == worker)
-            .map_or(WorkerRole::Both, |(_, r)| *r)
-    }
-
     /// Applies a KV event of `worker`. Events of a worker tracked approximately are not
     /// expected and are ignored (the router's own guesses stand).
     pub fn apply_event(&mut self, worker: WorkerId, event: &KvEvent) -> Result<(), IndexError> {
@@ -690,56 +666,6 @@ impl Router {
             }
         }
         found
-    }
-
-    /// The prefill worker to offer `req` (see [`crate::policy::split`]): among the
-    /// prefill-only workers it may use that are not busy, the one predicted to end its
-    /// prefill of the prompt first (its booked prefill and its matched prefix counted).
-    /// None when requests are not split here.
-    fn remote_prefill(
-        &self,
-        req: &RouteRequest<'_>,
-        open: &dyn Fn(&crate::ledger::WorkerView) -> bool,
-        candidate: &dyn Fn(&crate::ledger::WorkerView) -> Candidate,
-    ) -> Option<RemotePrefill> {
-        let cfg = &self.config.disaggregation;
-        if !self.split_prefill
-            || cfg.mode == DisaggregationMode::Never
-            || !self.roles.iter().any(|(_, r)| *r == WorkerRole::Prefill)
-        {
-            return None;
-        }
-        let bs = self.block_size.get();
-        let adm = &self.config.admission;
-        let pool: Vec<Candidate> = self
-            .ledger
-            .views()
-            .filter(|v| open(v) && self.role(v.worker) == WorkerRole::Prefill)
-            .map(|v| candidate(&v))
-            .filter(|c| !adm.is_busy(&c.load, &c.capacity, bs))
-            .collect();
-        if pool.is_empty() {
-            return None;
-        }
-        let input = PolicyInput {
-            prompt_tokens: req.prompt.tokens,
-            block_size: bs,
-            candidates: &pool,
-            decision: self.decisions,
-            seed: self.config.seed,
-            affinity: None,
-            affinity_bias: 0.0,
-            tiers: self.config.tiers,
-        };
-        let ttft = Predictive::new(self.config.policy.predictive.clone()).predict(&input);
-        let best = (0..pool.len()).min_by(|&a, &b| ttft[a].total_cmp(&ttft[b]))?;
-        Some(RemotePrefill {
-            worker: pool[best].worker,
-            matched_blocks: pool[best].matched_blocks,
-            prefill_secs: ttft[best],
-            transfer_secs_per_token: cfg.secs_per_token(),
-            transfer_latency_secs: cfg.link_latency_secs,
-        })
     }
 
     fn evaluate(&self, req: &RouteRequest<'_>) -> Evaluation {

@@ -1,0 +1,83 @@
+//! Worker roles in a disaggregated fleet, and the prefill worker a request is offered when
+//! its prefill may run apart from its decode.
+
+use super::{Candidate, RouteRequest, Router};
+use crate::ledger::WorkerView;
+use crate::policy::{DisaggregationMode, PolicyInput, Predictive, RemotePrefill};
+use crate::types::{WorkerId, WorkerRole};
+
+impl Router {
+    /// Sets what `worker` does in a disaggregated fleet (`both` unless set). A prefill-only
+    /// worker is offered to no policy as a request's worker: it serves prefill legs only.
+    pub fn set_role(&mut self, worker: WorkerId, role: WorkerRole) {
+        self.roles.retain(|(w, _)| *w != worker);
+        if role != WorkerRole::Both {
+            self.roles.push((worker, role));
+        }
+    }
+
+    /// Tells the router that its caller can run a request's prefill on a prefill worker
+    /// and its decode on another (the engines' transfer protocols); until then every
+    /// request is served whole by a worker that decodes, whatever `disaggregation` says.
+    pub fn set_split_prefill(&mut self, can: bool) {
+        self.split_prefill = can;
+    }
+
+    /// What `worker` does (`both` unless set).
+    pub fn role(&self, worker: WorkerId) -> WorkerRole {
+        self.roles
+            .iter()
+            .find(|(w, _)| *w == worker)
+            .map_or(WorkerRole::Both, |(_, r)| *r)
+    }
+
+    /// The prefill worker to offer `req` (see [`crate::policy::split`]): among the
+    /// prefill-only workers it may use that are not busy, the one predicted to end its
+    /// prefill of the prompt first (its booked prefill and its matched prefix counted).
+    /// None when requests are not split here.
+    pub(super) fn remote_prefill(
+        &self,
+        req: &RouteRequest<'_>,
+        open: &dyn Fn(&WorkerView) -> bool,
+        candidate: &dyn Fn(&WorkerView) -> Candidate,
+    ) -> Option<RemotePrefill> {
+        let cfg = &self.config.disaggregation;
+        if !self.split_prefill
+            || cfg.mode == DisaggregationMode::Never
+            || !self.roles.iter().any(|(_, r)| *r == WorkerRole::Prefill)
+        {
+            return None;
+        }
+        let bs = self.block_size.get();
+        let adm = &self.config.admission;
+        let pool: Vec<Candidate> = self
+            .ledger
+            .views()
+            .filter(|v| open(v) && self.role(v.worker) == WorkerRole::Prefill)
+            .map(|v| candidate(&v))
+            .filter(|c| !adm.is_busy(&c.load, &c.capacity, bs))
+            .collect();
+        if pool.is_empty() {
+            return None;
+        }
+        let input = PolicyInput {
+            prompt_tokens: req.prompt.tokens,
+            block_size: bs,
+            candidates: &pool,
+            decision: self.decisions,
+            seed: self.config.seed,
+            affinity: None,
+            affinity_bias: 0.0,
+            tiers: self.config.tiers,
+        };
+        let ttft = Predictive::new(self.config.policy.predictive.clone()).predict(&input);
+        let best = (0..pool.len()).min_by(|&a, &b| ttft[a].total_cmp(&ttft[b]))?;
+        Some(RemotePrefill {
+            worker: pool[best].worker,
+            matched_blocks: pool[best].matched_blocks,
+            prefill_secs: ttft[best],
+            transfer_secs_per_token: cfg.secs_per_token(),
+            transfer_latency_secs: cfg.link_latency_secs,
+        })
+    }
+}
