@@ -132,6 +132,9 @@ struct Inflight {
     partial_block: bool,
     /// The worker's running sums when its first token came (its decode's start).
     decode_from: Option<Sums>,
+    /// Its worker computes its prompt (else a prefill worker did: its first token is no
+    /// sample of this worker's prefill speed).
+    prefills_here: bool,
 }
 
 /// A worker's running sums: time-integrals of its booked batch and KV, and the prefill
@@ -372,6 +375,23 @@ impl LoadLedger {
 
     /// Books a request on its worker at `now`.
     pub fn book(&mut self, b: &Booking<'_>, now: Time) -> Result<(), LedgerError> {
+        self.book_with(b, now, true)
+    }
+
+    /// Books a request whose prompt another worker computes (disaggregated prefill): it
+    /// arrives with its KV, so no prefill work is booked here, and its first token (which
+    /// waited for that other worker and the transfer) teaches this worker's prefill fit
+    /// nothing.
+    pub fn book_decode(&mut self, b: &Booking<'_>, now: Time) -> Result<(), LedgerError> {
+        self.book_with(b, now, false)
+    }
+
+    fn book_with(
+        &mut self,
+        b: &Booking<'_>,
+        now: Time,
+        prefills_here: bool,
+    ) -> Result<(), LedgerError> {
         self.check_booking(b.request, b.worker)?;
         let stale = self
             .workers
@@ -381,7 +401,11 @@ impl LoadLedger {
             .workers
             .get_mut(&b.worker)
             .ok_or(LedgerError::UnknownWorker(b.worker))?;
-        let uncached = b.prompt_tokens.saturating_sub(b.cached_tokens) as u64;
+        let uncached = if prefills_here {
+            b.prompt_tokens.saturating_sub(b.cached_tokens) as u64
+        } else {
+            0
+        };
         let full = b.blocks.len().min(b.prompt_tokens / self.block_size);
         let blocks: Box<[u64]> = b.blocks[..full].iter().map(|s| s.0).collect();
         w.active.warm(blocks.iter().copied());
@@ -418,6 +442,7 @@ impl LoadLedger {
                 blocks,
                 partial_block,
                 decode_from: None,
+                prefills_here,
             },
         );
         Ok(())
@@ -441,15 +466,17 @@ impl LoadLedger {
             .filter(|w| w.generation == r.generation)
         {
             w.load.prefill_tokens = w.load.prefill_tokens.saturating_sub(r.prefill_tokens);
-            if std::mem::take(&mut w.refit)
-                || self.bookings.saturating_sub(w.sampled_at) > stale_limit
-            {
-                // What was learned is too old to correct: start afresh.
-                w.fit = PrefillFit::default();
+            if r.prefills_here {
+                if std::mem::take(&mut w.refit)
+                    || self.bookings.saturating_sub(w.sampled_at) > stale_limit
+                {
+                    // What was learned is too old to correct: start afresh.
+                    w.fit = PrefillFit::default();
+                }
+                w.sampled_at = self.bookings;
+                w.fit
+                    .observe(r.work_tokens as f64, now.since(r.booked_at).as_secs_f64());
             }
-            w.sampled_at = self.bookings;
-            w.fit
-                .observe(r.work_tokens as f64, now.since(r.booked_at).as_secs_f64());
             w.advance(now);
             w.sums.prefilled_tokens += r.prefill_tokens as f64;
             r.decode_from = Some(w.sums);

@@ -560,16 +560,19 @@ impl Router {
             .tiers
             .load_tokens(selection.loadable, self.block_size.get())
             .ceil() as usize;
-        self.ledger.book(
-            &Booking {
-                request,
-                worker: selection.worker,
-                prompt_tokens: prompt.tokens,
-                cached_tokens: selection.cached_tokens.saturating_sub(load),
-                blocks: &prompt.sequence,
-            },
-            now,
-        )?;
+        let booking = Booking {
+            request,
+            worker: selection.worker,
+            prompt_tokens: prompt.tokens,
+            cached_tokens: selection.cached_tokens.saturating_sub(load),
+            blocks: &prompt.sequence,
+        };
+        if selection.prefill.is_some() {
+            // Its prompt is computed elsewhere ([`Router::dispatch_prefill`]).
+            self.ledger.book_decode(&booking, now)?;
+        } else {
+            self.ledger.book(&booking, now)?;
+        }
         self.await_answer(
             request,
             selection.worker,

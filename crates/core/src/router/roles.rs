@@ -1,9 +1,11 @@
 //! Worker roles in a disaggregated fleet, and the prefill worker a request is offered when
 //! its prefill may run apart from its decode.
 
-use super::{Candidate, RouteRequest, Router};
+use super::{Candidate, RouteError, RouteRequest, Router};
+use crate::ledger::Booking;
 use crate::ledger::WorkerView;
 use crate::policy::{DisaggregationMode, PolicyInput, Predictive, RemotePrefill};
+use crate::types::{RequestId, Time};
 use crate::types::{WorkerId, WorkerRole};
 
 impl Router {
@@ -79,5 +81,36 @@ impl Router {
             transfer_secs_per_token: cfg.secs_per_token(),
             transfer_latency_secs: cfg.link_latency_secs,
         })
+    }
+
+    /// Books the prefill leg of a split request (its decode booked by [`Router::dispatch`]
+    /// of a selection naming `prefill`) as request `request` (an id of its own) on the
+    /// prefill worker at `now`: its prefill work counted there until
+    /// [`Router::first_token`] of `request` (the prefill leg's answer), which also teaches
+    /// that worker's prefill speed; [`Router::finish`] of `request` ends it. The prompt
+    /// counts as cached there until its events show it, as after any dispatch.
+    pub fn dispatch_prefill(
+        &mut self,
+        request: RequestId,
+        req: &RouteRequest<'_>,
+        prefill: &RemotePrefill,
+        now: Time,
+    ) -> Result<(), RouteError> {
+        let bs = self.block_size.get();
+        self.ledger.book(
+            &Booking {
+                request,
+                worker: prefill.worker,
+                prompt_tokens: req.prompt.tokens,
+                cached_tokens: (prefill.matched_blocks * bs).min(req.prompt.tokens),
+                blocks: &req.prompt.sequence,
+            },
+            now,
+        )?;
+        if let Err(e) = self.note_dispatched(prefill.worker, &req.prompt.sequence, now) {
+            let _ = self.ledger.finish(request, now);
+            return Err(e);
+        }
+        Ok(())
     }
 }

@@ -188,3 +188,41 @@ fn the_prefill_worker_holding_the_prompt_is_offered() {
     // The engines report the prefill worker's hit.
     assert_eq!(sel.cached_tokens, 3_200);
 }
+
+#[test]
+fn a_split_request_books_its_prefill_on_the_prefill_worker_and_teaches_the_decoder_nothing() {
+    let mut r = disaggregated(PolicyKind::Goodput, DisaggregationMode::Always);
+    let p = prompt(&tokens(4_000, 21));
+    let sel = match r.route(&req(&p)) {
+        RouteOutcome::Dispatch(sel) => sel,
+        other => panic!("{other:?}"),
+    };
+    let remote = sel.prefill.expect("split");
+    let decoder = sel.worker;
+    let before = r.ledger().prefill_estimate(decoder);
+    let t0 = Time::from_millis(100_000);
+    r.check_dispatch(RequestId(1), &sel).unwrap();
+    r.dispatch(RequestId(1), &req(&p), &sel, t0).unwrap();
+    r.dispatch_prefill(RequestId(2), &req(&p), &remote, t0)
+        .unwrap();
+    let load = |r: &Router, w: WorkerId| r.ledger().load(w).unwrap();
+    // The decoder runs it without computing its prompt; the prefill worker computes it.
+    assert_eq!(
+        (load(&r, decoder).inflight, load(&r, decoder).prefill_tokens),
+        (1, 0)
+    );
+    assert_eq!(load(&r, remote.worker).prefill_tokens, 4_000);
+    // The prefill leg answers after 0.4 s: its worker's prefill is done and measured.
+    r.first_token(RequestId(2), Time::from_millis(100_400))
+        .unwrap();
+    r.finish(RequestId(2), Time::from_millis(100_400)).unwrap();
+    assert_eq!(load(&r, remote.worker).prefill_tokens, 0);
+    assert_eq!(load(&r, remote.worker).inflight, 0);
+    // The decoder's first token (after the prefill and the transfer) is no sample of its
+    // own prefill speed.
+    r.first_token(RequestId(1), Time::from_millis(100_450))
+        .unwrap();
+    assert_eq!(r.ledger().prefill_estimate(decoder), before);
+    r.finish(RequestId(1), Time::from_millis(101_000)).unwrap();
+    assert_eq!(load(&r, decoder).inflight, 0);
+}
