@@ -461,6 +461,24 @@ pub struct UpstreamConfig {
     pub event_poll_secs: f64,
     /// The longest such a call may take, in seconds.
     pub event_poll_timeout_secs: f64,
+    /// How a split request's KV goes from its prefill worker to its decode worker, in the
+    /// engines' protocol (docs/disaggregation.md): `vllm` (the prefill leg with
+    /// `max_tokens: 1` and `kv_transfer_params: {"do_remote_decode": true}`, the parameters
+    /// its answer returns passed to the decode leg: NixlConnector, and connectors that need
+    /// none such as the shared-storage `ExampleConnector`), or `none` (requests are never
+    /// split; prefill-only workers then serve nothing).
+    pub kv_transfer: KvTransfer,
+}
+
+/// The engines' protocol for moving a split request's KV (`upstream.kv_transfer`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvTransfer {
+    /// vLLM's `kv_transfer_params`, one leg after the other.
+    #[default]
+    Vllm,
+    /// No split requests.
+    None,
 }
 
 impl Default for UpstreamConfig {
@@ -479,6 +497,7 @@ impl Default for UpstreamConfig {
             event_heartbeat_timeout_secs: 30.0,
             event_poll_secs: 0.2,
             event_poll_timeout_secs: 5.0,
+            kv_transfer: KvTransfer::default(),
         }
     }
 }

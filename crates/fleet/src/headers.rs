@@ -9,6 +9,9 @@ pub const DP_RANK_HEADER: &str = "x-data-parallel-rank";
 
 /// The header naming the worker that served a request.
 pub const WORKER_HEADER: &str = "x-kvroute-worker";
+/// The response header naming the worker that computed a split request's prompt, when
+/// another worker than `x-kvroute-worker` (which decoded) did (disaggregated prefill).
+pub const PREFILL_WORKER_HEADER: &str = "x-kvroute-prefill-worker";
 
 /// The header carrying the prompt tokens the router expected the chosen worker to have
 /// cached (compare with the answer's `usage.prompt_tokens_details.cached_tokens`).

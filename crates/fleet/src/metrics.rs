@@ -53,6 +53,9 @@ pub struct Metrics {
     pub cache_state: IntGaugeVec,
     /// 1 for each worker's role in a disaggregated fleet (both, prefill, decode).
     pub worker_role: IntGaugeVec,
+    /// Prefill legs of split requests, by prefill worker and result (`ok`, `failed`: the
+    /// decode worker then computed the prompt).
+    pub prefill_legs: IntCounterVec,
     /// Workers per role.
     pub pool_workers: IntGaugeVec,
     /// Requests in flight on each role's workers together.
@@ -252,6 +255,11 @@ impl Metrics {
                 "1 for the worker's role in a disaggregated fleet: both (serves requests whole), prefill, decode.",
                 &["worker", "role"],
             )?,
+            prefill_legs: counter_vec(
+                "kvroute_prefill_legs_total",
+                "Prefill legs of split requests (disaggregated prefill), by prefill worker and result: ok, or failed (the decode worker then computed the prompt).",
+                &["worker", "result"],
+            )?,
             pool_workers: gauge_vec(
                 "kvroute_pool_workers",
                 "Workers of each role (both, prefill, decode).",
@@ -395,6 +403,7 @@ impl Metrics {
         forget(&self.offloaded_blocks, name);
         forget(&self.cache_state, name);
         forget(&self.worker_role, name);
+        forget(&self.prefill_legs, name);
         forget(&self.event_restarts, name);
         forget(&self.event_resubscribes, name);
         forget(&self.predictions, name);

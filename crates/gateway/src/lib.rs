@@ -177,6 +177,10 @@ pub async fn spawn(
     // Its id among the replicas, the one its shared bookings carry: its turn in a burst
     // (`router.peer_hold_secs`).
     router.set_replica(replica);
+    // Requests may be split between a prefill and a decode worker where the gateway speaks
+    // the engines' transfer protocol (`upstream.kv_transfer`).
+    router
+        .set_split_prefill(config.upstream.kv_transfer != kvroute_fleet::config::KvTransfer::None);
     for (i, w) in config.workers.iter().enumerate() {
         let t = membership::tracking_of(preprocessor.is_approximate(), w, feeds.contains_key(&i));
         let id = kvroute_core::WorkerId(i as u64 + 1);

@@ -3,6 +3,7 @@
 //! whole answer comes back read under a bound, a stream through [`stream`] (watched, and
 //! carried on by another worker when its own fails mid-way).
 
+mod prefill;
 mod stream;
 pub(crate) mod watch;
 
@@ -39,6 +40,10 @@ pub(crate) struct Prediction {
     pub(crate) worker: kvroute_core::WorkerId,
     pub(crate) predicted: u64,
     pub(crate) prompt_tokens: u64,
+    /// Its prompt was computed on a prefill worker: what the decode engine reports as
+    /// cached then depends on its connector and version (the moved KV, or the prefill
+    /// engine's hit), so the answer is no sample of the prediction's accuracy.
+    pub(crate) split: bool,
 }
 
 /// One request on its way through the gateway.
@@ -79,7 +84,15 @@ pub async fn forward(
                 Err(e) => return Err(e),
             };
         let worker = guard.worker;
-        match send(gw, &call, worker, call.body.clone()).await {
+        // A split request: its prompt computed on the prefill worker first.
+        let handoff = match &sel.prefill {
+            Some(remote) => Some(prefill::run(gw, &call, &prep, remote).await),
+            None => None,
+        };
+        let body = handoff
+            .as_ref()
+            .map_or_else(|| call.body.clone(), |h| h.body.clone());
+        match send(gw, &call, worker, body).await {
             Ok(resp) if resp.status().is_server_error() && attempt + 1 < attempts => {
                 let name = worker_name(gw, worker);
                 gw.metrics
@@ -100,8 +113,16 @@ pub async fn forward(
                         worker,
                         predicted: sel.cached_tokens as u64,
                         prompt_tokens: prep.prompt.tokens as u64,
+                        split: sel.prefill.is_some(),
                     };
                     let mut out = answer(gw, &call, &prep, guard, read, prediction);
+                    if let Some(v) = handoff
+                        .and_then(|h| h.prefill_worker)
+                        .and_then(|n| HeaderValue::from_str(&n).ok())
+                    {
+                        out.headers_mut()
+                            .insert(kvroute_fleet::headers::PREFILL_WORKER_HEADER, v);
+                    }
                     if let Some(v) = explanation
                         .as_ref()
                         .and_then(|ex| crate::explanation::header_value(gw, ex))
@@ -383,9 +404,11 @@ pub(crate) fn finish(
         m.cached_tokens.observe(u.cached_tokens() as f64);
         m.output_tokens.observe(u.completion_tokens as f64);
         m.output_tokens_total.inc_by(u.completion_tokens);
-        if let (true, Some(details), Some(prediction)) =
-            (status.is_success(), &u.prompt_tokens_details, prediction)
-        {
+        if let (true, Some(details), Some(prediction)) = (
+            status.is_success(),
+            &u.prompt_tokens_details,
+            prediction.filter(|p| !p.split),
+        ) {
             gw.workers.observe_prediction(
                 prediction.worker,
                 kvroute_fleet::accuracy::Sample {

@@ -54,6 +54,9 @@ struct Pick {
     worker_name: String,
     /// The booking, until the answer's watch takes it.
     guard: Option<LedgerGuard>,
+    /// A split request's prefill booking, until the answer's headers (the decode worker's
+    /// sidecar ran the prefill leg before them).
+    prefill_guard: Option<LedgerGuard>,
 }
 
 /// Where the answer is.
@@ -319,6 +322,18 @@ impl Session {
         if let Some(rank) = worker.spec.dp_rank {
             more.push((kvroute_fleet::headers::DP_RANK_HEADER, rank.to_string()));
         }
+        // A split request: the decode endpoint's sidecar runs the prefill leg on this one.
+        let mut prefill_guard = None;
+        if let Some(remote) = &sel.prefill {
+            let prefiller = gw
+                .registry
+                .get(remote.worker)
+                .and_then(|w| wire::endpoint_of(&w.spec.url));
+            if let Some(p) = prefiller {
+                prefill_guard = crate::routing::queue::book_prefill(&gw, &prep.prompt, remote).ok();
+                more.push((wire::PREFILLER_HEADER, p));
+            }
+        }
         tracing::debug!(request_id = %self.request_id, worker = %worker.name, %endpoint, matched_blocks = sel.matched_blocks, "endpoint picked");
         self.pick = Some(Pick {
             model: model.clone(),
@@ -327,9 +342,11 @@ impl Session {
                 worker: sel.worker,
                 predicted: sel.cached_tokens as u64,
                 prompt_tokens: prep.prompt.tokens as u64,
+                split: sel.prefill.is_some(),
             },
             worker_name: worker.name.clone(),
             guard: Some(guard),
+            prefill_guard,
         });
         Ok(wire::routed(&endpoint, &more, self.buffered))
     }
@@ -434,6 +451,9 @@ impl Session {
             }
             return vec![wire::response_headers(&[])];
         };
+        if let Some(mut g) = pick.prefill_guard.take() {
+            g.first_token();
+        }
         if status.is_server_error() {
             self.gw
                 .metrics

@@ -28,6 +28,10 @@ pub const TEST_SELECTION_HEADER: &str = "test-epp-endpoint-selection";
 pub const TEST_SERVED_HEADER: &str = "x-conformance-test-served-endpoint";
 /// The data plane's `envoy.lb` metadata key naming the endpoint that served the request.
 pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
+/// The header naming a split request's prefill endpoint (`ip:port`) for the routing sidecar
+/// on the decode endpoint (llm-d's), which runs the prefill leg there first. A client's own
+/// copy is always removed.
+pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
 /// The `ext_proc` gRPC service's name (Envoy health-checks it by this name).
 pub const EXT_PROC_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
 /// The largest body chunk sent back (the protocol's limit on one streamed chunk).
@@ -132,8 +136,13 @@ pub fn routed(endpoint: &str, more: &[(&str, String)], on_body: bool) -> Process
     };
     let common = CommonResponse {
         header_mutation: Some(HeaderMutation {
+            // Only the picker names a prefill endpoint.
+            remove_headers: if more.iter().any(|(k, _)| *k == PREFILLER_HEADER) {
+                Vec::new()
+            } else {
+                vec![PREFILLER_HEADER.to_string()]
+            },
             set_headers,
-            ..HeaderMutation::default()
         }),
         clear_route_cache: true,
         ..CommonResponse::default()
@@ -431,6 +440,29 @@ mod tests {
             (DESTINATION_HEADER, b"10.0.0.7:8000".as_slice())
         );
         assert_eq!(set.len(), 2);
+        // A client's prefill endpoint header is removed unless the picker names one.
+        let removed = &common.header_mutation.as_ref().unwrap().remove_headers;
+        assert_eq!(removed, &[PREFILLER_HEADER.to_string()]);
+        let split = routed(
+            "10.0.0.7:8000",
+            &[(PREFILLER_HEADER, "10.0.0.8:8000".into())],
+            false,
+        );
+        let Some(processing_response::Response::RequestHeaders(h)) = &split.response else {
+            panic!("not a headers answer")
+        };
+        let m = h
+            .response
+            .as_ref()
+            .unwrap()
+            .header_mutation
+            .as_ref()
+            .unwrap();
+        assert!(m.remove_headers.is_empty());
+        assert_eq!(
+            m.set_headers[1].header.as_ref().unwrap().key,
+            PREFILLER_HEADER
+        );
         let lb = &r.dynamic_metadata.as_ref().unwrap().fields[LB_NAMESPACE];
         let Some(Kind::StructValue(lb)) = &lb.kind else {
             panic!("no envoy.lb struct")

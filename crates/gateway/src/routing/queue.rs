@@ -84,17 +84,13 @@ pub fn route_and_book(
             router
                 .dispatch(id, request, &sel, gw.now())
                 .map_err(|e| AdmitError::Internal(e.to_string()))?;
-            gw.bookings.share(|| LoadOp::Dispatch {
-                req: id.0,
-                worker: gw
-                    .registry
-                    .get(sel.worker)
-                    .map(|w| w.name.clone())
-                    .unwrap_or_default(),
-                prompt_tokens: request.prompt.tokens as u64,
-                cached_tokens: sel.cached_tokens as u64,
-                blocks: request.prompt.sequence.iter().map(|s| s.0).collect(),
-            });
+            // A split request's decode worker computes none of its prompt.
+            let cached = if sel.prefill.is_some() {
+                request.prompt.tokens
+            } else {
+                sel.cached_tokens
+            };
+            share_dispatch(gw, id, sel.worker, request.prompt, cached);
             let guard = LedgerGuard::booked(&gw.bookings, id, sel.worker);
             Ok(Some(Admitted {
                 sel,
@@ -105,6 +101,45 @@ pub fn route_and_book(
         RouteOutcome::Queue => Ok(None),
         RouteOutcome::Reject(reason) => Err(AdmitError::Rejected(reason)),
     }
+}
+
+/// Books the prefill leg of a split request on its prefill worker (`remote`), shared with
+/// the peer replicas as any booking is; the guard releases it.
+pub fn book_prefill(
+    gw: &Arc<Gateway>,
+    prompt: &kvroute_core::BlockedPrompt,
+    remote: &kvroute_core::policy::RemotePrefill,
+) -> Result<LedgerGuard, AdmitError> {
+    let id = gw.bookings.next_request();
+    let now = gw.now();
+    gw.table
+        .update(|r| r.dispatch_prefill(id, &RouteRequest::new(prompt), remote, now))
+        .map_err(|e| AdmitError::Internal(e.to_string()))?;
+    let bs = gw.config().router.block_size;
+    let cached = (remote.matched_blocks * bs).min(prompt.tokens);
+    share_dispatch(gw, id, remote.worker, prompt, cached);
+    Ok(LedgerGuard::booked(&gw.bookings, id, remote.worker))
+}
+
+/// Tells the peer replicas of a booking (`cached` of the prompt's tokens held there).
+fn share_dispatch(
+    gw: &Gateway,
+    id: kvroute_core::RequestId,
+    worker: kvroute_core::WorkerId,
+    prompt: &kvroute_core::BlockedPrompt,
+    cached: usize,
+) {
+    gw.bookings.share(|| LoadOp::Dispatch {
+        req: id.0,
+        worker: gw
+            .registry
+            .get(worker)
+            .map(|w| w.name.clone())
+            .unwrap_or_default(),
+        prompt_tokens: prompt.tokens as u64,
+        cached_tokens: cached as u64,
+        blocks: prompt.sequence.iter().map(|s| s.0).collect(),
+    });
 }
 
 /// One pass over the queue at the clock's now: expired requests refused, then the others

@@ -10,6 +10,7 @@ use kvroute_gateway::epp::{self, EppHandle};
 use kvroute_gateway::GatewayHandle;
 use kvroute_testkit::envoy::{self, Envoy};
 use kvroute_worker::WorkerHandle;
+use std::sync::{Arc, Mutex};
 
 /// The shipped Envoy configuration (`deploy/envoy/`) in front of the picker on
 /// `grpc_port`: failing closed (`ORIGINAL_DST`, bodies `FULL_DUPLEX_STREAMED`) or open
@@ -472,4 +473,84 @@ async fn the_conformance_headers_select_and_report_the_endpoint_when_asked_to() 
     a.shutdown().await;
     b.shutdown().await;
     c.shutdown().await;
+}
+
+/// A stub engine (or routing sidecar) recording the `x-prefiller-host-port` header of each
+/// request it gets.
+async fn sidecar(seen: Arc<Mutex<Vec<Option<String>>>>) -> String {
+    use axum::routing::{get, post};
+    let answer = move |headers: axum::http::HeaderMap| {
+        seen.lock().unwrap().push(
+            headers
+                .get("x-prefiller-host-port")
+                .map(|v| v.to_str().unwrap().to_string()),
+        );
+        async {
+            let a = serde_json::json!({"id": "cmpl-s", "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}});
+            ([("content-type", "application/json")], a.to_string())
+        }
+    };
+    kvroute_testkit::serve(
+        axum::Router::new()
+            .route("/v1/chat/completions", post(answer))
+            .route("/health", get(|| async { "ok" })),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_request_names_its_prefill_endpoint_for_the_decode_sidecar() {
+    let (p_seen, d_seen) = (Arc::default(), Arc::default());
+    let (p_url, d_url) = (
+        sidecar(Arc::clone(&p_seen)).await,
+        sidecar(Arc::clone(&d_seen)).await,
+    );
+    let mut cfg = config(&[], "goodput");
+    cfg.workers = vec![
+        kvroute_gateway::WorkerSpec {
+            url: p_url.clone(),
+            name: Some("p".into()),
+            role: kvroute_core::WorkerRole::Prefill,
+            ..kvroute_gateway::WorkerSpec::default()
+        },
+        kvroute_gateway::WorkerSpec {
+            url: d_url,
+            name: Some("d".into()),
+            role: kvroute_core::WorkerRole::Decode,
+            ..kvroute_gateway::WorkerSpec::default()
+        },
+    ];
+    cfg.router.disaggregation.mode = kvroute_core::policy::DisaggregationMode::Always;
+    let gw = gateway_with_feeds(cfg, Default::default()).await;
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let epp = epp::spawn(gw.state().clone(), grpc, health).await.unwrap();
+    let Some(envoy) = Envoy::start(&envoy_config(epp.addr.port(), false, &[])) else {
+        return;
+    };
+    // The request goes to the decode endpoint, naming the prefill one; a client's own
+    // header naming somewhere else is replaced.
+    let r = client()
+        .post(format!("{}/v1/chat/completions", envoy.url()))
+        .header("x-prefiller-host-port", "10.255.0.9:8000")
+        .json(&chat(&[("user", "split me")], false, 4))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.headers()["x-kvroute-worker"], "d");
+    let prefiller = p_url.trim_start_matches("http://").to_string();
+    assert_eq!(d_seen.lock().unwrap().as_slice(), &[Some(prefiller)]);
+    assert!(
+        p_seen.lock().unwrap().is_empty(),
+        "the sidecar runs the prefill leg"
+    );
+    // Its bookings were released with the answer.
+    let w = debug_workers(&gw.url()).await;
+    assert_eq!(w["pools"]["prefill"]["inflight"], 0, "{w}");
+    assert_eq!(w["pools"]["decode"]["inflight"], 0, "{w}");
+    drop((envoy, epp));
+    gw.shutdown().await;
 }

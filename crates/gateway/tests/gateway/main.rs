@@ -18,6 +18,7 @@ mod replicas;
 mod resync;
 mod roles;
 mod round_trip;
+mod split;
 mod streams;
 mod support;
 mod tiers;
