@@ -196,11 +196,14 @@ class Proc:
 class Engine(Proc):
     """One vLLM OpenAI API server with prefix caching and ZMQ KV events."""
 
-    def __init__(self, name, model_dir, python, cpu, log_path, ports=None):
+    def __init__(self, name, model_dir, python, cpu, log_path, ports=None, extra_args=(), role=None):
         super().__init__(name, log_path)
         self.model_dir = model_dir
         self.python = python
         self.cpu = cpu
+        # More engine flags (a KV connector); the role the gateway gives it (`,role=`).
+        self.extra_args = list(extra_args)
+        self.role = role
         self.http_port, self.pub_port, self.replay_port = ports or (free_port(), free_port(), free_port())
 
     def new_ports(self):
@@ -226,7 +229,8 @@ class Engine(Proc):
         return f"127.0.0.1:{self.http_port}"
 
     def worker_flag(self):
-        return f"{self.url}={self.pub}={self.replay}"
+        flag = f"{self.url}={self.pub}={self.replay}"
+        return f"{flag},role={self.role}" if self.role else flag
 
     def argv(self):
         kv_events = {
@@ -251,7 +255,7 @@ class Engine(Proc):
             "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--enforce-eager",
             "--kv-events-config", json.dumps(kv_events),
             "--uvicorn-log-level", "warning",
-        ]
+        ] + self.extra_args
 
     def env(self):
         env = dict(os.environ)
@@ -302,13 +306,14 @@ class Engine(Proc):
 class Gateway(Proc):
     """`kvroute serve` in front of the engines."""
 
-    def __init__(self, binary, engines, tokenizer, log_path, port=None, policy="goodput"):
+    def __init__(self, binary, engines, tokenizer, log_path, port=None, policy="goodput", extra_args=()):
         super().__init__("gateway", log_path)
         self.binary = binary
         self.engines = engines
         self.tokenizer = tokenizer
         self.port = port or free_port()
         self.policy = policy
+        self.extra_args = list(extra_args)
 
     @property
     def url(self):
@@ -320,6 +325,7 @@ class Gateway(Proc):
                 "--block-size", str(BLOCK_SIZE)]
         for e in self.engines:
             argv += ["--worker", e.worker_flag()]
+        argv += self.extra_args
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "info")
         env["NO_COLOR"] = "1"
@@ -352,6 +358,22 @@ class Gateway(Proc):
         if status != 200:
             raise RuntimeError(f"/metrics: {status}")
         return parse_prometheus(body.decode())
+
+
+def post_json(url, body, timeout=60.0):
+    """POSTs `body` as JSON: (status, headers as a lower-cased dict, parsed answer or None)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, headers, raw = r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        status, headers, raw = e.code, e.headers, e.read()
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        answer = None
+    return status, {k.lower(): v for k, v in headers.items()}, answer
 
 
 def parse_prometheus(text):

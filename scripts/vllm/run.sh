@@ -33,7 +33,7 @@ if [ ! -x "$bin" ]; then
 fi
 
 step "test_real_vllm.py against $bin"
-# The test stops its own processes at its deadline (480 s); timeout is the backstop.
-timeout -k 15 540 "$venv/bin/python" "$here/test_real_vllm.py" --kvroute "$bin" \
+# The test stops its own processes at its deadline (660 s); timeout is the backstop.
+timeout -k 15 720 "$venv/bin/python" "$here/test_real_vllm.py" --kvroute "$bin" \
   --model "$root/target/vllm-model" --logs "$root/target/vllm-test-logs"
 step "done"

@@ -34,16 +34,26 @@ tokens) of the reported figure. Scenarios:
      other engine to its end (mid-stream migration, vLLM's `continue_final_message`),
      nothing is counted 499. When only the setup did
      not hold (no request without a chunk in flight on it at the kill), the engine is started
-     again and the scenario repeated, at most 3 attempts.
+     again and the scenario repeated, at most 3 attempts;
+  h. disaggregated prefill: the engines are stopped and two new ones started with vLLM's
+     shared-storage `ExampleConnector` (one `kv_producer`, one `kv_consumer`, a directory
+     of their own), behind a gateway with `--worker ...,role=prefill|decode --disaggregation
+     always`: every request's prefill leg runs on the producer, its decode leg on the
+     consumer, which loads the KV (reports it cached) and answers with the same greedy
+     tokens a plain engine gave for the same prompts at the start; a follow-up turn goes to
+     the decode worker; with the prefill engine killed no request fails (the decode engine
+     computes the prompt).
 
 Each scenario prints its figures and PASS or FAIL; the last line is `N passed, M failed`, and
 the exit code is non-zero when any failed. Every process started here is stopped at the end,
 on failure, on a signal, and at the overall deadline.
 """
 import argparse
+import json
 import os
 import random
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -247,6 +257,8 @@ class Run:
         self.e1 = eng.Engine("engine1", args.model, py, "0", os.path.join(args.logs, "engine1.log"))
         self.e2 = eng.Engine("engine2", args.model, py, "1", os.path.join(args.logs, "engine2.log"))
         self.gw = None
+        # Engines of scenario h (stopped at the end like the others).
+        self.pd = []
         self.results = []
         self.convs = []
         self.lock = threading.Lock()
@@ -254,7 +266,7 @@ class Run:
     # ---- plumbing -------------------------------------------------------------------------
 
     def procs(self):
-        return [p for p in (self.gw, self.e1, self.e2) if p is not None]
+        return [p for p in (self.gw, self.e1, self.e2, *self.pd) if p is not None]
 
     def cleanup(self):
         for p in self.procs():
@@ -382,6 +394,23 @@ class Run:
             f"(--policy {self.gw.policy} --tokenizer {self.args.model} --block-size {BLOCK})")
 
     # ---- scenarios --------------------------------------------------------------------------
+
+    def scenario_h_prepare(self):
+        """Scenario h's prompts and a plain engine's greedy answers to them (engine 1, whose
+        weights the disaggregated pair shares)."""
+        rng = random.Random(4242)
+        self.pd_prompts = [text(rng, rng.randint(250, 400)) for _ in range(3)]
+        self.pd_reference = []
+        for prompt in self.pd_prompts:
+            status, _, a = eng.post_json(self.e1.url + "/v1/completions", self.pd_body(prompt))
+            if status != 200 or not a:
+                raise RuntimeError(f"engine1 did not answer scenario h's prompt: {status} {a}")
+            self.pd_reference.append(a["choices"][0]["token_ids"])
+
+    @staticmethod
+    def pd_body(prompt):
+        return {"model": eng.MODEL_NAME, "prompt": prompt, "max_tokens": 16, "temperature": 0,
+                "return_token_ids": True}
 
     def scenario_b_prepare(self):
         """A conversation begun directly on engine 1, before the gateway exists."""
@@ -1032,6 +1061,102 @@ class Run:
 
     # ---- driver -----------------------------------------------------------------------------
 
+    def scenario_h(self, r):
+        for p in (self.gw, self.e1, self.e2):
+            if p is not None:
+                p.stop(grace=3.0)
+        shared = os.path.join(self.args.logs, "pd-shared")
+        shutil.rmtree(shared, ignore_errors=True)
+        os.makedirs(shared)
+
+        def connector(role):
+            cfg = {"kv_connector": "ExampleConnector", "kv_role": role,
+                   "kv_connector_extra_config": {"shared_storage_path": shared}}
+            # A prompt prefilled in chunks is stored by its first chunk only (and loading it
+            # crashes the consumer): the whole prompt in one step.
+            return ["--kv-transfer-config", json.dumps(cfg),
+                    "--max-num-batched-tokens", str(eng.MAX_MODEL_LEN)]
+
+        logs = self.args.logs
+        P = eng.Engine("prefill", self.args.model, self.args.python, "0",
+                       os.path.join(logs, "prefill.log"), extra_args=connector("kv_producer"),
+                       role="prefill")
+        D = eng.Engine("decode", self.args.model, self.args.python, "1",
+                       os.path.join(logs, "decode.log"), extra_args=connector("kv_consumer"),
+                       role="decode")
+        self.pd = [P, D]
+        t0 = time.time()
+        P.start()
+        D.start()
+        P.wait_ready()
+        D.wait_ready()
+        r.info(f"producer and consumer engines (ExampleConnector) started in {time.time() - t0:.1f} s")
+        self.gw = eng.Gateway(self.args.kvroute, [P, D], self.args.model,
+                              os.path.join(logs, "gateway-pd.log"),
+                              extra_args=["--disaggregation", "always"])
+        self.gw.start()
+        self.gw.wait_ready()
+        for e in (P, D):
+            ok, seen = self.wait_health(e, "up", 30.0)
+            r.check(ok, f"the gateway sees the {e.name} engine up ({seen})")
+        names = (D.gateway_name, P.gateway_name)
+        for i, (prompt, ref) in enumerate(zip(self.pd_prompts, self.pd_reference)):
+            t = time.time()
+            status, h, a = eng.post_json(self.gw.url + "/v1/completions", self.pd_body(prompt))
+            secs = time.time() - t
+            r.check(status == 200 and a, f"prompt {i}: answered {status}")
+            if not a:
+                continue
+            got = (h.get("x-kvroute-worker"), h.get("x-kvroute-prefill-worker"))
+            r.check(got == names, f"prompt {i}: decoded by {got[0]}, prefilled by {got[1]} "
+                                  f"(want {names[0]}, {names[1]})")
+            tokens = a["choices"][0].get("token_ids")
+            r.check(tokens == ref, f"prompt {i}: the decode engine's greedy tokens equal a plain "
+                                   f"engine's ({tokens[:6] if tokens else tokens}... vs {ref[:6]}...)")
+            usage = a.get("usage") or {}
+            n = usage.get("prompt_tokens", 0)
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            r.check(cached >= n - 2 * BLOCK, f"prompt {i}: the decode engine reports {cached} of "
+                                             f"{n} prompt tokens cached (the KV moved); both legs "
+                                             f"{secs * 1000:.0f} ms")
+        stored = [d for d in os.listdir(shared) if os.path.isdir(os.path.join(shared, d))]
+        r.check(len(stored) >= len(self.pd_prompts),
+                f"{len(stored)} prompts' KV stored in the shared directory")
+        m = self.gw.metrics()
+        legs = eng.metric_sum(m, "kvroute_prefill_legs_total", result="ok")
+        r.check(legs == len(self.pd_prompts), f"{legs:.0f} prefill legs counted ok")
+        # The time to first token on the consumer, the KV loaded (from the producer), against
+        # the producer computing a new prompt of the same length itself (its KV stored, not
+        # loaded), streamed straight to each engine.
+        ttft = {}
+        for label, url, prompt in (("loaded", D.url, self.pd_prompts[0]),
+                                   ("computed", P.url, text(random.Random(77), 330))):
+            c = client_for(url)
+            t = time.time()
+            stream = c.completions.create(model=eng.MODEL_NAME, prompt=prompt, max_tokens=4,
+                                          temperature=0, stream=True)
+            for _ in stream:
+                ttft[label] = time.time() - t
+                break
+            for _ in stream:
+                pass
+        r.info(f"time to first token: KV loaded {ttft.get('loaded', 0) * 1000:.1f} ms, prompt "
+               f"computed {ttft.get('computed', 0) * 1000:.1f} ms")
+        # A follow-up turn: decoded where its prefix is.
+        status, h, a = eng.post_json(self.gw.url + "/v1/completions",
+                                     self.pd_body(self.pd_prompts[0] + " and then what happened"))
+        r.check(status == 200 and h.get("x-kvroute-worker") == D.gateway_name,
+                f"a follow-up turn: {status}, decoded by {h.get('x-kvroute-worker')}")
+        # The prefill engine killed: the decode engine computes the prompts itself.
+        P.kill()
+        bad = []
+        for i in range(3):
+            status, h, _ = eng.post_json(self.gw.url + "/v1/completions",
+                                         self.pd_body(text(random.Random(900 + i), 300)))
+            if status != 200 or h.get("x-kvroute-worker") != D.gateway_name:
+                bad.append((status, h.get("x-kvroute-worker")))
+        r.check(not bad, f"with the prefill engine killed, 3 requests served by the decode engine ({bad})")
+
     def run_scenario(self, name, title, fn):
         r = Result(name, title)
         log(f"\n== {name}. {title}")
@@ -1050,6 +1175,7 @@ class Run:
         t0 = time.time()
         self.start_engines()
         self.scenario_b_prepare()
+        self.scenario_h_prepare()
         self.start_gateway()
         log(f"   scenarios start {time.time() - t0:.1f} s after launch")
         ts = time.time()
@@ -1067,6 +1193,8 @@ class Run:
                           self.scenario_g)
         self.run_scenario("e", "an engine hangs and is killed mid-run: requests not yet streaming are retried",
                           self.scenario_e)
+        self.run_scenario("h", "disaggregated prefill on two engines sharing KV (ExampleConnector)",
+                          self.scenario_h)
         log(f"\n== summary (scenarios {time.time() - ts:.0f} s, whole run {time.time() - t0:.0f} s)")
         for r in self.results:
             log(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.title}")
@@ -1094,7 +1222,7 @@ def main():
     ap.add_argument("--python", default=sys.executable, help="the venv's python (runs vLLM)")
     ap.add_argument("--logs", default=os.path.join(ROOT, "target", "vllm-test-logs"))
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--deadline", type=float, default=480.0, help="seconds before everything is stopped")
+    ap.add_argument("--deadline", type=float, default=660.0, help="seconds before everything is stopped")
     args = ap.parse_args()
     args.kvroute = os.path.abspath(args.kvroute)
     args.model = os.path.abspath(args.model)

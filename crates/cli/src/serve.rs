@@ -23,9 +23,14 @@ pub struct ServeArgs {
     /// `http://10.0.0.5:8000=tcp://10.0.0.5:5557=tcp://10.0.0.5:5558`; EVENTS may be
     /// `bind:tcp://...`, `poll` for TensorRT-LLM's pull API, or `nats` for the event plane
     /// (a `kvroute relay` publishes them; needs --nats); `,dp=N`: N data-parallel ranks,
-    /// routed to apart. Repeat per engine.
+    /// routed to apart; `,role=prefill|decode|both`: its role in a disaggregated fleet
+    /// (docs/disaggregation.md). Repeat per engine.
     #[arg(long = "worker")]
     pub workers: Vec<String>,
+    /// Disaggregated prefill, with prefill workers: auto (per request, whichever way the
+    /// policy predicts better), always, never (`router.disaggregation.mode`; default auto).
+    #[arg(long)]
+    pub disaggregation: Option<kvroute_core::policy::DisaggregationMode>,
     /// Routing policy: round_robin, random, least_loaded, power_of_two, kv, predictive, goodput.
     #[arg(long)]
     pub policy: Option<PolicyKind>,
@@ -105,6 +110,9 @@ impl ServeArgs {
         }
         if let Some(p) = self.policy {
             c.router.policy.kind = p;
+        }
+        if let Some(m) = self.disaggregation {
+            c.router.disaggregation.mode = m;
         }
         if self.tokenizer.is_some() {
             c.tokenizer = self.tokenizer.clone();
