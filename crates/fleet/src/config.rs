@@ -168,6 +168,10 @@ pub struct WorkerSpec {
     /// What it does in a disaggregated fleet: `both` (the default), `prefill` or `decode`.
     /// A prefill-only worker is never a request's worker: it serves prefill legs only.
     pub role: WorkerRole,
+    /// A prefill worker's bootstrap port, for SGLang's transfer (`upstream.kv_transfer =
+    /// "sglang"`: its `--disaggregation-bootstrap-port`); default
+    /// [`DEFAULT_BOOTSTRAP_PORT`].
+    pub bootstrap_port: Option<u16>,
     /// Which rank of its engine this entry is, once the ranks are expanded (set by the
     /// gateway, never configured).
     #[serde(skip)]
@@ -465,10 +469,14 @@ pub struct UpstreamConfig {
     /// engines' protocol (docs/disaggregation.md): `vllm` (the prefill leg with
     /// `max_tokens: 1` and `kv_transfer_params: {"do_remote_decode": true}`, the parameters
     /// its answer returns passed to the decode leg: NixlConnector, and connectors that need
-    /// none such as the shared-storage `ExampleConnector`), or `none` (requests are never
-    /// split; prefill-only workers then serve nothing).
+    /// none such as the shared-storage `ExampleConnector`), `sglang` (both legs at once, the
+    /// same body with `bootstrap_host`, `bootstrap_port` and a fresh `bootstrap_room`), or
+    /// `none` (requests are never split; prefill-only workers then serve nothing).
     pub kv_transfer: KvTransfer,
 }
+
+/// SGLang's default `--disaggregation-bootstrap-port`.
+pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
 
 /// The engines' protocol for moving a split request's KV (`upstream.kv_transfer`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -477,6 +485,8 @@ pub enum KvTransfer {
     /// vLLM's `kv_transfer_params`, one leg after the other.
     #[default]
     Vllm,
+    /// SGLang's bootstrap server: both legs at once, one `bootstrap_room`.
+    Sglang,
     /// No split requests.
     None,
 }

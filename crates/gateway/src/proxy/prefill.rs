@@ -1,18 +1,30 @@
-//! The prefill leg of a split request (disaggregated prefill), in vLLM's protocol
-//! (`upstream.kv_transfer = "vllm"`; docs/disaggregation.md): the client's request goes to
-//! the prefill worker with `max_tokens: 1`, not streamed, and
-//! `kv_transfer_params: {"do_remote_decode": true}`; the `kv_transfer_params` its answer
-//! returns (NixlConnector: where the KV is; shared storage: none) go, unchanged, into the
-//! decode leg, the client's request as it came. A prefill leg that fails (unreachable, an
-//! error status, an answer that is not JSON) costs the request nothing: the decode worker
-//! computes the prompt itself (counted in `kvroute_prefill_legs_total{result="failed"}`).
+//! The prefill leg of a split request (disaggregated prefill), in the engines' protocol
+//! (`upstream.kv_transfer`; docs/disaggregation.md).
+//!
+//! vLLM's (`vllm`): the client's request goes to the prefill worker with `max_tokens: 1`,
+//! not streamed, and `kv_transfer_params: {"do_remote_decode": true}`; the
+//! `kv_transfer_params` its answer returns (NixlConnector: where the KV is; shared storage:
+//! none) go, unchanged, into the decode leg, the client's request as it came. A prefill leg
+//! that fails (unreachable, an error status, an answer that is not JSON) costs the request
+//! nothing: the decode worker computes the prompt itself (counted in
+//! `kvroute_prefill_legs_total{result="failed"}`).
+//!
+//! SGLang's (`sglang`): both legs at once, the client's request to each with
+//! `bootstrap_host` (the prefill worker's host), `bootstrap_port` (its
+//! `--disaggregation-bootstrap-port`, the worker's `bootstrap_port`) and a fresh
+//! `bootstrap_room` (below 2^63) that pairs them at the prefill worker's bootstrap server;
+//! the client gets the decode leg's answer, the prefill leg's is read and dropped. The
+//! decode engine waits for its prefill there: a failed prefill leg is counted, and the
+//! decode leg ends as SGLang ends it.
 
 use super::{read_body, send, Call};
 use crate::gateway::Gateway;
 use crate::routing::Prepared;
 use bytes::Bytes;
 use kvroute_core::policy::RemotePrefill;
+use kvroute_fleet::config::{KvTransfer, DEFAULT_BOOTSTRAP_PORT};
 use serde_json::{json, Map, Value};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 /// The decode leg's body, and the prefill worker's name when its leg succeeded.
@@ -21,13 +33,17 @@ pub(super) struct Handoff {
     pub(super) prefill_worker: Option<String>,
 }
 
-/// Runs `call`'s prefill leg on `remote`'s worker; returns what the decode leg sends.
+/// Runs `call`'s prefill leg on `remote`'s worker (or starts it, in SGLang's protocol);
+/// returns what the decode leg sends.
 pub(super) async fn run(
     gw: &Arc<Gateway>,
     call: &Call,
     prep: &Prepared,
     remote: &RemotePrefill,
 ) -> Handoff {
+    if gw.config.upstream.kv_transfer == KvTransfer::Sglang {
+        return sglang(gw, call, prep, remote);
+    }
     let name = super::worker_name(gw, remote.worker);
     match leg(gw, call, prep, remote).await {
         Ok(params) => {
@@ -52,6 +68,76 @@ pub(super) async fn run(
             }
         }
     }
+}
+
+/// SGLang's legs: the prefill leg started on its own (booked while it runs), the decode
+/// leg's body returned at once, both carrying the same bootstrap fields. A body that is not
+/// a JSON object, or a prefill worker without a host, is not split.
+fn sglang(gw: &Arc<Gateway>, call: &Call, prep: &Prepared, remote: &RemotePrefill) -> Handoff {
+    let name = super::worker_name(gw, remote.worker);
+    let host = gw.registry.get(remote.worker).and_then(|w| {
+        let url = reqwest::Url::parse(&w.spec.url).ok()?;
+        let port = w.spec.bootstrap_port.unwrap_or(DEFAULT_BOOTSTRAP_PORT);
+        Some((url.host_str()?.trim_matches(['[', ']']).to_string(), port))
+    });
+    let room = {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        call.request_id.hash(&mut h);
+        gw.bookings.next_request().0.hash(&mut h);
+        kvroute_core::hashing::splitmix64(h.finish()) & (i64::MAX as u64)
+    };
+    let body = host.and_then(|(host, port)| bootstrap_body(&call.body, &host, port, room));
+    let (Some(body), Ok(mut guard)) = (
+        body,
+        crate::routing::queue::book_prefill(gw, &prep.prompt, remote),
+    ) else {
+        gw.metrics
+            .prefill_legs
+            .with_label_values(&[&name, "failed"])
+            .inc();
+        tracing::warn!(worker = %name, request_id = %call.request_id, "prefill leg not started (no host, or the body is not a JSON object); the decode worker computes the prompt");
+        return Handoff {
+            body: call.body.clone(),
+            prefill_worker: None,
+        };
+    };
+    let (gw2, call2, leg_body, worker) = (gw.clone(), call.clone(), body.clone(), remote.worker);
+    let leg_name = name.clone();
+    tokio::spawn(async move {
+        let result = match send(&gw2, &call2, worker, leg_body).await {
+            Ok(resp) => {
+                let status = resp.status();
+                match read_body(&gw2, resp).await {
+                    (None, _) if status.is_success() => Ok(()),
+                    (None, _) => Err(format!("it answered {status}")),
+                    (Some(why), _) => Err(format!("its answer could not be read ({why})")),
+                }
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        guard.first_token();
+        let label = if result.is_ok() { "ok" } else { "failed" };
+        gw2.metrics
+            .prefill_legs
+            .with_label_values(&[&leg_name, label])
+            .inc();
+        if let Err(e) = result {
+            tracing::warn!(worker = %leg_name, error = %e, request_id = %call2.request_id, "prefill leg failed");
+        }
+    });
+    Handoff {
+        body,
+        prefill_worker: Some(name),
+    }
+}
+
+/// The client's request with SGLang's bootstrap fields (None when it is not a JSON object).
+fn bootstrap_body(body: &[u8], host: &str, port: u16, room: u64) -> Option<Bytes> {
+    let mut m: Map<String, Value> = serde_json::from_slice(body).ok()?;
+    m.insert("bootstrap_host".into(), json!(host));
+    m.insert("bootstrap_port".into(), json!(port));
+    m.insert("bootstrap_room".into(), json!(room));
+    serde_json::to_vec(&m).ok().map(Bytes::from)
 }
 
 /// The prefill leg: booked on its worker while it runs; the answer's `kv_transfer_params`
@@ -160,6 +246,27 @@ mod tests {
         assert_eq!((&d["max_tokens"], &d["stream"]), (&json!(64), &json!(true)));
         // The shared-storage connector returns none: the request goes as it came.
         assert!(decode_body(client, None).is_none());
+    }
+
+    #[test]
+    fn sglangs_legs_carry_the_prefill_servers_bootstrap_address_and_one_room() {
+        let client = br#"{"model":"m","prompt":"x","max_tokens":64,"stream":true}"#;
+        let b =
+            parse(&bootstrap_body(client, "10.0.0.5", 8998, 5_577_006_791_947_779_410).unwrap());
+        assert_eq!(
+            (
+                &b["bootstrap_host"],
+                &b["bootstrap_port"],
+                &b["bootstrap_room"]
+            ),
+            (
+                &json!("10.0.0.5"),
+                &json!(8998),
+                &json!(5_577_006_791_947_779_410u64)
+            )
+        );
+        assert_eq!((&b["max_tokens"], &b["stream"]), (&json!(64), &json!(true)));
+        assert!(bootstrap_body(b"\"text\"", "h", 1, 1).is_none());
     }
 
     #[test]

@@ -66,6 +66,13 @@ async fn engine(seen: Seen, prefill: bool, status: u16) -> String {
 /// A gateway over a prefill engine answering `prefill_status` and a decode engine, every
 /// request split: the two engines' records and the gateway.
 async fn pair(prefill_status: u16) -> (Seen, Seen, GatewayHandle) {
+    pair_with(prefill_status, |_| {}).await
+}
+
+async fn pair_with(
+    prefill_status: u16,
+    tweak: impl FnOnce(&mut kvroute_gateway::GatewayConfig),
+) -> (Seen, Seen, GatewayHandle) {
     let (p_seen, d_seen) = (Seen::default(), Seen::default());
     let mut cfg = config(&[], "goodput");
     cfg.workers = vec![
@@ -83,6 +90,7 @@ async fn pair(prefill_status: u16) -> (Seen, Seen, GatewayHandle) {
         },
     ];
     cfg.router.disaggregation.mode = DisaggregationMode::Always;
+    tweak(&mut cfg);
     let gw = gateway_with_feeds(cfg, Default::default()).await;
     (p_seen, d_seen, gw)
 }
@@ -181,6 +189,55 @@ async fn a_failed_prefill_leg_leaves_the_prompt_to_the_decode_worker() {
             r#"kvroute_prefill_legs_total{worker="p",result="failed"}"#
         ),
         Some(1.0)
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglangs_legs_go_at_once_with_one_bootstrap_room() {
+    let (p_seen, d_seen, gw) = pair_with(200, |c| {
+        c.upstream.kv_transfer = kvroute_fleet::config::KvTransfer::Sglang;
+        c.workers[0].bootstrap_port = Some(9100);
+    })
+    .await;
+    let url = gw.url();
+    let (status, worker, prefill, text) = ask(&url, false).await;
+    assert_eq!(
+        (status, worker.as_deref(), prefill.as_deref()),
+        (200, Some("d"), Some("p")),
+        "{text}"
+    );
+    assert!(eventually(5, async || !p_seen.lock().unwrap().is_empty()).await);
+    let p = p_seen.lock().unwrap()[0].clone();
+    let d = d_seen.lock().unwrap()[0].clone();
+    // The same request to both, with the prefill server's bootstrap address and one room.
+    for leg in [&p, &d] {
+        assert_eq!(leg["bootstrap_host"], "127.0.0.1", "{leg}");
+        assert_eq!(leg["bootstrap_port"], 9100, "{leg}");
+        assert_eq!(
+            (&leg["max_tokens"], &leg["stream"]),
+            (&json!(32), &json!(false)),
+            "{leg}"
+        );
+        assert!(leg.get("kv_transfer_params").is_none(), "{leg}");
+    }
+    let room = p["bootstrap_room"].as_u64().unwrap();
+    assert_eq!(d["bootstrap_room"].as_u64(), Some(room));
+    assert!(room <= i64::MAX as u64);
+    // Another request, another room.
+    ask(&url, false).await;
+    assert!(eventually(5, async || p_seen.lock().unwrap().len() == 2).await);
+    assert_ne!(
+        p_seen.lock().unwrap()[1]["bootstrap_room"].as_u64(),
+        Some(room)
+    );
+    assert!(
+        eventually(5, async || {
+            let m = kvroute_testkit::get_text(&client(), &format!("{url}/metrics")).await;
+            kvroute_testkit::sample(&m, r#"kvroute_prefill_legs_total{worker="p",result="ok"}"#)
+                == Some(2.0)
+        })
+        .await
     );
     gw.shutdown().await;
 }
