@@ -470,8 +470,10 @@ pub struct UpstreamConfig {
     /// `max_tokens: 1` and `kv_transfer_params: {"do_remote_decode": true}`, the parameters
     /// its answer returns passed to the decode leg: NixlConnector, and connectors that need
     /// none such as the shared-storage `ExampleConnector`), `sglang` (both legs at once, the
-    /// same body with `bootstrap_host`, `bootstrap_port` and a fresh `bootstrap_room`), or
-    /// `none` (requests are never split; prefill-only workers then serve nothing).
+    /// same body with `bootstrap_host`, `bootstrap_port` and a fresh `bootstrap_room`),
+    /// `trtllm` (`disaggregated_params`: `context_only`, then `generation_only` with the
+    /// context server's state), or `none` (requests are never split; prefill-only workers
+    /// then serve nothing).
     pub kv_transfer: KvTransfer,
 }
 
@@ -487,6 +489,9 @@ pub enum KvTransfer {
     Vllm,
     /// SGLang's bootstrap server: both legs at once, one `bootstrap_room`.
     Sglang,
+    /// TensorRT-LLM's `disaggregated_params`: a `context_only` leg, then a
+    /// `generation_only` one with the context server's state and prompt token ids.
+    Trtllm,
     /// No split requests.
     None,
 }

@@ -16,6 +16,14 @@
 //! the client gets the decode leg's answer, the prefill leg's is read and dropped. The
 //! decode engine waits for its prefill there: a failed prefill leg is counted, and the
 //! decode leg ends as SGLang ends it.
+//!
+//! TensorRT-LLM's (`trtllm`): the context leg is the client's request, not streamed, with
+//! `disaggregated_params: {"request_type": "context_only"}`; the generation leg is the
+//! client's request with the context answer's `disaggregated_params` (its first choice's:
+//! first tokens, context request id, opaque state), `request_type` `generation_only`, and
+//! the prompt as the context server's `prompt_token_ids`. A context leg that ended the
+//! answer (its one token was the end) or gave no state leaves the prompt to the generation
+//! worker, as a failed one does.
 
 use super::{read_body, send, Call};
 use crate::gateway::Gateway;
@@ -23,6 +31,7 @@ use crate::routing::Prepared;
 use bytes::Bytes;
 use kvroute_core::policy::RemotePrefill;
 use kvroute_fleet::config::{KvTransfer, DEFAULT_BOOTSTRAP_PORT};
+use kvroute_protocol::openai::Endpoint;
 use serde_json::{json, Map, Value};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -46,13 +55,13 @@ pub(super) async fn run(
     }
     let name = super::worker_name(gw, remote.worker);
     match leg(gw, call, prep, remote).await {
-        Ok(params) => {
+        Ok(body) => {
             gw.metrics
                 .prefill_legs
                 .with_label_values(&[&name, "ok"])
                 .inc();
             Handoff {
-                body: decode_body(&call.body, params).unwrap_or_else(|| call.body.clone()),
+                body: body.unwrap_or_else(|| call.body.clone()),
                 prefill_worker: Some(name),
             }
         }
@@ -140,15 +149,22 @@ fn bootstrap_body(body: &[u8], host: &str, port: u16, room: u64) -> Option<Bytes
     serde_json::to_vec(&m).ok().map(Bytes::from)
 }
 
-/// The prefill leg: booked on its worker while it runs; the answer's `kv_transfer_params`
-/// (None when it gives none).
+/// The prefill leg, one leg after the other (vLLM's or TensorRT-LLM's protocol): booked on
+/// its worker while it runs; the decode leg's body made from its answer (None: the client's
+/// request as it came).
 async fn leg(
     gw: &Arc<Gateway>,
     call: &Call,
     prep: &Prepared,
     remote: &RemotePrefill,
-) -> Result<Option<Value>, String> {
-    let body = prefill_body(&call.body).ok_or("the request body is not a JSON object")?;
+) -> Result<Option<Bytes>, String> {
+    let trtllm = gw.config.upstream.kv_transfer == KvTransfer::Trtllm;
+    let body = if trtllm {
+        context_body(&call.body)
+    } else {
+        prefill_body(&call.body)
+    }
+    .ok_or("the request body is not a JSON object")?;
     let mut guard = crate::routing::queue::book_prefill(gw, &prep.prompt, remote)
         .map_err(|e| format!("not booked: {e}"))?;
     let resp = send(gw, call, remote.worker, body)
@@ -165,10 +181,52 @@ async fn leg(
     guard.first_token();
     let answer: Value =
         serde_json::from_slice(&answer).map_err(|e| format!("its answer is not JSON: {e}"))?;
-    Ok(answer
+    if trtllm {
+        return Ok(generation_body(&call.body, call.view.endpoint, &answer));
+    }
+    let params = answer
         .get("kv_transfer_params")
         .filter(|p| !p.is_null())
-        .cloned())
+        .cloned();
+    Ok(decode_body(&call.body, params))
+}
+
+/// The client's request as TensorRT-LLM's context leg: `disaggregated_params` of a
+/// `context_only` request, not streamed (None when the body is not a JSON object).
+fn context_body(body: &[u8]) -> Option<Bytes> {
+    let mut m: Map<String, Value> = serde_json::from_slice(body).ok()?;
+    m.insert("stream".into(), json!(false));
+    m.remove("stream_options");
+    m.insert(
+        "disaggregated_params".into(),
+        json!({"request_type": "context_only"}),
+    );
+    serde_json::to_vec(&m).ok().map(Bytes::from)
+}
+
+/// TensorRT-LLM's generation leg from the context leg's `answer`: the client's request with
+/// the first choice's `disaggregated_params` as a `generation_only` request and the prompt
+/// as the context server's `prompt_token_ids` (`prompt` of a completion, `prompt_token_ids`
+/// beside a chat's messages). None (the client's request as it came, its prompt computed
+/// by the generation worker) when the context leg gave no parameters, or ended for another
+/// reason than its length (its one token was the whole answer).
+fn generation_body(body: &[u8], endpoint: Endpoint, answer: &Value) -> Option<Bytes> {
+    let choice = answer.get("choices")?.get(0)?;
+    let finish = choice.get("finish_reason").and_then(Value::as_str);
+    if !matches!(finish, None | Some("length" | "not_finished")) {
+        return None;
+    }
+    let mut params = choice.get("disaggregated_params")?.as_object()?.clone();
+    params.insert("request_type".into(), json!("generation_only"));
+    let mut m: Map<String, Value> = serde_json::from_slice(body).ok()?;
+    m.insert("disaggregated_params".into(), Value::Object(params));
+    if let Some(ids) = answer.get("prompt_token_ids").filter(|v| v.is_array()) {
+        match endpoint {
+            Endpoint::Completions => m.insert("prompt".into(), ids.clone()),
+            Endpoint::Chat => m.insert("prompt_token_ids".into(), ids.clone()),
+        };
+    }
+    serde_json::to_vec(&m).ok().map(Bytes::from)
 }
 
 /// The client's request as a prefill leg: one token, not streamed, the engine told to keep
@@ -267,6 +325,44 @@ mod tests {
         );
         assert_eq!((&b["max_tokens"], &b["stream"]), (&json!(64), &json!(true)));
         assert!(bootstrap_body(b"\"text\"", "h", 1, 1).is_none());
+    }
+
+    #[test]
+    fn tensorrt_llms_generation_leg_carries_the_context_state_and_the_prompts_token_ids() {
+        let client = br#"{"model":"m","prompt":"Hello","max_tokens":64,"stream":true,"stream_options":{"include_usage":true}}"#;
+        let c = parse(&context_body(client).unwrap());
+        assert_eq!(
+            c["disaggregated_params"],
+            json!({"request_type": "context_only"})
+        );
+        assert_eq!(
+            (&c["stream"], &c["max_tokens"]),
+            (&json!(false), &json!(64))
+        );
+        assert!(c.get("stream_options").is_none());
+        // The context answer's shape (tensorrt_llm/serve/openai_protocol.py).
+        let state = json!({"request_type": "context_only", "first_gen_tokens": [727],
+            "ctx_request_id": 1001, "encoded_opaque_state": "AAECAw==", "draft_tokens": null});
+        let answer = json!({"prompt_token_ids": [1, 15043], "choices": [{"index": 0, "text": " there",
+            "finish_reason": "length", "disaggregated_params": state}]});
+        let g = parse(&generation_body(client, Endpoint::Completions, &answer).unwrap());
+        let mut want = state.clone();
+        want["request_type"] = json!("generation_only");
+        assert_eq!(g["disaggregated_params"], want);
+        assert_eq!(g["prompt"], json!([1, 15043]));
+        assert_eq!((&g["stream"], &g["max_tokens"]), (&json!(true), &json!(64)));
+        // A chat keeps its messages, the token ids beside them.
+        let chat = br#"{"model":"m","messages":[{"role":"user","content":"Hello"}]}"#;
+        let g = parse(&generation_body(chat, Endpoint::Chat, &answer).unwrap());
+        assert_eq!(g["prompt_token_ids"], json!([1, 15043]));
+        assert_eq!(g["messages"][0]["content"], "Hello");
+        // Ended by its first token, or without parameters: no generation leg of its own.
+        let mut ended = answer.clone();
+        ended["choices"][0]["finish_reason"] = json!("stop");
+        assert!(generation_body(client, Endpoint::Completions, &ended).is_none());
+        assert!(
+            generation_body(client, Endpoint::Completions, &json!({"choices": [{}]})).is_none()
+        );
     }
 
     #[test]

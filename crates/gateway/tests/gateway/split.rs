@@ -21,6 +21,12 @@ fn handoff() -> Value {
            "remote_engine_id": "engine-p", "remote_host": "127.0.0.1", "remote_port": 5600})
 }
 
+/// The context state the stub prefill engine returns in TensorRT-LLM's protocol.
+fn context_state() -> Value {
+    json!({"request_type": "context_only", "first_gen_tokens": [727], "ctx_request_id": 1001,
+           "encoded_opaque_state": "AAECAw==", "draft_tokens": null})
+}
+
 /// A stub engine recording each request; the prefill one answers `status` with a one-token
 /// completion carrying [`handoff`], the decode one a streamed or whole answer.
 async fn engine(seen: Seen, prefill: bool, status: u16) -> String {
@@ -29,9 +35,12 @@ async fn engine(seen: Seen, prefill: bool, status: u16) -> String {
         async move {
             let status = axum::http::StatusCode::from_u16(status).unwrap();
             if prefill {
+                // vLLM's parameters, and TensorRT-LLM's context state and prompt ids.
                 let a = json!({"id": "cmpl-p", "object": "chat.completion",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "A"}, "finish_reason": "length"}],
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "A"}, "finish_reason": "length",
+                                 "disaggregated_params": context_state()}],
                     "usage": {"prompt_tokens": 20, "completion_tokens": 1, "total_tokens": 21},
+                    "prompt_token_ids": [1, 2, 3],
                     "kv_transfer_params": handoff()});
                 return (
                     status,
@@ -239,5 +248,38 @@ async fn sglangs_legs_go_at_once_with_one_bootstrap_room() {
         })
         .await
     );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tensorrt_llms_generation_leg_gets_the_context_state() {
+    let (p_seen, d_seen, gw) = pair_with(200, |c| {
+        c.upstream.kv_transfer = kvroute_fleet::config::KvTransfer::Trtllm;
+    })
+    .await;
+    let (status, worker, prefill, text) = ask(&gw.url(), true).await;
+    assert_eq!(
+        (status, worker.as_deref(), prefill.as_deref()),
+        (200, Some("d"), Some("p")),
+        "{text}"
+    );
+    let p = p_seen.lock().unwrap()[0].clone();
+    assert_eq!(
+        p["disaggregated_params"],
+        json!({"request_type": "context_only"}),
+        "{p}"
+    );
+    assert_eq!(
+        (&p["stream"], &p["max_tokens"]),
+        (&json!(false), &json!(32)),
+        "{p}"
+    );
+    let d = d_seen.lock().unwrap()[0].clone();
+    let mut want = context_state();
+    want["request_type"] = json!("generation_only");
+    assert_eq!(d["disaggregated_params"], want, "{d}");
+    assert_eq!(d["prompt_token_ids"], json!([1, 2, 3]), "{d}");
+    assert_eq!(d["stream"], true, "{d}");
+    assert!(d.get("kv_transfer_params").is_none(), "{d}");
     gw.shutdown().await;
 }
