@@ -870,6 +870,11 @@ export type TurnView = {
    */
   worker: string | null,
   /**
+   * The worker that computed its prompt, when another than `worker` did (disaggregated
+   * prefill; when the server says).
+   */
+  prefill_worker: string | null,
+  /**
    * Why the router chose it (when the server says).
    */
   route: RouteExplanation | null,

@@ -50,6 +50,9 @@ pub struct TurnView {
     pub output_tokens: u64,
     /// The worker that served it (when the server says).
     pub worker: Option<String>,
+    /// The worker that computed its prompt, when another than `worker` did (disaggregated
+    /// prefill; when the server says).
+    pub prefill_worker: Option<String>,
     /// Why the router chose it (when the server says).
     pub route: Option<crate::turn::RouteExplanation>,
     /// The user's message of this turn (cut to the store's limit).
@@ -206,6 +209,7 @@ impl Conversations {
                 predicted_cached_tokens: None,
                 output_tokens: 0,
                 worker: None,
+                prefill_worker: None,
                 route: None,
                 user: truncate(user, max),
                 assistant: String::new(),
@@ -345,6 +349,7 @@ mod tests {
             predicted_cached_tokens: Some(64),
             output_tokens: 10,
             worker: Some("w0".into()),
+            prefill_worker: None,
             route: None,
             user: String::new(),
             assistant: answer.into(),

@@ -321,6 +321,7 @@ fn turn_view(rec: &RequestRecord, r: &TurnResult, turn: u32) -> TurnView {
         predicted_cached_tokens: r.predicted_cached_tokens,
         output_tokens: rec.output_tokens,
         worker: r.worker.clone(),
+        prefill_worker: r.prefill_worker.clone(),
         route: r.route.clone(),
         user: String::new(),
         assistant: r.answer.clone(),

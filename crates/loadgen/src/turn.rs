@@ -23,6 +23,9 @@ pub struct TurnResult {
     pub usage: Option<Usage>,
     /// The worker that served it (`x-kvroute-worker`), when the server says.
     pub worker: Option<String>,
+    /// The worker that computed its prompt when another did (`x-kvroute-prefill-worker`:
+    /// disaggregated prefill), when the server says.
+    pub prefill_worker: Option<String>,
     /// The prompt tokens the router expected that worker to have cached
     /// (`x-kvroute-predicted-cached-tokens`), when the server says.
     pub predicted_cached_tokens: Option<u64>,
@@ -199,6 +202,7 @@ pub async fn send_streamed(
         chunks: 0,
         usage: None,
         worker: None,
+        prefill_worker: None,
         predicted_cached_tokens: None,
         route: None,
         status: Status::Completed,
@@ -228,6 +232,11 @@ pub async fn send_streamed(
         .get("x-kvroute-worker")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    r.prefill_worker = resp
+        .headers()
+        .get("x-kvroute-prefill-worker")
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.chars().take(256).collect());
     r.predicted_cached_tokens = resp
         .headers()
         .get("x-kvroute-predicted-cached-tokens")

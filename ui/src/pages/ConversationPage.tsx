@@ -58,6 +58,17 @@ export function RouteTable(props: { route: RouteExplanation; cached: number | nu
   );
 }
 
+/** The worker that decoded a turn and, when another computed its prompt (disaggregated
+ * prefill), that one. */
+export function TurnWorkers(props: { worker: string | null; prefill: string | null }) {
+  return (
+    <>
+      {props.worker ?? "—"}
+      {props.prefill && <span className="muted"> (prefilled on {props.prefill})</span>}
+    </>
+  );
+}
+
 export function ConversationPage() {
   const { id } = useParams();
   const path = id ? `/api/conversations/${encodeURIComponent(id)}` : null;
@@ -120,7 +131,9 @@ export function ConversationPage() {
                 {tokens(t.predicted_cached_tokens)} / {tokens(t.cached_tokens)}
               </td>
               <td>{tokens(t.output_tokens)}</td>
-              <td>{t.worker ?? "—"}</td>
+              <td data-testid="turn-worker">
+                <TurnWorkers worker={t.worker} prefill={t.prefill_worker} />
+              </td>
               <td>
                 {t.route ? (
                   <button
@@ -157,7 +170,10 @@ export function ConversationPage() {
             </div>
             {t.assistant && (
               <div className="msg assistant">
-                <span className="role">assistant{t.worker ? ` · ${t.worker}` : ""}</span>
+                <span className="role">
+                  assistant{t.worker ? ` · ${t.worker}` : ""}
+                  {t.prefill_worker ? ` (prefilled on ${t.prefill_worker})` : ""}
+                </span>
                 <p>{t.assistant}</p>
               </div>
             )}

@@ -2,7 +2,7 @@ import { act, fireEvent, render, screen } from "@testing-library/react";
 import { describe, expect, it, vi } from "vitest";
 import { Kpi } from "../components/Kpi";
 import { ConcurrencySlider } from "../components/Slider";
-import { RouteTable } from "../pages/ConversationPage";
+import { RouteTable, TurnWorkers } from "../pages/ConversationPage";
 import { LiveTable, WorkerCards, accuracyText } from "../pages/Dashboard";
 import type { AccuracyCard, ArmStats, DashboardConfig, LiveStats } from "../types";
 
@@ -239,6 +239,17 @@ describe("a disaggregated fleet's cards", () => {
   });
 });
 
+describe("a turn's workers", () => {
+  it("name the prefill worker when another computed the prompt", () => {
+    const { container, rerender } = render(<TurnWorkers worker="decode-1" prefill="prefill-1" />);
+    expect(container.textContent).toBe("decode-1 (prefilled on prefill-1)");
+    rerender(<TurnWorkers worker="w2" prefill={null} />);
+    expect(container.textContent).toBe("w2");
+    rerender(<TurnWorkers worker={null} prefill={null} />);
+    expect(container.textContent).toBe("—");
+  });
+});
+
 describe("a turn's routing explanation", () => {
   it("lists every worker's terms with the chosen one marked", () => {
     const route = {
@@ -268,7 +279,7 @@ describe("the how-it-works diagram", () => {
     const turn = {
       turn: 3, status: "completed", error: null, ttft_ms: 20, itl_ms: 10, tpot_ms: 10, latency_ms: 900,
       input_tokens: 1000, cached_tokens: 750, predicted_cached_tokens: 750, output_tokens: 80,
-      worker: "worker-2", route: null, user: "q", assistant: "a",
+      worker: "worker-2", prefill_worker: null, route: null, user: "q", assistant: "a",
     };
     const { container } = render(<PromptBlocks turn={turn} workers={["worker-1", "worker-2"]} policy="predictive" />);
     expect(container.querySelectorAll("rect.block.hit").length).toBe(12);
