@@ -337,3 +337,43 @@ async fn error_code(resp: reqwest::Response, deadline: tokio::time::Instant) -> 
     let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
     v["error"]["code"].as_str().map(str::to_string)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_gateways_worker_headers_are_kept_with_the_answer() {
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(|| async {
+                let chunk = serde_json::json!({"id": "c", "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]});
+                (
+                    [
+                        ("content-type", "text/event-stream"),
+                        ("x-kvroute-worker", "decode-1"),
+                        ("x-kvroute-prefill-worker", "prefill-1"),
+                        ("x-kvroute-predicted-cached-tokens", "64"),
+                    ],
+                    format!("data: {chunk}\n\ndata: [DONE]\n\n"),
+                )
+            }),
+        );
+        let url = kvroute_testkit::serve(app).await;
+        let body =
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        let r = send_streamed(
+            &reqwest::Client::new(),
+            &format!("{url}/v1/chat/completions"),
+            body,
+            None,
+            false,
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!(r.worker.as_deref(), Some("decode-1"));
+        assert_eq!(r.prefill_worker.as_deref(), Some("prefill-1"));
+        assert_eq!(r.predicted_cached_tokens, Some(64));
+        assert_eq!(r.answer, "hi");
+    }
+}
