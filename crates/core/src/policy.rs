@@ -126,6 +126,12 @@ pub trait Policy: Send + Sync {
     fn name(&self) -> &'static str;
     /// Chooses a candidate. `input.candidates` is never empty.
     fn select(&self, input: &PolicyInput<'_>) -> Choice;
+    /// The cost of every candidate decoding with its prompt computed on the prefill worker
+    /// `remote` offers, on the scale of [`Policy::select`]'s costs, for a policy that prices
+    /// both ways (`goodput`); None for the others.
+    fn price_remote(&self, _input: &PolicyInput<'_>, _remote: &RemotePrefill) -> Option<Vec<f64>> {
+        None
+    }
 }
 
 /// The policies by name.

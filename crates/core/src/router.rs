@@ -26,9 +26,7 @@ use crate::index::{
     ApproxConfig, ApproxIndex, BatchOutcome, IndexError, KvEvent, Matches, PrefixIndex,
 };
 use crate::ledger::{Booking, LedgerError, LoadLedger, WorkerCapacity};
-use crate::policy::{
-    Candidate, Choice, Goodput, Policy, PolicyInput, PolicyKind, Predictive, RemotePrefill,
-};
+use crate::policy::{Candidate, Choice, Policy, PolicyInput, Predictive, RemotePrefill};
 use crate::tiers::{Loadable, OffloadedTiers, Tier};
 use crate::types::{BlockSize, Eligible, RequestId, Time, WorkerId, WorkerRole, ANY_WORKER};
 use serde::{Deserialize, Serialize};
@@ -163,8 +161,6 @@ pub struct Router {
     /// The caller runs a request's prefill and decode on two workers
     /// ([`Router::set_split_prefill`]).
     split_prefill: bool,
-    /// The `goodput` policy, when it is the policy (it prices split requests).
-    goodput: Option<Goodput>,
     decisions: u64,
 }
 
@@ -206,12 +202,6 @@ impl Router {
             replica: 0,
             burst: None,
             split_prefill: false,
-            goodput: (config.policy.kind == PolicyKind::Goodput).then(|| {
-                Goodput::new(
-                    config.policy.goodput.clone(),
-                    Predictive::new(config.policy.predictive.clone()),
-                )
-            }),
             decisions: 0,
             config,
         })
@@ -736,20 +726,18 @@ impl Router {
                 affinity_bias: self.config.affinity_bias,
                 tiers: self.config.tiers,
             };
-            let choice = self.policy.select(&input);
+            let mut choice = self.policy.select(&input);
             let Some(remote) = self.remote_prefill(req, &open, &candidate) else {
                 return (ix, choice, None);
             };
-            let mode = self.config.disaggregation.mode;
             let split = crate::policy::split(
-                mode,
+                self.config.disaggregation.mode,
                 &input,
                 &remote,
-                choice.clone(),
-                self.goodput.as_ref(),
+                &choice,
+                self.policy.as_ref(),
                 || Predictive::new(self.config.policy.predictive.clone()).predict(&input),
             );
-            let mut choice = choice;
             choice.chosen = split.chosen;
             if let Some(c) = choice.costs.get_mut(split.chosen) {
                 *c = split.cost;

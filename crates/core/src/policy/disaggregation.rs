@@ -155,16 +155,17 @@ pub struct SplitChoice {
 }
 
 /// Chooses the decode worker and whether its prompt is computed on the prefill worker
-/// `remote` offers (see the module's text). `local` is the policy's own choice, every
-/// candidate computing the prompt itself; `goodput`, the policy when it is `goodput` (it
-/// prices both ways); `local_ttft`, the predicted first-token times of the candidates
-/// computing the prompt themselves (read only by `auto` under another policy).
+/// `remote` offers (see the module's text). `local` is `policy`'s own choice, every
+/// candidate computing the prompt itself; a policy that prices both ways
+/// ([`super::Policy::price_remote`]) is asked for the remote way's costs; `local_ttft`, the
+/// predicted first-token times of the candidates computing the prompt themselves (read only
+/// by `auto` under a policy that does not).
 pub fn split(
     mode: DisaggregationMode,
     input: &PolicyInput<'_>,
     remote: &RemotePrefill,
-    local: Choice,
-    goodput: Option<&super::Goodput>,
+    local: &Choice,
+    policy: &dyn super::Policy,
     local_ttft: impl FnOnce() -> Vec<f64>,
 ) -> SplitChoice {
     let n = input.candidates.len();
@@ -175,7 +176,9 @@ pub fn split(
         remote: false,
         remote_costs,
     };
-    let priced = goodput.map(|g| super::lowest_cost(input, g.predict_remote(input, remote)));
+    let priced = policy
+        .price_remote(input, remote)
+        .map(|costs| super::lowest_cost(input, costs));
     let remote_costs = |p: &Option<Choice>| {
         p.as_ref()
             .map_or_else(|| vec![None; n], |c| c.costs.clone())

@@ -186,4 +186,8 @@ impl Policy for Goodput {
     fn select(&self, input: &PolicyInput<'_>) -> Choice {
         lowest_cost(input, self.predict(input))
     }
+
+    fn price_remote(&self, input: &PolicyInput<'_>, remote: &RemotePrefill) -> Option<Vec<f64>> {
+        Some(self.predict_remote(input, remote))
+    }
 }

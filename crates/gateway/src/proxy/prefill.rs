@@ -140,13 +140,21 @@ fn sglang(gw: &Arc<Gateway>, call: &Call, prep: &Prepared, remote: &RemotePrefil
     }
 }
 
+/// The client's request `body` as `change` edits its fields (None when it is not a JSON
+/// object): every leg's body is made this way.
+fn edited(body: &[u8], change: impl FnOnce(&mut Map<String, Value>)) -> Option<Bytes> {
+    let mut m: Map<String, Value> = serde_json::from_slice(body).ok()?;
+    change(&mut m);
+    serde_json::to_vec(&m).ok().map(Bytes::from)
+}
+
 /// The client's request with SGLang's bootstrap fields (None when it is not a JSON object).
 fn bootstrap_body(body: &[u8], host: &str, port: u16, room: u64) -> Option<Bytes> {
-    let mut m: Map<String, Value> = serde_json::from_slice(body).ok()?;
-    m.insert("bootstrap_host".into(), json!(host));
-    m.insert("bootstrap_port".into(), json!(port));
-    m.insert("bootstrap_room".into(), json!(room));
-    serde_json::to_vec(&m).ok().map(Bytes::from)
+    edited(body, |m| {
+        m.insert("bootstrap_host".into(), json!(host));
+        m.insert("bootstrap_port".into(), json!(port));
+        m.insert("bootstrap_room".into(), json!(room));
+    })
 }
 
 /// The prefill leg, one leg after the other (vLLM's or TensorRT-LLM's protocol): booked on
@@ -194,14 +202,14 @@ async fn leg(
 /// The client's request as TensorRT-LLM's context leg: `disaggregated_params` of a
 /// `context_only` request, not streamed (None when the body is not a JSON object).
 fn context_body(body: &[u8]) -> Option<Bytes> {
-    let mut m: Map<String, Value> = serde_json::from_slice(body).ok()?;
-    m.insert("stream".into(), json!(false));
-    m.remove("stream_options");
-    m.insert(
-        "disaggregated_params".into(),
-        json!({"request_type": "context_only"}),
-    );
-    serde_json::to_vec(&m).ok().map(Bytes::from)
+    edited(body, |m| {
+        m.insert("stream".into(), json!(false));
+        m.remove("stream_options");
+        m.insert(
+            "disaggregated_params".into(),
+            json!({"request_type": "context_only"}),
+        );
+    })
 }
 
 /// TensorRT-LLM's generation leg from the context leg's `answer`: the client's request with
@@ -218,50 +226,51 @@ fn generation_body(body: &[u8], endpoint: Endpoint, answer: &Value) -> Option<By
     }
     let mut params = choice.get("disaggregated_params")?.as_object()?.clone();
     params.insert("request_type".into(), json!("generation_only"));
-    let mut m: Map<String, Value> = serde_json::from_slice(body).ok()?;
-    m.insert("disaggregated_params".into(), Value::Object(params));
-    if let Some(ids) = answer.get("prompt_token_ids").filter(|v| v.is_array()) {
-        match endpoint {
-            Endpoint::Completions => m.insert("prompt".into(), ids.clone()),
-            Endpoint::Chat => m.insert("prompt_token_ids".into(), ids.clone()),
-        };
-    }
-    serde_json::to_vec(&m).ok().map(Bytes::from)
+    edited(body, |m| {
+        m.insert("disaggregated_params".into(), Value::Object(params));
+        if let Some(ids) = answer.get("prompt_token_ids").filter(|v| v.is_array()) {
+            let field = match endpoint {
+                Endpoint::Completions => "prompt",
+                Endpoint::Chat => "prompt_token_ids",
+            };
+            m.insert(field.into(), ids.clone());
+        }
+    })
 }
 
 /// The client's request as a prefill leg: one token, not streamed, the engine told to keep
 /// the KV for a decode elsewhere. None when the body is not a JSON object.
 fn prefill_body(body: &[u8]) -> Option<Bytes> {
-    let mut m: Map<String, Value> = serde_json::from_slice(body).ok()?;
-    m.insert("max_tokens".into(), json!(1));
-    if m.contains_key("max_completion_tokens") {
-        m.insert("max_completion_tokens".into(), json!(1));
-    }
-    m.insert("stream".into(), json!(false));
-    for k in ["stream_options", "min_tokens", "min_completion_tokens"] {
-        m.remove(k);
-    }
-    m.insert(
-        "kv_transfer_params".into(),
-        json!({
-            "do_remote_decode": true,
-            "do_remote_prefill": false,
-            "remote_engine_id": null,
-            "remote_block_ids": null,
-            "remote_host": null,
-            "remote_port": null,
-        }),
-    );
-    serde_json::to_vec(&m).ok().map(Bytes::from)
+    edited(body, |m| {
+        m.insert("max_tokens".into(), json!(1));
+        if m.contains_key("max_completion_tokens") {
+            m.insert("max_completion_tokens".into(), json!(1));
+        }
+        m.insert("stream".into(), json!(false));
+        for k in ["stream_options", "min_tokens", "min_completion_tokens"] {
+            m.remove(k);
+        }
+        m.insert(
+            "kv_transfer_params".into(),
+            json!({
+                "do_remote_decode": true,
+                "do_remote_prefill": false,
+                "remote_engine_id": null,
+                "remote_block_ids": null,
+                "remote_host": null,
+                "remote_port": null,
+            }),
+        );
+    })
 }
 
 /// The decode leg's body: the client's request with the prefill answer's
 /// `kv_transfer_params`, unchanged (None: the client's request as it is).
 fn decode_body(body: &[u8], params: Option<Value>) -> Option<Bytes> {
     let params = params?;
-    let mut m: Map<String, Value> = serde_json::from_slice(body).ok()?;
-    m.insert("kv_transfer_params".into(), params);
-    serde_json::to_vec(&m).ok().map(Bytes::from)
+    edited(body, |m| {
+        m.insert("kv_transfer_params".into(), params);
+    })
 }
 
 #[cfg(test)]
