@@ -137,8 +137,12 @@ pub struct EngineMetrics {
     pub host_blocks: usize,
     /// Prompt tokens of admitted requests.
     pub prompt_tokens_total: u64,
-    /// Of those, tokens found in the prefix cache.
+    /// Of those, tokens found in the prefix cache (or the host tier, or sent with the
+    /// request).
     pub prefix_hit_tokens_total: u64,
+    /// Prompt tokens whose KV came with their request (disaggregated prefill).
+    #[serde(default)]
+    pub remote_tokens_total: u64,
     /// Tokens generated.
     pub generated_tokens_total: u64,
     /// Requests admitted (first time).
@@ -650,7 +654,9 @@ impl Engine {
                 .host
                 .as_ref()
                 .map_or(0, |h| h.run(&s.seqs[hit..max_hit]));
-            let reused = hit + loaded;
+            // KV sent with the request (disaggregated prefill) covers what it covers.
+            let remote = s.remote_blocks.min(max_hit).saturating_sub(hit + loaded);
+            let reused = hit + loaded + remote;
             let new = (s.len - reused * bs).min(budget);
             let need = (reused * bs + new).div_ceil(bs) - hit;
             let Some(mut blocks) = self.pool.acquire(&s.seqs[..hit]) else {
@@ -666,6 +672,9 @@ impl Engine {
             s.computed = reused * bs;
             s.cached_blocks = hit;
             self.loading_tokens += loaded * bs;
+            // Sent once: a sequence preempted later recomputes it.
+            s.remote_blocks = 0;
+            self.metrics.remote_tokens_total += (remote * bs) as u64;
             if s.cached_tokens.is_none() {
                 s.cached_tokens = Some(reused * bs);
                 self.metrics.admitted_total += 1;

@@ -494,6 +494,7 @@ impl<'a> Sim<'a> {
                 },
                 max_tokens,
                 namespace: Namespace::default(),
+                remote_tokens: 0,
             },
             t,
         );

@@ -122,6 +122,7 @@ async fn generate(
         prompt: kvroute_engine::EnginePrompt::Tokens(tokens),
         max_tokens,
         namespace,
+        remote_tokens: 0,
     };
     let (rx, guard) = submit(&s, request, view.stream).await?;
     let public_id = match endpoint {

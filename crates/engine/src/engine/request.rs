@@ -16,6 +16,12 @@ pub struct EngineRequest {
     pub max_tokens: u32,
     /// LoRA / cache-salt namespace of the prompt's blocks.
     pub namespace: Namespace,
+    /// Leading prompt tokens whose KV another engine computed and sent with the request
+    /// (disaggregated prefill: the transfer already done). At admission the full blocks of
+    /// them the prefix cache lacks are written, not computed, and cached as computed ones
+    /// are; they count as cached tokens, as real engines report KV a connector loaded. A
+    /// sequence preempted later recomputes them. 0: none.
+    pub remote_tokens: usize,
 }
 
 impl EngineRequest {
@@ -26,6 +32,7 @@ impl EngineRequest {
             prompt: EnginePrompt::Tokens(tokens),
             max_tokens,
             namespace: Namespace::default(),
+            remote_tokens: 0,
         }
     }
 }
@@ -200,6 +207,8 @@ pub(crate) struct Seq {
     pub computed: usize,
     /// Prefix-cache hit at the first admission.
     pub cached_tokens: Option<usize>,
+    /// Leading full blocks whose KV came with the request, until its first admission.
+    pub remote_blocks: usize,
     pub arrived: Time,
     /// When it may first be scheduled (arrival plus the request overhead).
     pub ready: Time,
@@ -259,6 +268,7 @@ impl Seq {
             cached_blocks: 0,
             computed: 0,
             cached_tokens: None,
+            remote_blocks: req.remote_tokens.min(len) / bs,
             arrived: now,
             ready,
             first_token: None,

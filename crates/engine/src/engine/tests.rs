@@ -319,6 +319,7 @@ fn hashed_prompts_run_like_token_prompts() {
         },
         max_tokens: 5,
         namespace: Namespace::default(),
+        remote_tokens: 0,
     };
     let run = |with_tokens: bool, r: EngineRequest| {
         let mut cfg = tiny();
@@ -470,4 +471,53 @@ fn a_table_of_output_ids_is_sampled_and_a_follow_up_finds_the_answer_cached() {
         // Every full block but the one holding the last output token (never computed).
         assert_eq!(finished(&outs)[0].cached_tokens, cacheable / bs * bs);
     }
+}
+
+#[test]
+fn kv_sent_with_a_request_is_written_not_computed_and_cached_like_computed_kv() {
+    let p = prompt(22, 5);
+    let sent = |id, tokens| EngineRequest {
+        remote_tokens: tokens,
+        ..req(id, p.clone(), 2)
+    };
+    // tiny: blocks of 4, prefill 1 ms + 0.01 ms/token. The KV of 22 tokens sent: 5 full
+    // blocks of it (never the last token) written, 2 tokens computed.
+    let mut e = Engine::new(tiny()).unwrap();
+    let outs = drive(&mut e, vec![(0, sent(1, 22))]);
+    let f = finished(&outs);
+    assert_eq!(
+        f[0].cached_tokens, 20,
+        "reported cached, as engines report loaded KV"
+    );
+    let first = f[0].first_token.as_secs_f64();
+    assert!((first - 0.00102).abs() < 1e-9, "{first}");
+    assert_eq!(e.metrics().remote_tokens_total, 20);
+    let stored: usize = outs
+        .iter()
+        .flat_map(|o| &o.events)
+        .map(|ev| match ev {
+            KvEvent::Stored(s) => s.block_hashes.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(
+        stored, 5,
+        "the 5 blocks sent announced (23 tokens with KV at the end)"
+    );
+    // A prefix already cached is not sent again: only what the cache lacks counts.
+    let mut e = Engine::new(tiny()).unwrap();
+    let outs = drive(
+        &mut e,
+        vec![(0, req(1, p[..9].to_vec(), 1)), (100, sent(2, 22))],
+    );
+    assert_eq!(finished(&outs)[1].cached_tokens, 20);
+    assert_eq!(e.metrics().remote_tokens_total, 12, "2 blocks were cached");
+    // Less sent than cached: the cache's hit stands.
+    let mut e = Engine::new(tiny()).unwrap();
+    let outs = drive(
+        &mut e,
+        vec![(0, req(1, p[..13].to_vec(), 1)), (100, sent(2, 5))],
+    );
+    assert_eq!(finished(&outs)[1].cached_tokens, 12);
+    assert_eq!(e.metrics().remote_tokens_total, 0);
 }
