@@ -28,7 +28,7 @@ mod trace_prompts;
 pub use driver::Workload;
 pub use sim::simulate;
 
-use kvroute_core::{RouteError, RouterConfig, Tracking};
+use kvroute_core::{RouteError, RouterConfig, Tracking, WorkerRole};
 use kvroute_engine::{EngineConfig, EngineMetrics, Profile, ProfileError};
 use kvroute_workload::{RequestRecord, Slo, Summary};
 use serde::Serialize;
@@ -39,6 +39,13 @@ use std::time::Duration;
 pub struct SimConfig {
     /// Engine replicas.
     pub workers: usize,
+    /// Of them, engines that only prefill (the first ones): a request may have its prompt
+    /// computed on one and its KV moved to the engine that decodes it, over the link of
+    /// `router.disaggregation` (its bytes per token, bandwidth and latency are the
+    /// simulated link's). 0: none.
+    pub prefill_workers: usize,
+    /// Of them, engines that only decode (after the prefill ones); the rest do both.
+    pub decode_workers: usize,
     /// The router (policy, admission, seed). Its block size must equal the engines'.
     pub router: RouterConfig,
     /// Every engine's settings.
@@ -80,6 +87,8 @@ impl SimConfig {
         let engine = EngineConfig::from_profile(&p);
         Ok(Self {
             workers,
+            prefill_workers: 0,
+            decode_workers: 0,
             router: RouterConfig {
                 block_size: p.block_size,
                 // The simulated engines' events reach the router the moment their cache
@@ -101,6 +110,18 @@ impl SimConfig {
         })
     }
 
+    /// What engine `w` does: the first `prefill_workers` prefill, the next
+    /// `decode_workers` decode, the others both.
+    pub fn role(&self, w: usize) -> WorkerRole {
+        if w < self.prefill_workers {
+            WorkerRole::Prefill
+        } else if w < self.prefill_workers + self.decode_workers {
+            WorkerRole::Decode
+        } else {
+            WorkerRole::Both
+        }
+    }
+
     /// Checks the settings.
     pub fn validate(&self) -> Result<(), SimError> {
         if self.workers == 0 || self.workers > 4096 {
@@ -108,6 +129,17 @@ impl SimConfig {
                 "workers must be between 1 and 4096, got {}",
                 self.workers
             )));
+        }
+        if self.prefill_workers + self.decode_workers > self.workers {
+            return Err(SimError::Config(format!(
+                "{} prefill and {} decode workers are more than the {} workers",
+                self.prefill_workers, self.decode_workers, self.workers
+            )));
+        }
+        if self.prefill_workers == self.workers {
+            return Err(SimError::Config(
+                "every worker prefills only: no worker would decode".into(),
+            ));
         }
         if self.router.block_size != self.engine.block_size {
             return Err(SimError::Config(format!(

@@ -8,6 +8,7 @@
 //! configured one.
 
 use kvroute_core::hashing::splitmix64;
+use kvroute_core::policy::RemotePrefill;
 use kvroute_core::router::{PeerBooking, RouteOutcome, Selection};
 use kvroute_core::{
     BatchOutcome, BlockedPrompt, IndexError, KvEvent, RequestId, RouteError, RouteRequest, Router,
@@ -182,6 +183,32 @@ impl Replicas {
                 worker: sel.worker,
                 prompt_tokens: req.prompt.tokens,
                 cached_tokens: sel.cached_tokens,
+                blocks: req.prompt.sequence.clone(),
+            };
+            self.share(now, replica, id, op);
+        }
+        Ok(())
+    }
+
+    /// Books the prefill leg of a split request as request `id` on `replica` (the prefill
+    /// worker's booking, shared with the peers as any dispatch).
+    pub fn dispatch_prefill(
+        &mut self,
+        replica: usize,
+        id: RequestId,
+        req: &RouteRequest<'_>,
+        prefill: &RemotePrefill,
+        now: Time,
+    ) -> Result<(), RouteError> {
+        let r = &mut self.routers[replica];
+        r.dispatch_prefill(id, req, prefill, now)?;
+        if self.routers.len() > 1 {
+            self.owner.insert(id, replica);
+            let bs = self.routers[replica].block_size().get();
+            let op = PeerOp::Dispatch {
+                worker: prefill.worker,
+                prompt_tokens: req.prompt.tokens,
+                cached_tokens: (prefill.matched_blocks * bs).min(req.prompt.tokens),
                 blocks: req.prompt.sequence.clone(),
             };
             self.share(now, replica, id, op);

@@ -313,8 +313,20 @@ fn route(
     if let (Some(sel), false) = (booking, dispatch_refused) {
         let booked = router.dispatch(call.replica, call.id, &req, &sel, call.now);
         debug_assert!(booked.is_ok(), "a dispatch its check allowed was refused");
+        if let Some(prefill) = &sel.prefill {
+            // A split request: its prefill leg booked on the prefill worker too.
+            let leg = prefill_leg(call.id);
+            let booked = router.dispatch_prefill(call.replica, leg, &req, prefill, call.now);
+            debug_assert!(booked.is_ok(), "a prefill leg was refused: {booked:?}");
+        }
     }
     true
+}
+
+/// The request id a split request's prefill leg is booked under (the leg's first token and
+/// finish are the router's calls of that id).
+pub(crate) fn prefill_leg(id: RequestId) -> RequestId {
+    RequestId(id.0 | 1 << 62)
 }
 
 /// The trace prompt the router thread expects to route next, cut ahead in its idle time.

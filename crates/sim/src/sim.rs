@@ -8,13 +8,15 @@ use crate::{SimConfig, SimError, SimResult, Workload};
 use kvroute_core::router::RouteOutcome;
 use kvroute_core::{
     AdmissionQueue, BlockSize, Eligible, KvEvent, Namespace, QueueState, Queued, RejectReason,
-    RequestId, Tier, Time, Tracking, WorkerCapacity, WorkerId,
+    RequestId, Tier, Time, Tracking, WorkerCapacity, WorkerId, WorkerRole,
 };
-use kvroute_engine::{Engine, EnginePrompt, EngineRequest, StepOutput};
+use kvroute_engine::{Engine, StepOutput};
 use kvroute_workload::{BlockHashCache, ConversationId, RequestRecord, Status, Summary};
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::Duration;
+
+mod split;
 
 enum Event {
     Arrival(Box<NewRequest>),
@@ -24,6 +26,8 @@ enum Event {
     QueueTimeout,
     /// A request the router held (a burst's later request) is routed now.
     Release(Box<Waiting>),
+    /// A split request's KV has reached its decode engine.
+    Transferred(RequestId),
 }
 
 struct Entry {
@@ -92,6 +96,10 @@ struct Sim<'a> {
     out: StepOutput,
     /// The gaps between a token run's steps, run-length encoded (reused).
     gaps: Vec<(f64, u32)>,
+    /// Per engine, whether it only prefills (it runs split requests' prefill legs).
+    prefill_only: Vec<bool>,
+    /// Split requests between their prefill leg and their decode (`split.rs`).
+    legs: HashMap<RequestId, split::Leg>,
 }
 
 /// Runs a simulation to its end.
@@ -130,6 +138,9 @@ fn simulate_with(
                 r.use_block_ids(WorkerId(w as u64), cfg.engine.num_gpu_blocks);
                 r.reserve(WorkerId(w as u64), cfg.engine.num_gpu_blocks);
             }
+            r.set_role(WorkerId(w as u64), cfg.role(w));
+            // The loop runs split requests' two legs (`split.rs`).
+            r.set_split_prefill(cfg.prefill_workers > 0);
         }
         let mut ecfg = cfg.engine.clone();
         ecfg.kv_events_with_tokens = false;
@@ -229,6 +240,10 @@ fn run_loop<'a>(
         ),
         out: StepOutput::default(),
         gaps: Vec::new(),
+        prefill_only: (0..cfg.workers)
+            .map(|w| cfg.role(w) == WorkerRole::Prefill)
+            .collect(),
+        legs: HashMap::new(),
     };
     sim.trace = sim.driver.trace_arrivals().into();
     // Closed-loop clients start evenly spread over the ramp (all at once without one).
@@ -316,6 +331,7 @@ impl<'a> Sim<'a> {
                 }
                 Event::QueueTimeout => self.expire(t),
                 Event::Release(q) => self.admit(t, *q, false),
+                Event::Transferred(id) => self.transferred(t, id),
             }
         }
     }
@@ -485,25 +501,10 @@ impl<'a> Sim<'a> {
         let rec = &mut self.records[id.0 as usize];
         rec.worker = Some(sel.worker.0);
         rec.predicted_cached_tokens = sel.cached_tokens as u64;
-        let submitted = self.engines[w].submit(
-            EngineRequest {
-                id,
-                prompt: EnginePrompt::Hashed {
-                    blocks: routed.prompt.sequence,
-                    tail: routed.tail,
-                },
-                max_tokens,
-                namespace: Namespace::default(),
-                remote_tokens: 0,
-            },
-            t,
-        );
-        match submitted {
-            Ok(()) => self.reschedule(w),
-            Err(e) => {
-                self.router.finish(id, t, None, None);
-                self.end(t, id, Status::Failed(e.kind().into()), None);
-            }
+        let prompt = (routed.prompt.sequence, routed.tail);
+        match sel.prefill {
+            Some(p) => self.start_split(t, id, (p.worker.0 as usize, w), prompt, max_tokens),
+            None => self.submit(t, id, w, prompt, max_tokens, 0),
         }
         None
     }
@@ -533,6 +534,10 @@ impl<'a> Sim<'a> {
 
     /// Applies an engine step's output: tokens, finished requests, KV events.
     fn handle(&mut self, w: usize, out: &mut StepOutput) {
+        if self.prefill_only[w] {
+            self.handle_prefill(w, out);
+            return;
+        }
         let t = out.time;
         // First tokens and finishes release booked load: queued requests may go then.
         let mut released = !out.finished.is_empty();
@@ -551,6 +556,29 @@ impl<'a> Sim<'a> {
             }
             self.last_token[i] = tok.time;
         }
+        self.deliver_all(w, t, out);
+        for f in out.finished.drain(..) {
+            let rec = &mut self.records[f.id.0 as usize];
+            // A split request's hit is its prefill engine's (the KV moved counts as cached
+            // on the decode engine).
+            let cached = rec.prefill_worker.is_none().then_some(f.cached_tokens);
+            self.router
+                .finish(f.id, t, Some(f.output.len() as u64), cached);
+            let rec = &mut self.records[f.id.0 as usize];
+            if let Some(c) = cached {
+                rec.cached_tokens = c as u64;
+            }
+            rec.output_tokens = f.output.len() as u64;
+            self.end(t, f.id, Status::Completed, Some(&f.output));
+        }
+        if released && !self.queue.is_empty() {
+            self.drain_queue(t);
+        }
+    }
+
+    /// Hands engine `w`'s KV events of a step to the router (none when it tracks engines
+    /// without events).
+    fn deliver_all(&mut self, w: usize, t: Time, out: &mut StepOutput) {
         if self.cfg.tracking == Tracking::Approximate {
             // Engines without an event publisher: the router never sees their events.
             out.events.clear();
@@ -559,17 +587,6 @@ impl<'a> Sim<'a> {
             // The host tier's events after the device's, as a worker publishes them.
             self.deliver(w, t, Tier::Device, &mut out.events);
             self.deliver(w, t, Tier::Host, &mut out.host_events);
-        }
-        for f in out.finished.drain(..) {
-            self.router
-                .finish(f.id, t, Some(f.output.len() as u64), Some(f.cached_tokens));
-            let rec = &mut self.records[f.id.0 as usize];
-            rec.cached_tokens = f.cached_tokens as u64;
-            rec.output_tokens = f.output.len() as u64;
-            self.end(t, f.id, Status::Completed, Some(&f.output));
-        }
-        if released && !self.queue.is_empty() {
-            self.drain_queue(t);
         }
     }
 

@@ -44,8 +44,12 @@ pub enum Status {
 pub struct RequestRecord {
     /// The request.
     pub id: RequestId,
-    /// The worker that served it, if dispatched.
+    /// The worker that served it (decoded it, when another prefilled it), if dispatched.
     pub worker: Option<u64>,
+    /// The worker that computed its prompt, when it was not `worker` (disaggregated
+    /// prefill).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_worker: Option<u64>,
     /// Its session (conversation), if any.
     pub session: Option<u64>,
     /// When it was sent.
@@ -75,6 +79,7 @@ impl RequestRecord {
         Self {
             id,
             worker: None,
+            prefill_worker: None,
             session: None,
             arrival,
             first_token: None,
