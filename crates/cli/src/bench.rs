@@ -9,7 +9,7 @@ mod progress;
 
 use crate::demo::{start_fleet, DemoArgs};
 use crate::simulate::{
-    level_label, levels, prepare, sim_config, simulator_only_options, tiers_label, workload,
+    level_label, levels, prepare, sim_config, simulator_only_options, tiers_label, workload, Fleet,
     Load as SimLoad, Prepared, SimulateArgs,
 };
 use anyhow::{bail, Context, Result};
@@ -116,7 +116,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Load::Speedup(_) => 1.0,
         l => l.value().max(1e-3),
     };
-    let cell_work: Vec<f64> = (s.workers.iter())
+    let fleets = crate::simulate::fleets(s)?;
+    let cell_work: Vec<f64> = (fleets.iter())
         .flat_map(|_| {
             loads
                 .iter()
@@ -139,7 +140,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         info: info(a, &prepared, live),
         cells: Vec::new(),
     };
-    for &workers in &s.workers {
+    for &fleet in &fleets {
+        let workers = fleet.workers;
         for &load in &loads {
             for &policy in &s.policy {
                 let cell_started = std::time::Instant::now();
@@ -147,10 +149,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 let mut first_deciles = Vec::new();
                 for r in 0..a.repeats {
                     let seed = s.seed.wrapping_add(r as u64);
-                    let label = cell_label(policy, workers, load, Some(r));
-                    progress.run_starts(cell_index, r, &cell_label(policy, workers, load, None));
+                    let label = cell_label(policy, fleet, load, Some(r));
+                    progress.run_starts(cell_index, r, &cell_label(policy, fleet, load, None));
                     let (records, workers_named, warm, window) = match &rt {
-                        None => run_sim(a, &prepared, workers, load, policy, seed)?,
+                        None => run_sim(a, &prepared, fleet, load, policy, seed)?,
                         Some(rt) => rt.block_on(run_live(a, workers, load, policy, seed))?,
                     };
                     let measured: Vec<RequestRecord> = records
@@ -167,8 +169,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                         .with_context(|| format!("writing {}", file.display()))?;
                     progress.run_ends();
                 }
-                let cell = Cell::new(policy.as_str(), workers, load, runs, first_deciles);
-                let name = cell_label(policy, workers, load, None);
+                let cell = Cell::new(
+                    &fleet.policy_label(policy),
+                    workers,
+                    load,
+                    runs,
+                    first_deciles,
+                );
+                let name = cell_label(policy, fleet, load, None);
                 progress.cell_done(cell_index, &name, cell_started.elapsed().as_secs_f64());
                 cell_index += 1;
                 if s.json {
@@ -184,14 +192,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     write_outputs(a, &sweep, &out_dir)
 }
 
-/// A cell's name (`kv-w3-c16`), with `-runN` for one of its runs (from 0).
-fn cell_label(policy: PolicyKind, workers: usize, load: Load, run: Option<usize>) -> String {
+/// A cell's name (`kv-w3-c16`, `goodput-w4-1p3d-auto-c16`), with `-runN` for one of its
+/// runs (from 0).
+fn cell_label(policy: PolicyKind, fleet: Fleet, load: Load, run: Option<usize>) -> String {
     let level = match level_label(load) {
         l if l.is_empty() => l,
         l => format!("-{l}"),
     };
     let run = run.map_or_else(String::new, |r| format!("-run{}", r + 1));
-    format!("{}-w{workers}{level}{run}", policy.as_str())
+    format!("{}-{}{level}{run}", policy.as_str(), fleet.label('-'))
 }
 
 fn info(a: &BenchArgs, p: &Prepared, live: bool) -> SweepInfo {
@@ -269,16 +278,16 @@ type Run = (Vec<RequestRecord>, Vec<String>, Duration, Duration);
 fn run_sim(
     a: &BenchArgs,
     p: &Prepared,
-    workers: usize,
+    fleet: Fleet,
     load: Load,
     policy: PolicyKind,
     seed: u64,
 ) -> Result<Run> {
-    let cfg = sim_config(&a.sweep, &p.profile, workers, policy, seed)?;
+    let cfg = sim_config(&a.sweep, &p.profile, fleet, policy, seed)?;
     let r = simulate(&cfg, workload(&a.sweep, p, load, seed)?)?;
     Ok((
         r.records,
-        numbered_workers(workers),
+        numbered_workers(fleet.workers),
         cfg.warmup,
         Duration::from_secs_f64(r.sim_seconds),
     ))

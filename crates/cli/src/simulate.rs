@@ -17,6 +17,8 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+pub(crate) use fleet::{fleets, Fleet};
+
 /// Options of `kvroute simulate`.
 #[derive(Args, Clone, Debug)]
 pub struct SimulateArgs {
@@ -30,6 +32,33 @@ pub struct SimulateArgs {
     /// Engine replicas; several values make a sweep.
     #[arg(long, value_delimiter = ',', default_value = "3")]
     pub(crate) workers: Vec<usize>,
+    /// A disaggregated fleet: this many prefill-only engines (with `--decode-workers`;
+    /// `--workers` is then their sum). A request's prompt may be computed on one and its KV
+    /// moved to its decode engine over the link (`--link-gb-per-sec`, `--link-latency-ms`).
+    #[arg(long, conflicts_with_all = ["workers", "plan_pd"], requires = "decode_workers")]
+    pub(crate) prefill_workers: Option<usize>,
+    /// A disaggregated fleet: this many decode-only engines (with `--prefill-workers`).
+    #[arg(long, conflicts_with_all = ["workers", "plan_pd"], requires = "prefill_workers")]
+    pub(crate) decode_workers: Option<usize>,
+    /// The P:D planner: every split of this many engines into prefill and decode pools, and
+    /// all of them aggregated, at each load; a table says which serves the most goodput.
+    #[arg(long, conflicts_with = "workers")]
+    pub(crate) plan_pd: Option<usize>,
+    /// How a disaggregated fleet's requests use the prefill pool: auto (per request, as the
+    /// policy predicts better), always, never; several values make a sweep.
+    #[arg(long, value_delimiter = ',', default_value = "auto")]
+    pub(crate) disaggregation: Vec<kvroute_core::policy::DisaggregationMode>,
+    /// The prefill-to-decode link's bandwidth in GB/s [default: `router.disaggregation`'s,
+    /// 25].
+    #[arg(long)]
+    pub(crate) link_gb_per_sec: Option<f64>,
+    /// The link's fixed latency per transfer, ms [default: `router.disaggregation`'s, 2].
+    #[arg(long)]
+    pub(crate) link_latency_ms: Option<f64>,
+    /// Bytes of KV per token moved over the link [default: the profile's model's, when it
+    /// names one; else 131072, an 8B model's].
+    #[arg(long)]
+    pub(crate) kv_bytes_per_token: Option<f64>,
     /// Routing policies to compare.
     #[arg(
         long,
@@ -261,6 +290,22 @@ pub(crate) fn prepare(a: &SimulateArgs) -> Result<Prepared> {
     if a.workers.contains(&0) || a.concurrency.contains(&0) {
         bail!("--workers and --concurrency values must be >= 1");
     }
+    fleet::fleets(a)?;
+    for (name, v, max) in [
+        ("--link-gb-per-sec", a.link_gb_per_sec, 1e6),
+        ("--link-latency-ms", a.link_latency_ms, 60_000.0),
+        ("--kv-bytes-per-token", a.kv_bytes_per_token, 1e9),
+    ] {
+        if let Some(v) = v {
+            let positive = name != "--link-latency-ms";
+            if !(v.is_finite() && v <= max && (v > 0.0 || (!positive && v == 0.0))) {
+                bail!(
+                    "{name} must be within {}..={max}, got {v}",
+                    if positive { "(0" } else { "0" }
+                );
+            }
+        }
+    }
     if let Some(r) = a
         .rate
         .iter()
@@ -389,20 +434,28 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let mut rows: Vec<(String, Summary)> = Vec::new();
+    let mut planned: Vec<(Fleet, String, String)> = Vec::new();
     let mut over_time = String::new();
-    for &workers in &a.workers {
+    for fleet in fleet::fleets(a)? {
+        let workers = fleet.workers;
         for &level in &levels {
             for &policy in &a.policy {
-                let cfg = sim_config(a, &prepared.profile, workers, policy, a.seed)?;
+                let cfg = sim_config(a, &prepared.profile, fleet, policy, a.seed)?;
                 let workload = workload(a, &prepared, level, a.seed)?;
                 let started = Instant::now();
                 let r = simulate(&cfg, workload)?;
                 let wall = started.elapsed().as_secs_f64();
-                let label = format!("{} w{workers} {}", policy.as_str(), level_label(level))
-                    .trim_end()
-                    .to_string();
+                let label = format!(
+                    "{} {} {}",
+                    policy.as_str(),
+                    fleet.label(' '),
+                    level_label(level)
+                )
+                .trim_end()
+                .to_string();
+                planned.push((fleet, policy.as_str().to_string(), level_label(level)));
                 if a.json {
-                    println!("{}", cell_json(policy, workers, level, &r, wall));
+                    println!("{}", cell_json(policy, fleet, level, &r, wall));
                 } else {
                     eprintln!(
                         "{label}: {} requests in {:.0} simulated s, {wall:.2} s wall",
@@ -423,7 +476,15 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         }
     }
     let table: Vec<(&str, &Summary)> = rows.iter().map(|(l, s)| (l.as_str(), s)).collect();
-    let table = markdown_table(&table);
+    let mut table = markdown_table(&table);
+    if a.plan_pd.is_some() {
+        let cells: Vec<_> = planned
+            .into_iter()
+            .zip(&rows)
+            .map(|((f, p, l), (_, s))| (f, p, l, s))
+            .collect();
+        table.push_str(&fleet::plan_table(&cells));
+    }
     if !a.json {
         print!("{table}");
     }
@@ -477,6 +538,16 @@ pub(crate) fn simulator_only_options(a: &SimulateArgs) -> Vec<&'static str> {
         ),
         ("--no-events", a.no_events),
         ("--approx-ttl-secs", a.approx_ttl_secs.is_some()),
+        ("--prefill-workers", a.prefill_workers.is_some()),
+        ("--decode-workers", a.decode_workers.is_some()),
+        ("--plan-pd", a.plan_pd.is_some()),
+        (
+            "--disaggregation",
+            a.disaggregation != [kvroute_core::policy::DisaggregationMode::Auto],
+        ),
+        ("--link-gb-per-sec", a.link_gb_per_sec.is_some()),
+        ("--link-latency-ms", a.link_latency_ms.is_some()),
+        ("--kv-bytes-per-token", a.kv_bytes_per_token.is_some()),
     ]
     .into_iter()
     .filter_map(|(name, set)| set.then_some(name))
@@ -561,7 +632,7 @@ pub(crate) const DEFAULT_PROFILE: &str = "mocker-poly";
 pub(crate) fn sim_config(
     a: &SimulateArgs,
     p: &Profile,
-    workers: usize,
+    fleet: Fleet,
     policy: PolicyKind,
     seed: u64,
 ) -> Result<SimConfig> {
@@ -580,8 +651,21 @@ pub(crate) fn sim_config(
     if let Some(t) = a.host_load_secs_per_token {
         engine.host_load_secs_per_token = t;
     }
-    let mut cfg = SimConfig::for_profile(a.profile(), workers)?;
+    let mut cfg = SimConfig::for_profile(a.profile(), fleet.workers)?;
     cfg.engine = engine;
+    cfg.prefill_workers = fleet.prefill;
+    cfg.decode_workers = fleet.decode;
+    let link = &mut cfg.router.disaggregation;
+    link.mode = fleet.mode;
+    if let Some(b) = fleet::kv_bytes_per_token(a, p) {
+        link.kv_bytes_per_token = b;
+    }
+    if let Some(g) = a.link_gb_per_sec {
+        link.link_bytes_per_sec = g * 1e9;
+    }
+    if let Some(ms) = a.link_latency_ms {
+        link.link_latency_secs = ms / 1e3;
+    }
     cfg.router.block_size = bs;
     cfg.router.seed = seed;
     cfg.router.policy.kind = policy;
@@ -615,7 +699,7 @@ pub(crate) fn sim_config(
 
 fn cell_json(
     policy: PolicyKind,
-    workers: usize,
+    fleet: Fleet,
     level: Level,
     r: &SimResult,
     wall: f64,
@@ -623,7 +707,11 @@ fn cell_json(
     let s = &r.summary;
     json!({
         "policy": policy.as_str(),
-        "workers": workers,
+        "workers": fleet.workers,
+        "prefill_workers": fleet.prefill,
+        "decode_workers": fleet.decode,
+        "disaggregation": fleet.is_split().then_some(fleet.mode.as_str()),
+        "split_requests": r.records.iter().filter(|r| r.prefill_worker.is_some()).count(),
         "concurrency": match level { Level::Concurrency(c) => Some(c), _ => None },
         "rate": match level { Level::Rate(r) => Some(r), _ => None },
         "sent": s.sent,
@@ -651,5 +739,6 @@ fn cell_json(
     })
 }
 
+mod fleet;
 #[cfg(test)]
 mod tests;

@@ -69,7 +69,94 @@ fn every_run_measures_goodput_against_the_objectives_goodput_routes_for() {
     assert_eq!(a.slo().tpot_ms, Some(d.tpot_secs * 1e3));
     assert_eq!(a.objectives().ttft_secs, 2.0);
     let p = Profile::builtin("tiny").unwrap();
-    let cfg = sim_config(&a, &p, 2, PolicyKind::Goodput, 0).unwrap();
+    let cfg = sim_config(&a, &p, Fleet::aggregated(2), PolicyKind::Goodput, 0).unwrap();
     assert_eq!(cfg.router.policy.goodput.ttft_secs, 2.0);
     assert_eq!(cfg.slo, Some(a.slo()));
+}
+
+#[test]
+fn fleets_are_aggregated_split_or_every_split_of_the_plan() {
+    let shapes = |extra: &[&str]| -> Vec<(usize, usize, usize, &'static str)> {
+        fleets(&args(extra))
+            .unwrap()
+            .iter()
+            .map(|f| (f.workers, f.prefill, f.decode, f.mode.as_str()))
+            .collect()
+    };
+    assert_eq!(
+        shapes(&["--workers", "2,4"]),
+        [(2, 0, 0, "auto"), (4, 0, 0, "auto")]
+    );
+    assert_eq!(
+        shapes(&[
+            "--prefill-workers",
+            "1",
+            "--decode-workers",
+            "2",
+            "--disaggregation",
+            "auto,always"
+        ]),
+        [(3, 1, 2, "auto"), (3, 1, 2, "always")]
+    );
+    assert_eq!(
+        shapes(&["--plan-pd", "3"]),
+        [(3, 0, 0, "auto"), (3, 1, 2, "auto"), (3, 2, 1, "auto")]
+    );
+    // The split's settings reach the simulator: roles, mode, the link.
+    let a = args(&[
+        "--prefill-workers",
+        "1",
+        "--decode-workers",
+        "2",
+        "--disaggregation",
+        "always",
+        "--link-gb-per-sec",
+        "50",
+        "--link-latency-ms",
+        "1",
+    ]);
+    let p = Profile::builtin("h200-llama3-70b-fp8").unwrap();
+    let cfg = sim_config(&a, &p, fleets(&a).unwrap()[0], PolicyKind::Goodput, 0).unwrap();
+    assert_eq!(
+        (cfg.workers, cfg.prefill_workers, cfg.decode_workers),
+        (3, 1, 2)
+    );
+    let link = &cfg.router.disaggregation;
+    assert_eq!(link.mode, kvroute_core::policy::DisaggregationMode::Always);
+    assert_eq!(
+        (link.link_bytes_per_sec, link.link_latency_secs),
+        (50e9, 0.001)
+    );
+    // 80 layers x 8 KV heads x 128 x 2 (K and V) x 1 byte (FP8).
+    assert_eq!(link.kv_bytes_per_token, 163_840.0);
+}
+
+#[test]
+fn bad_fleets_are_refused_with_a_reason() {
+    let err = |extra: &[&str]| match fleets(&args(extra)) {
+        Ok(f) => panic!("{extra:?} accepted: {f:?}"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err(&["--plan-pd", "1"]).contains("2 to 64"));
+    assert!(err(&["--prefill-workers", "0", "--decode-workers", "2"]).contains(">= 1"));
+    let parse = |extra: &[&str]| {
+        Cli::try_parse_from(std::iter::once("simulate").chain(extra.iter().copied())).is_err()
+    };
+    assert!(parse(&["--prefill-workers", "1"]), "needs --decode-workers");
+    assert!(parse(&[
+        "--prefill-workers",
+        "1",
+        "--decode-workers",
+        "1",
+        "--workers",
+        "2"
+    ]));
+    assert!(parse(&["--plan-pd", "4", "--workers", "4"]));
+    assert!(parse(&["--disaggregation", "sometimes"]));
+    let a = args(&["--plan-pd", "2", "--link-gb-per-sec", "0"]);
+    assert!(prepare(&a)
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("--link-gb-per-sec"));
 }

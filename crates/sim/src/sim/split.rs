@@ -93,8 +93,8 @@ impl Sim<'_> {
             let tokens = leg.blocks.len() * bs + leg.tail.len();
             let held = self.engines[leg.decode].pool().match_prefix(&leg.blocks) * bs;
             let link = &self.cfg.router.disaggregation;
-            let secs = link.link_latency_secs
-                + tokens.saturating_sub(held) as f64 * link.secs_per_token();
+            let secs =
+                link.link_latency_secs + tokens.saturating_sub(held) as f64 * link.secs_per_token();
             self.push(
                 t.plus(Duration::from_secs_f64(secs.max(0.0))),
                 Event::Transferred(f.id),

@@ -40,7 +40,10 @@ fn split_fleet(mode: DisaggregationMode, latency_secs: f64) -> SimResult {
 fn always_runs_every_prompt_on_the_prefill_engine_and_decodes_elsewhere() {
     let r = split_fleet(DisaggregationMode::Always, 0.002);
     assert_eq!(r.summary.completed, 60);
-    assert_eq!(r.kv_events_rejected, 0, "both legs' events agree with the index");
+    assert_eq!(
+        r.kv_events_rejected, 0,
+        "both legs' events agree with the index"
+    );
     for rec in &r.records {
         assert_eq!(rec.prefill_worker, Some(0), "{rec:?}");
         assert!(matches!(rec.worker, Some(1 | 2)), "{rec:?}");
@@ -66,7 +69,10 @@ fn never_leaves_the_prefill_engine_idle() {
     assert_eq!(r.summary.completed, 60);
     assert!(r.records.iter().all(|rec| rec.prefill_worker.is_none()));
     assert_eq!(r.engines[0].admitted_total, 0);
-    assert_eq!(r.engines[1].remote_tokens_total + r.engines[2].remote_tokens_total, 0);
+    assert_eq!(
+        r.engines[1].remote_tokens_total + r.engines[2].remote_tokens_total,
+        0
+    );
 }
 
 #[test]
