@@ -453,7 +453,11 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
                 )
                 .trim_end()
                 .to_string();
-                planned.push((fleet, policy.as_str().to_string(), level_label(level)));
+                let load = match level {
+                    Level::Speedup(x) => format!("{x}x"),
+                    l => level_label(l),
+                };
+                planned.push((fleet, policy.as_str().to_string(), load));
                 if a.json {
                     println!("{}", cell_json(policy, fleet, level, &r, wall));
                 } else {
