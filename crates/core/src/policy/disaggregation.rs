@@ -134,10 +134,24 @@ impl RemotePrefill {
     }
 
     /// Predicted seconds to the first token on candidate `i` with the prompt computed here:
-    /// the prefill, then the transfer of what the candidate lacks.
+    /// the prefill, the transfer of what the candidate lacks, then the candidate's own way
+    /// to a first token ([`joining_secs`]).
     pub fn ttft_secs(&self, input: &PolicyInput<'_>, i: usize) -> f64 {
-        self.prefill_secs + self.transfer_secs(input, i)
+        self.prefill_secs + self.transfer_secs(input, i) + joining_secs(input, i)
     }
+}
+
+/// Seconds from a request's KV arriving on candidate `i` to its first token there: the
+/// engine's fixed time per request and the prefill booked there before it (its learned
+/// figures: a step shared with that work computes the prompt's last tokens), and a place in
+/// a full batch. 0 while the candidate's prefill speed is unknown.
+pub fn joining_secs(input: &PolicyInput<'_>, i: usize) -> f64 {
+    let c = &input.candidates[i];
+    let Some(est) = c.prefill else {
+        return 0.0;
+    };
+    let service = c.service_secs.unwrap_or(0.0);
+    est.ttft_secs(c.load.prefill_tokens as f64) + super::predictive::batch_wait_secs(c, 0, service)
 }
 
 /// A policy's answer with disaggregation: the decode worker (index into the candidates) and
