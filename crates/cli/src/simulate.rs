@@ -740,6 +740,7 @@ fn cell_json(
         "preemptions": r.engines.iter().map(|e| e.preemptions_total).sum::<u64>(),
         "engine_steps": r.engines.iter().map(|e| e.steps_total).sum::<u64>(),
         "host_blocks_held": r.engines.iter().map(|e| e.host_blocks).sum::<usize>(),
+        "engines": r.engines,
     })
 }
 

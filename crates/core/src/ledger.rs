@@ -448,6 +448,48 @@ impl LoadLedger {
         Ok(())
     }
 
+    /// The prompt tokens of a booked request.
+    pub fn prompt_tokens(&self, request: RequestId) -> Result<u64, LedgerError> {
+        self.requests
+            .get(&request)
+            .map(|r| r.prompt_tokens)
+            .ok_or(LedgerError::UnknownRequest(request))
+    }
+
+    /// The KV of a request booked by [`LoadLedger::book_decode`] reached its worker at `now`,
+    /// which still computes the prompt's last `tail_tokens`: from now on the request is
+    /// that worker's prefill work of those tokens, and its first token, timed from now, is a
+    /// sample of the worker's prefill speed like any other. Once per request; a no-op after
+    /// its first token or for a request whose worker computes its whole prompt.
+    pub fn kv_arrived(
+        &mut self,
+        request: RequestId,
+        tail_tokens: u64,
+        now: Time,
+    ) -> Result<(), LedgerError> {
+        let r = self
+            .requests
+            .get_mut(&request)
+            .ok_or(LedgerError::UnknownRequest(request))?;
+        if r.prefilled || r.prefills_here {
+            return Ok(());
+        }
+        let Some(w) = self
+            .workers
+            .get_mut(&r.worker)
+            .filter(|w| w.generation == r.generation)
+        else {
+            return Ok(());
+        };
+        w.advance(now);
+        w.load.prefill_tokens += tail_tokens;
+        r.prefills_here = true;
+        r.prefill_tokens = tail_tokens;
+        r.work_tokens = w.load.prefill_tokens;
+        r.booked_at = now;
+        Ok(())
+    }
+
     /// The request produced its first token at `now`: its prefill is no longer outstanding,
     /// and the time it took teaches the worker's prefill fit. Repeated calls are no-ops.
     pub fn first_token(&mut self, request: RequestId, now: Time) -> Result<(), LedgerError> {
@@ -476,6 +518,12 @@ impl LoadLedger {
                 w.sampled_at = self.bookings;
                 w.fit
                     .observe(r.work_tokens as f64, now.since(r.booked_at).as_secs_f64());
+            } else {
+                // A split request's decode (its prompt computed elsewhere) teaches nothing
+                // of this worker's prefill, but the worker is being chosen: its figures are
+                // not those of a worker left aside, and must not be dropped for a fit that
+                // starts afresh from the few prompts it still computes itself.
+                w.sampled_at = self.bookings;
             }
             w.advance(now);
             w.sums.prefilled_tokens += r.prefill_tokens as f64;

@@ -15,7 +15,8 @@ mod predictive;
 
 pub use baseline::{LeastLoaded, PowerOfTwo, RandomChoice, RoundRobin};
 pub use disaggregation::{
-    split, DisaggregationConfig, DisaggregationMode, RemotePrefill, SplitChoice,
+    decode_tail, decode_tail_tokens, joining_secs, split, DisaggregationConfig, DisaggregationMode,
+    RemotePrefill, SplitChoice,
 };
 pub use goodput::{Goodput, GoodputConfig};
 pub use kv::{KvConfig, KvCost};

@@ -136,6 +136,17 @@ impl LedgerGuard {
         self.output_tokens = Some(tokens);
     }
 
+    /// A split request's KV reached the decode worker (its prefill leg answered, the decode
+    /// leg about to go): the first token from now is timed as that worker's own
+    /// (`Router::kv_arrived`).
+    pub fn kv_arrived(&self) {
+        if !self.first_token {
+            let b = &self.bookings;
+            let (request, now) = (self.request, b.clock.now());
+            let _ = b.table.update(|r| r.kv_arrived(request, now));
+        }
+    }
+
     /// The first token arrived: the prefill part of the booking is released.
     pub fn first_token(&mut self) {
         if !self.first_token {

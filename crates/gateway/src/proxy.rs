@@ -86,7 +86,15 @@ pub async fn forward(
         let worker = guard.worker;
         // A split request: its prompt computed on the prefill worker first.
         let handoff = match &sel.prefill {
-            Some(remote) => Some(prefill::run(gw, &call, &prep, remote).await),
+            Some(remote) => {
+                let handoff = prefill::run(gw, &call, &prep, remote).await;
+                if handoff.kv_sent {
+                    // The decode leg goes now, its KV computed: its first token is timed
+                    // from here as the decode worker's own.
+                    guard.kv_arrived();
+                }
+                Some(handoff)
+            }
             None => None,
         };
         let body = handoff

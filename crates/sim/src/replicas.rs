@@ -224,6 +224,14 @@ impl Replicas {
         self.share(now, k, id, PeerOp::FirstToken);
     }
 
+    /// A split request's KV reached its decode worker (its router learns from it; peers
+    /// count the booking as it is).
+    pub fn kv_arrived(&mut self, id: RequestId, now: Time) {
+        self.catch_up(now);
+        let k = self.owner.get(&id).copied().unwrap_or(0);
+        let _ = self.routers[k].kv_arrived(id, now);
+    }
+
     /// The request finished, on its router and (later) its peers.
     pub fn finish(&mut self, id: RequestId, now: Time, output: Option<u64>, cached: Option<usize>) {
         self.catch_up(now);

@@ -67,6 +67,7 @@ pub(crate) struct Routed {
 enum Call {
     Events(WorkerId, Tier, Vec<KvEvent>),
     FirstToken(RequestId, Time),
+    KvArrived(RequestId, Time),
     Finish(RequestId, Time, Option<u64>, Option<usize>),
     Route(Box<RouteCall>),
 }
@@ -139,6 +140,11 @@ impl RouterLink {
     /// `Router::first_token`.
     pub fn first_token(&mut self, id: RequestId, now: Time) {
         self.push(Call::FirstToken(id, now));
+    }
+
+    /// `Router::kv_arrived`: a split request's KV reached its decode engine.
+    pub fn kv_arrived(&mut self, id: RequestId, now: Time) {
+        self.push(Call::KvArrived(id, now));
     }
 
     /// `Router::finish`, after `Router::observe_cached` when the engine said how many of the
@@ -233,6 +239,7 @@ impl RouterServer {
                         buffers.push(events);
                     }
                     Call::FirstToken(id, now) => router.first_token(id, now),
+                    Call::KvArrived(id, now) => router.kv_arrived(id, now),
                     Call::Finish(id, now, output, cached) => router.finish(id, now, output, cached),
                     Call::Route(call) => {
                         if !route(

@@ -350,3 +350,45 @@ fn an_idle_worker_avoided_on_its_figures_is_measured_again_soon() {
     let e = slow(&l).expect("measured again");
     assert!((e.ttft_secs(1_000.0) - 0.020).abs() < 1e-3, "{e:?}");
 }
+
+#[test]
+fn a_worker_chosen_for_split_decodes_keeps_its_prefill_figures() {
+    let mut l = ledger();
+    let blocks = seqs(&[1, 2]);
+    for id in 1..=3 {
+        book(&mut l, id, 1, 32 * id as usize, 0, &blocks);
+        l.first_token(RequestId(id), Time::from_millis(id + 10 * id))
+            .unwrap();
+        l.finish(RequestId(id), Time::from_millis(100)).unwrap();
+    }
+    let learned = l.prefill_estimate(WorkerId(1));
+    assert!(learned.is_some());
+    let fresh = |l: &LoadLedger| {
+        l.views()
+            .find(|v| v.worker == WorkerId(1))
+            .unwrap()
+            .prefill
+            .is_some()
+    };
+    // Far more bookings elsewhere than the staleness limit (256 per worker), worker 1
+    // taking split requests' decodes (their prompts computed elsewhere) all along.
+    for id in 10..=1_400u64 {
+        let t = Time::from_millis(1_000 + id);
+        if id % 10 == 0 {
+            let b = Booking {
+                request: RequestId(id),
+                worker: WorkerId(1),
+                prompt_tokens: 64,
+                cached_tokens: 0,
+                blocks: &blocks,
+            };
+            l.book_decode(&b, t).unwrap();
+        } else {
+            book(&mut l, id, 2, 64, 0, &blocks);
+        }
+        l.first_token(RequestId(id), t).unwrap();
+        l.finish(RequestId(id), t).unwrap();
+    }
+    assert!(fresh(&l), "figures of a worker being chosen are not stale");
+    assert_eq!(l.prefill_estimate(WorkerId(1)), learned);
+}

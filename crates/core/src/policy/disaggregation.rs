@@ -151,7 +151,21 @@ pub fn joining_secs(input: &PolicyInput<'_>, i: usize) -> f64 {
         return 0.0;
     };
     let service = c.service_secs.unwrap_or(0.0);
-    est.ttft_secs(c.load.prefill_tokens as f64) + super::predictive::batch_wait_secs(c, 0, service)
+    let work = c.load.prefill_tokens as f64 + decode_tail_tokens(input) as f64;
+    est.ttft_secs(work) + super::predictive::batch_wait_secs(c, 0, service)
+}
+
+/// Tokens a decode worker still computes of a prompt whose KV it was sent: those after the
+/// last full block before the prompt's last token (engines never take the last token's KV
+/// as cached: it must be computed to sample the first token), 1 to a block.
+pub fn decode_tail_tokens(input: &PolicyInput<'_>) -> usize {
+    decode_tail(input.prompt_tokens, input.block_size)
+}
+
+/// [`decode_tail_tokens`] of a prompt of `prompt_tokens` in blocks of `block_size`.
+pub fn decode_tail(prompt_tokens: usize, block_size: usize) -> usize {
+    let bs = block_size.max(1);
+    prompt_tokens - prompt_tokens.saturating_sub(1) / bs * bs
 }
 
 /// A policy's answer with disaggregation: the decode worker (index into the candidates) and

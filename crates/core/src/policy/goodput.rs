@@ -21,6 +21,7 @@
 //! a quarter of the per-token objective, three quarters at the batch limit, so that load is
 //! spread from the start.
 
+use super::disaggregation::decode_tail_tokens;
 use super::predictive::{batch_wait_secs, Predictive};
 use super::{lowest_cost, Choice, Policy, PolicyInput, RemotePrefill};
 use crate::ledger::DecodeEstimate;
@@ -101,8 +102,8 @@ impl Goodput {
 
     /// [`Goodput::predict`] with the prompt computed on the prefill worker `remote` offers
     /// and its KV moved to each candidate: the first token after that prefill and the
-    /// transfer of what the candidate lacks, and no prefill stalling the requests running on
-    /// the candidate.
+    /// transfer of what the candidate lacks, and only the prompt's last tokens (computed on
+    /// the candidate) stalling the requests running there.
     pub fn predict_remote(&self, input: &PolicyInput<'_>, remote: &RemotePrefill) -> Vec<f64> {
         let ttft: Vec<f64> = (0..input.candidates.len())
             .map(|i| remote.ttft_secs(input, i))
@@ -147,10 +148,12 @@ impl Goodput {
                 let kv = c.load.context_tokens as f64;
                 let step_now = d.step_secs(running, kv);
                 let step_with = d.step_secs(running + 1.0, kv + prompt_tokens);
-                let prefill_secs = c
-                    .prefill
-                    .filter(|_| local_prefill)
-                    .map_or(0.0, |e| input.prefill_work(c) * e.secs_per_token);
+                // Sent the KV, the worker still computes the prompt's last tokens.
+                let work = match local_prefill {
+                    true => input.prefill_work(c),
+                    false => input.prefill_work(c).min(decode_tail_tokens(input) as f64),
+                };
+                let prefill_secs = c.prefill.map_or(0.0, |e| work * e.secs_per_token);
                 // The running requests are halfway through their answers, on average.
                 let remaining = (output / 2.0).max(1.0);
                 let stalled_step = step_with + prefill_secs / remaining;

@@ -2,8 +2,8 @@
 //! its prefill may run apart from its decode.
 
 use super::{Candidate, RouteError, RouteRequest, Router};
-use crate::ledger::Booking;
 use crate::ledger::WorkerView;
+use crate::ledger::{Booking, LedgerError};
 use crate::policy::{DisaggregationMode, PolicyInput, Predictive, RemotePrefill};
 use crate::types::{RequestId, Time};
 use crate::types::{WorkerId, WorkerRole};
@@ -112,5 +112,16 @@ impl Router {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// A split request's KV reached its decode worker at `now` (the caller sends the decode
+    /// leg after the prefill leg's answer): its first token there, timed from now, teaches
+    /// that worker's prefill speed with the prompt's last tokens as its work
+    /// ([`crate::LoadLedger::kv_arrived`]). Callers that cannot tell (legs sent together)
+    /// skip it.
+    pub fn kv_arrived(&mut self, request: RequestId, now: Time) -> Result<(), LedgerError> {
+        let tokens = self.ledger.prompt_tokens(request)? as usize;
+        let tail = crate::policy::decode_tail(tokens, self.block_size.get());
+        self.ledger.kv_arrived(request, tail as u64, now)
     }
 }

@@ -40,6 +40,9 @@ use std::sync::Arc;
 pub(super) struct Handoff {
     pub(super) body: Bytes,
     pub(super) prefill_worker: Option<String>,
+    /// The prefill leg answered before the decode leg goes (vLLM's and TensorRT-LLM's
+    /// protocols): the KV is ready for the decode worker.
+    pub(super) kv_sent: bool,
 }
 
 /// Runs `call`'s prefill leg on `remote`'s worker (or starts it, in SGLang's protocol);
@@ -63,6 +66,7 @@ pub(super) async fn run(
             Handoff {
                 body: body.unwrap_or_else(|| call.body.clone()),
                 prefill_worker: Some(name),
+                kv_sent: true,
             }
         }
         Err(e) => {
@@ -74,6 +78,7 @@ pub(super) async fn run(
             Handoff {
                 body: call.body.clone(),
                 prefill_worker: None,
+                kv_sent: false,
             }
         }
     }
@@ -108,6 +113,7 @@ fn sglang(gw: &Arc<Gateway>, call: &Call, prep: &Prepared, remote: &RemotePrefil
         return Handoff {
             body: call.body.clone(),
             prefill_worker: None,
+            kv_sent: false,
         };
     };
     let (gw2, call2, leg_body, worker) = (gw.clone(), call.clone(), body.clone(), remote.worker);
@@ -134,9 +140,11 @@ fn sglang(gw: &Arc<Gateway>, call: &Call, prep: &Prepared, remote: &RemotePrefil
             tracing::warn!(worker = %leg_name, error = %e, request_id = %call2.request_id, "prefill leg failed");
         }
     });
+    // The decode engine waits for its KV itself: when it came is not known here.
     Handoff {
         body,
         prefill_worker: Some(name),
+        kv_sent: false,
     }
 }
 

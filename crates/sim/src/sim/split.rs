@@ -111,6 +111,9 @@ impl Sim<'_> {
             return;
         };
         let tokens = leg.blocks.len() * self.cfg.engine.block_size + leg.tail.len();
+        // Its first token from now teaches the decode worker's figures (as the gateway
+        // does when it sends the decode leg after the prefill leg's answer).
+        self.router.kv_arrived(id, t);
         let prompt = (leg.blocks, leg.tail);
         self.submit(t, id, leg.decode, prompt, leg.max_tokens, tokens);
     }

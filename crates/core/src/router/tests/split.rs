@@ -226,3 +226,51 @@ fn a_split_request_books_its_prefill_on_the_prefill_worker_and_teaches_the_decod
     r.finish(RequestId(1), Time::from_millis(101_000)).unwrap();
     assert_eq!(load(&r, decoder).inflight, 0);
 }
+
+#[test]
+fn a_split_requests_first_token_timed_from_its_kv_teaches_the_decoder_its_own_way_to_it() {
+    let mut r = disaggregated(PolicyKind::Goodput, DisaggregationMode::Always);
+    let p = prompt(&tokens(4_001, 22));
+    let sel = match r.route(&req(&p)) {
+        RouteOutcome::Dispatch(sel) => sel,
+        other => panic!("{other:?}"),
+    };
+    let remote = sel.prefill.expect("split");
+    let decoder = sel.worker;
+    let samples = |r: &Router| {
+        r.ledger()
+            .prefill_estimate(decoder)
+            .map_or(0, |e| e.samples)
+    };
+    let before = samples(&r);
+    let load = |r: &Router| r.ledger().load(decoder).unwrap().prefill_tokens;
+    r.dispatch(RequestId(1), &req(&p), &sel, Time::from_millis(100_000))
+        .unwrap();
+    r.dispatch_prefill(RequestId(2), &req(&p), &remote, Time::from_millis(100_000))
+        .unwrap();
+    r.first_token(RequestId(2), Time::from_millis(100_400))
+        .unwrap();
+    assert_eq!(load(&r), 0, "nothing to compute there before the KV comes");
+    // The KV arrives: the decoder computes the prompt's last tokens (4,001 = 250 blocks of
+    // 16 and 1: the token after the last full block), and its first token 30 ms later is
+    // a sample of its prefill like any other.
+    r.kv_arrived(RequestId(1), Time::from_millis(100_405))
+        .unwrap();
+    assert_eq!(load(&r), 1);
+    r.first_token(RequestId(1), Time::from_millis(100_435))
+        .unwrap();
+    assert_eq!(load(&r), 0);
+    assert_eq!(samples(&r), before + 1);
+    // Once only, and never for an unknown request.
+    r.kv_arrived(RequestId(1), Time::from_millis(100_500))
+        .unwrap();
+    assert_eq!(samples(&r), before + 1);
+    assert!(r
+        .kv_arrived(RequestId(9), Time::from_millis(100_500))
+        .is_err());
+    // A prompt ending on a block boundary leaves its last block to compute: engines never
+    // take the last token as cached.
+    assert_eq!(crate::policy::decode_tail(4_000, 16), 16);
+    assert_eq!(crate::policy::decode_tail(4_001, 16), 1);
+    assert_eq!(crate::policy::decode_tail(1, 16), 1);
+}
