@@ -73,6 +73,16 @@ pub struct WorkerArgs {
     /// The data-parallel rank this worker plays (stamped on its KV event batches).
     #[arg(long)]
     pub data_parallel_rank: Option<u32>,
+    /// What it does in a disaggregated fleet: both, prefill (refuses decode legs) or decode
+    /// (refuses prefill legs) [default: both].
+    #[arg(long)]
+    pub role: Option<kvroute_core::WorkerRole>,
+    /// Bandwidth of the modelled link a decode leg's KV comes over, GB/s [default: 25].
+    #[arg(long)]
+    pub kv_link_gb_per_sec: Option<f64>,
+    /// Latency of each such transfer, ms [default: 2].
+    #[arg(long)]
+    pub kv_link_latency_ms: Option<f64>,
 }
 
 impl WorkerArgs {
@@ -106,6 +116,13 @@ impl WorkerArgs {
             c.lora_adapters = self.lora_adapters.clone();
         }
         c.data_parallel_rank = self.data_parallel_rank.unwrap_or(c.data_parallel_rank);
+        c.role = self.role.unwrap_or(c.role);
+        if let Some(g) = self.kv_link_gb_per_sec {
+            c.kv_link_bytes_per_sec = g * 1e9;
+        }
+        if let Some(ms) = self.kv_link_latency_ms {
+            c.kv_link_latency_secs = ms / 1e3;
+        }
         // Keys from the environment only (a command line is visible to every user).
         let secret = |name: &str| {
             std::env::var(name)

@@ -65,6 +65,17 @@ pub struct WorkerConfig {
     pub data_parallel_rank: u32,
     /// The worker's name in logs.
     pub worker_name: String,
+    /// What it does in a disaggregated fleet: `both` (the default), `prefill` (it refuses
+    /// decode legs, those sent a remote prefill's KV) or `decode` (it refuses prefill legs).
+    pub role: kvroute_core::WorkerRole,
+    /// Bytes per second of the modelled link a decode leg's KV comes over from its
+    /// prefill worker (vLLM's `kv_transfer_params`; docs/disaggregation.md).
+    pub kv_link_bytes_per_sec: f64,
+    /// Seconds every such transfer takes beyond its bytes.
+    pub kv_link_latency_secs: f64,
+    /// Bytes of KV per prompt token moved (default: the profile's model's, when it names
+    /// one; else an 8B model's 131,072).
+    pub kv_bytes_per_token: Option<f64>,
     /// The key its OpenAI routes need (`Authorization: Bearer`), as an engine started with
     /// `--api-key` (None: open). Also from `KVROUTE_WORKER_API_KEY`.
     #[serde(skip_serializing)]
@@ -99,6 +110,10 @@ impl Default for WorkerConfig {
             replay_buffer_bytes: 32 << 20,
             data_parallel_rank: 0,
             worker_name: "worker".into(),
+            role: kvroute_core::WorkerRole::Both,
+            kv_link_bytes_per_sec: 25e9,
+            kv_link_latency_secs: 0.002,
+            kv_bytes_per_token: None,
             api_key: None,
             admin_key: None,
         }
@@ -108,7 +123,38 @@ impl Default for WorkerConfig {
 impl WorkerConfig {
     /// Checks the settings, the profile and the engine settings they give.
     pub fn validate(&self) -> Result<(), WorkerError> {
+        let bad = |m: String| Err(WorkerError::Config(m));
+        if !(self.kv_link_bytes_per_sec.is_finite() && self.kv_link_bytes_per_sec > 0.0) {
+            return bad(format!(
+                "kv_link_bytes_per_sec must be > 0, got {}",
+                self.kv_link_bytes_per_sec
+            ));
+        }
+        if !(self.kv_link_latency_secs.is_finite()
+            && (0.0..=60.0).contains(&self.kv_link_latency_secs))
+        {
+            return bad(format!(
+                "kv_link_latency_secs must be within 0..=60, got {}",
+                self.kv_link_latency_secs
+            ));
+        }
+        if let Some(b) = self.kv_bytes_per_token {
+            if !(b.is_finite() && b > 0.0) {
+                return bad(format!("kv_bytes_per_token must be > 0, got {b}"));
+            }
+        }
         self.engine_config().map(|_| ())
+    }
+
+    /// Seconds to move one prompt token's KV to this worker.
+    pub fn kv_secs_per_token(&self) -> f64 {
+        let bytes = self.kv_bytes_per_token.unwrap_or_else(|| {
+            Profile::builtin(&self.profile)
+                .ok()
+                .and_then(|p| p.roofline.map(|r| r.kv_bytes_per_token()))
+                .unwrap_or(131_072.0)
+        });
+        bytes / self.kv_link_bytes_per_sec
     }
 
     /// The engine settings: the profile's, with this config's overrides, KV events carrying

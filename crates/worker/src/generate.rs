@@ -101,6 +101,7 @@ async fn generate(
         Some(n) if n.as_u64() == Some(1) => {}
         Some(_) => return Err(ApiError::invalid_param("n", "only `n` = 1 is supported")),
     }
+    let leg = crate::kv_transfer::leg(&obj, s.cfg.role)?;
     let tokens = prompt_tokens(&s, view.input).await?;
     if tokens.len() > s.cfg.max_prompt_tokens {
         return Err(
@@ -117,12 +118,25 @@ async fn generate(
     let salt = view.cache_salt.as_deref().filter(|t| !t.is_empty());
     let namespace = Namespace::new(lora, salt);
     s.hub.name(namespace, lora, salt);
+    let remote_tokens = match &leg {
+        crate::kv_transfer::Leg::Decode(params) => {
+            // The prompt's KV comes over the modelled link first.
+            let arrives = s
+                .clock
+                .now()
+                .plus(crate::kv_transfer::transfer_time(&s.cfg, tokens.len()));
+            tokio::time::sleep_until(s.clock.instant(arrives)).await;
+            tracing::debug!(worker = %s.cfg.worker_name, request = %id, from = ?params.get("remote_engine_id"), tokens = tokens.len(), "KV of a remote prefill received");
+            tokens.len()
+        }
+        _ => 0,
+    };
     let request = EngineRequest {
         id,
         prompt: kvroute_engine::EnginePrompt::Tokens(tokens),
         max_tokens,
         namespace,
-        remote_tokens: 0,
+        remote_tokens,
     };
     let (rx, guard) = submit(&s, request, view.stream).await?;
     let public_id = match endpoint {
@@ -147,6 +161,8 @@ async fn generate(
         include_usage: view.include_usage,
         max_tokens,
         text: s.text.clone(),
+        prefill_leg_of: (leg == crate::kv_transfer::Leg::Prefill)
+            .then(|| s.cfg.worker_name.clone()),
     };
     if view.stream {
         return Ok(sse_response(ctx, rx, guard));
@@ -220,11 +236,19 @@ async fn collect(
         }
     };
     guard.disarm();
-    let body = match ctx.endpoint {
-        Endpoint::Chat => serde_json::to_string(&chat_completion(&ctx, &finished)),
-        Endpoint::Completions => serde_json::to_string(&completion(&ctx, &finished)),
+    let answer = match ctx.endpoint {
+        Endpoint::Chat => serde_json::to_value(chat_completion(&ctx, &finished)),
+        Endpoint::Completions => serde_json::to_value(completion(&ctx, &finished)),
+    };
+    let mut answer = answer.map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
+    if let Some(engine) = &ctx.prefill_leg_of {
+        let params = crate::kv_transfer::produced(engine, &ctx.id, finished.cached_tokens);
+        if let Some(m) = answer.as_object_mut() {
+            m.insert("kv_transfer_params".into(), params);
+        }
     }
-    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
+    let body = serde_json::to_string(&answer)
+        .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
     Ok(json_response(StatusCode::OK, body))
 }
 

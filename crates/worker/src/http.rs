@@ -36,6 +36,8 @@ pub(crate) struct Shared {
     pub(crate) metrics: Metrics,
     /// Unix seconds at start (`created` of the model card).
     pub(crate) started: u64,
+    /// The engine's clock (a decode leg waits its KV's transfer on it).
+    pub(crate) clock: kvroute_runtime::Clock,
     /// The KV event hub (to name the namespaces requests use).
     pub(crate) hub: Arc<crate::events::EventHub>,
 }

@@ -31,6 +31,7 @@ mod generate;
 mod http;
 mod ids;
 mod kv_pull;
+mod kv_transfer;
 mod metrics;
 mod stream;
 mod text;
@@ -260,6 +261,7 @@ pub async fn spawn(
             &engine_cfg,
         ),
         started: http::unix_now(),
+        clock,
         ids: ids::IdGen::new(),
         text,
         commands,

@@ -46,6 +46,9 @@ pub(crate) struct StreamCtx {
     pub(crate) max_tokens: u32,
     /// Token text.
     pub(crate) text: OutputText,
+    /// A prefill leg: the engine id its answer's `kv_transfer_params` name (whole answers
+    /// only).
+    pub(crate) prefill_leg_of: Option<String>,
 }
 
 struct StreamState {

@@ -68,3 +68,102 @@ async fn a_prefill_only_worker_serves_no_request_whole_and_the_pools_show() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// Two simulated workers speaking vLLM's disaggregated protocol behind the gateway: every
+/// prompt prefilled on the prefill worker, its KV "moved" to the decode worker, which
+/// reports it cached and announces its blocks, so a follow-up is decoded where its prefix
+/// is; each worker refuses the leg its role does not serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_workers_speak_vllms_two_legs_in_their_roles() {
+    let p = worker_with("p", |c| c.role = WorkerRole::Prefill).await;
+    let d = worker_with("d", |c| c.role = WorkerRole::Decode).await;
+    let mut cfg = config(&[&p, &d], "goodput");
+    cfg.workers[0].role = WorkerRole::Prefill;
+    cfg.workers[1].role = WorkerRole::Decode;
+    cfg.router.disaggregation.mode = kvroute_core::policy::DisaggregationMode::Always;
+    let gw = gateway(&[&p, &d], cfg).await;
+    let url = gw.url();
+    let history = format!(
+        "tell me about routing: {}",
+        "prefix caches and KV ".repeat(60)
+    );
+    let ask = |text: &str| chat(&[("user", text)], false, 8);
+    let send = async |body: &serde_json::Value| {
+        let r = client()
+            .post(format!("{url}/v1/chat/completions"))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let header = |n: &str| r.headers().get(n).map(|v| v.to_str().unwrap().to_string());
+        let names = (
+            header("x-kvroute-worker"),
+            header("x-kvroute-prefill-worker"),
+        );
+        (
+            r.status().as_u16(),
+            names,
+            r.json::<serde_json::Value>().await.unwrap(),
+        )
+    };
+    let (s, names, j) = send(&ask(&history)).await;
+    assert_eq!(s, 200, "{j}");
+    assert_eq!(names, (Some("d".into()), Some("p".into())), "{j}");
+    let prompt = j["usage"]["prompt_tokens"].as_u64().unwrap();
+    let cached = j["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached + 16 >= prompt,
+        "the KV sent counts as cached: {cached} of {prompt}"
+    );
+    // The decode worker announced the blocks it was sent: a follow-up is decoded there,
+    // its prefix found on the decode worker (the prefill worker lacks the answer).
+    assert!(
+        eventually(10, async || index_blocks(&url, 1).await * 16 + 16 >= prompt).await,
+        "the decode worker's blocks reached the index"
+    );
+    let follow = format!("{history} and then? {}", "more words ".repeat(10));
+    let (s, names, j) = send(&ask(&follow)).await;
+    assert_eq!((s, names.0.as_deref()), (200, Some("d")), "{j}");
+    let metrics = kvroute_testkit::get_text(&client(), &format!("{url}/metrics")).await;
+    assert_eq!(
+        kvroute_testkit::sample(
+            &metrics,
+            r#"kvroute_prefill_legs_total{worker="p",result="ok"}"#
+        ),
+        Some(2.0)
+    );
+    // Each worker refuses the leg its role does not serve.
+    let leg = |flag: &str| {
+        let mut b = ask("hello");
+        b["kv_transfer_params"] = serde_json::json!({ flag: true });
+        b
+    };
+    let (s, _, j) = post(&d.url(), "/v1/chat/completions", &leg("do_remote_decode")).await;
+    assert_eq!(s, 400, "{j}");
+    assert!(
+        j["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("decodes only"),
+        "{j}"
+    );
+    let (s, _, j) = post(&p.url(), "/v1/chat/completions", &leg("do_remote_prefill")).await;
+    assert_eq!(s, 400, "{j}");
+    assert!(
+        j["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("prefills only"),
+        "{j}"
+    );
+    // The prefill leg's answer names where its KV is.
+    let (s, _, j) = post(&p.url(), "/v1/chat/completions", &leg("do_remote_decode")).await;
+    assert_eq!(s, 200, "{j}");
+    assert_eq!(j["kv_transfer_params"]["do_remote_prefill"], true, "{j}");
+    assert_eq!(j["kv_transfer_params"]["remote_engine_id"], "p", "{j}");
+    gw.shutdown().await;
+    p.shutdown().await;
+    d.shutdown().await;
+}

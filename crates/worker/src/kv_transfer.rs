@@ -1,0 +1,134 @@
+//! vLLM's disaggregated-prefill protocol, spoken by the simulated worker in either role
+//! (docs/disaggregation.md): a request whose `kv_transfer_params` say `do_remote_decode` is
+//! a prefill leg (its prompt computed here, its KV kept for a decode worker to pull), and
+//! its answer carries `kv_transfer_params` as NixlConnector's do (`do_remote_prefill`, this
+//! engine's id, host and port, the blocks, the prefix it found cached); a request whose
+//! `kv_transfer_params` say `do_remote_prefill` is a decode leg: the worker waits the
+//! modelled transfer of the prompt's KV (the link's latency plus the prompt's tokens at its
+//! bytes per token over its bandwidth, in the engine's virtual time) and admits it with that
+//! KV (`EngineRequest::remote_tokens`): written where its cache lacks it, cached and
+//! announced in its KV events, reported as cached, as vLLM reports KV a connector loaded.
+//! A prefill-only worker refuses decode legs and a decode-only worker prefill legs (400).
+
+use crate::config::WorkerConfig;
+use kvroute_core::WorkerRole;
+use kvroute_protocol::openai::ApiError;
+use serde_json::{json, Map, Value};
+use std::time::Duration;
+
+/// What a request asks of this worker in a disaggregated fleet.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Leg {
+    /// A whole request (no `kv_transfer_params`, or neither flag set).
+    Whole,
+    /// A prefill leg: compute the prompt, keep its KV for the decode worker.
+    Prefill,
+    /// A decode leg: the prompt's KV comes from the prefill worker these parameters name.
+    Decode(Map<String, Value>),
+}
+
+/// The leg `body` asks for, checked against what `role` serves.
+pub(crate) fn leg(body: &Map<String, Value>, role: WorkerRole) -> Result<Leg, ApiError> {
+    let params = match body.get("kv_transfer_params") {
+        None | Some(Value::Null) => return Ok(Leg::Whole),
+        Some(Value::Object(p)) => p,
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "kv_transfer_params",
+                "kv_transfer_params must be an object",
+            ))
+        }
+    };
+    let flag = |name: &str| params.get(name).and_then(Value::as_bool).unwrap_or(false);
+    let leg = match (flag("do_remote_decode"), flag("do_remote_prefill")) {
+        (true, true) => {
+            return Err(ApiError::invalid_param(
+                "kv_transfer_params",
+                "do_remote_decode and do_remote_prefill cannot both be true",
+            ))
+        }
+        (true, false) => Leg::Prefill,
+        (false, true) => Leg::Decode(params.clone()),
+        (false, false) => Leg::Whole,
+    };
+    let refused = match (&leg, role) {
+        (Leg::Prefill, WorkerRole::Decode) => Some("this worker decodes only: no prefill legs"),
+        (Leg::Decode(_), WorkerRole::Prefill) => Some("this worker prefills only: no decode legs"),
+        _ => None,
+    };
+    match refused {
+        Some(why) => Err(ApiError::invalid_param("kv_transfer_params", why)),
+        None => Ok(leg),
+    }
+}
+
+/// The `kv_transfer_params` a prefill leg's answer carries: where the decode worker pulls
+/// the KV from (NixlConnector's fields; this worker's name as the engine id).
+pub(crate) fn produced(engine: &str, request: &str, cached_tokens: usize) -> Value {
+    json!({
+        "do_remote_prefill": true,
+        "do_remote_decode": false,
+        "remote_engine_id": engine,
+        "remote_request_id": request,
+        "remote_block_ids": [],
+        "remote_host": null,
+        "remote_port": null,
+        "remote_prefill_cached_tokens": cached_tokens,
+        "transfer_mode": "pull",
+    })
+}
+
+/// The modelled time a decode leg's `tokens` of prompt KV take to arrive (virtual time).
+pub(crate) fn transfer_time(cfg: &WorkerConfig, tokens: usize) -> Duration {
+    let secs = cfg.kv_link_latency_secs + tokens as f64 * cfg.kv_secs_per_token();
+    Duration::from_secs_f64(secs.clamp(0.0, 3600.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn legs_are_read_from_the_parameters_and_checked_against_the_role() {
+        let both = WorkerRole::Both;
+        assert_eq!(leg(&body(json!({})), both).unwrap(), Leg::Whole);
+        assert_eq!(
+            leg(&body(json!({"kv_transfer_params": null})), both).unwrap(),
+            Leg::Whole
+        );
+        let prefill = body(
+            json!({"kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false}}),
+        );
+        assert_eq!(leg(&prefill, both).unwrap(), Leg::Prefill);
+        assert!(leg(&prefill, WorkerRole::Decode).is_err());
+        let decode = body(
+            json!({"kv_transfer_params": {"do_remote_prefill": true, "remote_engine_id": "p"}}),
+        );
+        assert!(matches!(
+            leg(&decode, WorkerRole::Decode).unwrap(),
+            Leg::Decode(_)
+        ));
+        assert!(leg(&decode, WorkerRole::Prefill).is_err());
+        assert!(leg(&body(json!({"kv_transfer_params": 3})), both).is_err());
+        let both_flags = body(
+            json!({"kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": true}}),
+        );
+        assert!(leg(&both_flags, both).is_err());
+    }
+
+    #[test]
+    fn a_transfer_takes_the_links_latency_and_the_prompts_bytes() {
+        let cfg = WorkerConfig {
+            kv_bytes_per_token: Some(100_000.0),
+            kv_link_bytes_per_sec: 1e9,
+            kv_link_latency_secs: 0.002,
+            ..WorkerConfig::default()
+        };
+        // 1,000 tokens x 100 kB at 1 GB/s = 0.1 s, plus 2 ms.
+        assert_eq!(transfer_time(&cfg, 1_000), Duration::from_secs_f64(0.102));
+    }
+}
