@@ -153,7 +153,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     progress.run_starts(cell_index, r, &cell_label(policy, fleet, load, None));
                     let (records, workers_named, warm, window) = match &rt {
                         None => run_sim(a, &prepared, fleet, load, policy, seed)?,
-                        Some(rt) => rt.block_on(run_live(a, workers, load, policy, seed))?,
+                        Some(rt) => rt.block_on(run_live(a, fleet, load, policy, seed))?,
                     };
                     let measured: Vec<RequestRecord> = records
                         .iter()
@@ -297,7 +297,7 @@ fn run_sim(
 /// `--duration-secs`, closed loop or open at the cell's rate.
 async fn run_live(
     a: &BenchArgs,
-    workers: usize,
+    fleet: Fleet,
     load: Load,
     policy: PolicyKind,
     seed: u64,
@@ -310,7 +310,10 @@ async fn run_live(
             start_fleet(&DemoArgs {
                 host: "127.0.0.1".into(),
                 port: 0,
-                workers,
+                workers: fleet.workers,
+                prefill_workers: fleet.is_split().then_some(fleet.prefill),
+                decode_workers: fleet.is_split().then_some(fleet.decode),
+                disaggregation: Some(fleet.mode),
                 worker_port: 0,
                 profile: s.profile().to_string(),
                 speedup: a.worker_speedup,

@@ -13,7 +13,7 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use kvroute_core::policy::GoodputConfig;
-use kvroute_core::{AdmissionMode, PolicyKind};
+use kvroute_core::{AdmissionMode, PolicyKind, WorkerRole};
 use kvroute_gateway::{EventFeed, GatewayConfig, Replay, WorkerSpec};
 use kvroute_preprocess::Preprocessor;
 use kvroute_protocol::kv_events::EventBatch;
@@ -38,6 +38,19 @@ pub struct DemoArgs {
     /// Simulated workers (of each fleet).
     #[arg(long, default_value_t = DEMO_WORKERS)]
     pub workers: usize,
+    /// A disaggregated fleet: this many prefill-only workers (`prefill-1`, ...), with
+    /// `--decode-workers`; `--workers` is then their sum. The workers speak vLLM's two-leg
+    /// protocol, the KV moved over a modelled link (docs/disaggregation.md).
+    #[arg(long, conflicts_with = "workers", requires = "decode_workers")]
+    pub prefill_workers: Option<usize>,
+    /// A disaggregated fleet: this many decode-only workers (`decode-1`, ...), with
+    /// `--prefill-workers`.
+    #[arg(long, conflicts_with = "workers", requires = "prefill_workers")]
+    pub decode_workers: Option<usize>,
+    /// How a disaggregated fleet's requests use the prefill workers: auto (per request, as
+    /// the policy predicts better), always, never [default: the config file's, else auto].
+    #[arg(long)]
+    pub disaggregation: Option<kvroute_core::policy::DisaggregationMode>,
     /// Port of the first worker (the others follow: P+1, ...), for a Prometheus scrape
     /// config; 0 picks free ports.
     #[arg(long, default_value_t = 0)]
@@ -278,10 +291,6 @@ impl Drop for LocalNats {
 /// `args.host:args.port` (0: an ephemeral port), wired by in-process channels.
 pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
     anyhow::ensure!(
-        (1..=64).contains(&args.workers),
-        "--workers must be within 1..=64"
-    );
-    anyhow::ensure!(
         (1..=8).contains(&args.gateways),
         "--gateways must be within 1..=8"
     );
@@ -318,12 +327,21 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
     let mut feeds: Vec<BTreeMap<usize, EventFeed>> =
         (0..args.gateways).map(|_| BTreeMap::new()).collect();
     let mut block_size = 0;
-    for i in 0..args.workers {
+    let roles = roles(args)?;
+    for (i, &role) in roles.iter().enumerate() {
+        let worker_name = match role {
+            WorkerRole::Both => format!("worker-{}", i + 1),
+            WorkerRole::Prefill => format!("prefill-{}", i + 1),
+            WorkerRole::Decode => {
+                format!("decode-{}", i + 1 - args.prefill_workers.unwrap_or(0))
+            }
+        };
         let mut cfg = WorkerConfig {
             model: args.model.clone(),
             profile: args.profile.clone(),
             speedup: args.speedup,
-            worker_name: format!("worker-{}", i + 1),
+            worker_name,
+            role,
             ..WorkerConfig::default()
         };
         if let Some(mib) = args.replay_buffer_mib {
@@ -359,6 +377,7 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
             name: Some(w.name().to_string()),
             kv_blocks: Some(engine.num_gpu_blocks as u64),
             max_batch: u32::try_from(engine.max_num_seqs).ok(),
+            role,
             ..WorkerSpec::default()
         });
         workers.push(w);
@@ -374,6 +393,9 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
     config.router.policy.goodput = args.objectives.clone();
     if let Some(mode) = args.admission {
         config.router.admission.mode = mode;
+    }
+    if let Some(mode) = args.disaggregation {
+        config.router.disaggregation.mode = mode;
     }
     config.validate().with_context(|| match &args.config {
         Some(path) => format!("the demo's gateway config (from {})", path.display()),
@@ -414,6 +436,29 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
     })
 }
 
+/// Each worker's role: `--prefill-workers` prefill-only ones then `--decode-workers`
+/// decode-only ones, or `--workers` that do both.
+fn roles(args: &DemoArgs) -> Result<Vec<WorkerRole>> {
+    let roles = match (args.prefill_workers, args.decode_workers) {
+        (Some(p), Some(d)) => {
+            anyhow::ensure!(
+                p >= 1 && d >= 1,
+                "--prefill-workers and --decode-workers must each be at least 1"
+            );
+            let mut r = vec![WorkerRole::Prefill; p];
+            r.resize(p + d, WorkerRole::Decode);
+            r
+        }
+        (None, None) => vec![WorkerRole::Both; args.workers],
+        _ => anyhow::bail!("--prefill-workers and --decode-workers go together"),
+    };
+    anyhow::ensure!(
+        (1..=64).contains(&roles.len()),
+        "--workers (or --prefill-workers plus --decode-workers) must be within 1..=64"
+    );
+    Ok(roles)
+}
+
 /// The second fleet's settings: the same as the first but for the policy and the ports
 /// (the gateways after the first fleet's, the workers after its workers').
 fn baseline_args(args: &DemoArgs, policy: PolicyKind) -> Result<DemoArgs> {
@@ -436,6 +481,9 @@ fn baseline_args(args: &DemoArgs, policy: PolicyKind) -> Result<DemoArgs> {
 /// Runs the demo until Ctrl-C.
 pub fn run(cmd: &DemoCommand) -> Result<()> {
     let mut args = cmd.fleet.clone();
+    if let (Some(p), Some(d)) = (args.prefill_workers, args.decode_workers) {
+        args.workers = p + d;
+    }
     // The gateways route for the objectives the dashboard judges by.
     args.objectives.ttft_secs = cmd.dashboard.slo_ttft_p95_ms / 1e3;
     args.objectives.tpot_secs = cmd.dashboard.slo_tpot_p95_ms / 1e3;
@@ -449,6 +497,7 @@ pub fn run(cmd: &DemoCommand) -> Result<()> {
     };
     // The shipped references were simulated on the default fleet only.
     let default_fleet = args.workers == DEMO_WORKERS
+        && args.prefill_workers.is_none()
         && args.profile == DEMO_PROFILE
         && args.speedup == 1.0
         && args.config.is_none()

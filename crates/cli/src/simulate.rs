@@ -542,13 +542,6 @@ pub(crate) fn simulator_only_options(a: &SimulateArgs) -> Vec<&'static str> {
         ),
         ("--no-events", a.no_events),
         ("--approx-ttl-secs", a.approx_ttl_secs.is_some()),
-        ("--prefill-workers", a.prefill_workers.is_some()),
-        ("--decode-workers", a.decode_workers.is_some()),
-        ("--plan-pd", a.plan_pd.is_some()),
-        (
-            "--disaggregation",
-            a.disaggregation != [kvroute_core::policy::DisaggregationMode::Auto],
-        ),
         ("--link-gb-per-sec", a.link_gb_per_sec.is_some()),
         ("--link-latency-ms", a.link_latency_ms.is_some()),
         ("--kv-bytes-per-token", a.kv_bytes_per_token.is_some()),
