@@ -113,7 +113,11 @@ async fn generate(
             ),
         );
     }
-    let max_tokens = view.max_tokens.unwrap_or(s.cfg.default_max_tokens);
+    let max_tokens = match leg {
+        // A context server generates the first token only.
+        crate::kv_transfer::Leg::Prefill(crate::kv_transfer::Protocol::Trtllm) => 1,
+        _ => view.max_tokens.unwrap_or(s.cfg.default_max_tokens),
+    };
     let (id, hex) = s.ids.next();
     let salt = view.cache_salt.as_deref().filter(|t| !t.is_empty());
     let namespace = Namespace::new(lora, salt);
@@ -130,6 +134,17 @@ async fn generate(
             tokens.len()
         }
         _ => 0,
+    };
+    let prefill_leg = match leg {
+        crate::kv_transfer::Leg::Prefill(protocol) => Some(crate::kv_transfer::PrefillLeg {
+            protocol,
+            engine: s.cfg.worker_name.clone(),
+            prompt: match protocol {
+                crate::kv_transfer::Protocol::Trtllm => tokens.clone(),
+                crate::kv_transfer::Protocol::Vllm => Vec::new(),
+            },
+        }),
+        _ => None,
     };
     let request = EngineRequest {
         id,
@@ -161,8 +176,7 @@ async fn generate(
         include_usage: view.include_usage,
         max_tokens,
         text: s.text.clone(),
-        prefill_leg_of: (leg == crate::kv_transfer::Leg::Prefill)
-            .then(|| s.cfg.worker_name.clone()),
+        prefill_leg,
     };
     if view.stream {
         return Ok(sse_response(ctx, rx, guard));
@@ -241,11 +255,8 @@ async fn collect(
         Endpoint::Completions => serde_json::to_value(completion(&ctx, &finished)),
     };
     let mut answer = answer.map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
-    if let Some(engine) = &ctx.prefill_leg_of {
-        let params = crate::kv_transfer::produced(engine, &ctx.id, finished.cached_tokens);
-        if let Some(m) = answer.as_object_mut() {
-            m.insert("kv_transfer_params".into(), params);
-        }
+    if let Some(leg) = &ctx.prefill_leg {
+        crate::kv_transfer::annotate(&mut answer, leg, &ctx.id, &finished);
     }
     let body = serde_json::to_string(&answer)
         .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;

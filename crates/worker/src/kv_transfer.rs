@@ -1,5 +1,7 @@
-//! vLLM's disaggregated-prefill protocol, spoken by the simulated worker in either role
-//! (docs/disaggregation.md): a request whose `kv_transfer_params` say `do_remote_decode` is
+//! The engines' disaggregated-prefill protocols, spoken by the simulated worker in either
+//! role (docs/disaggregation.md).
+//!
+//! vLLM's: a request whose `kv_transfer_params` say `do_remote_decode` is
 //! a prefill leg (its prompt computed here, its KV kept for a decode worker to pull), and
 //! its answer carries `kv_transfer_params` as NixlConnector's do (`do_remote_prefill`, this
 //! engine's id, host and port, the blocks, the prefix it found cached); a request whose
@@ -8,10 +10,18 @@
 //! bytes per token over its bandwidth, in the engine's virtual time) and admits it with that
 //! KV (`EngineRequest::remote_tokens`): written where its cache lacks it, cached and
 //! announced in its KV events, reported as cached, as vLLM reports KV a connector loaded.
+//!
+//! TensorRT-LLM's: a request whose `disaggregated_params` say `request_type: context_only`
+//! is a prefill leg: it generates its first token and its answer's first choice carries
+//! `disaggregated_params` (the first token, the context request's id, an opaque state) and
+//! the answer the prompt's `prompt_token_ids`; one saying `generation_only` is a decode
+//! leg, admitted as vLLM's is.
+//!
 //! A prefill-only worker refuses decode legs and a decode-only worker prefill legs (400).
 
 use crate::config::WorkerConfig;
 use kvroute_core::WorkerRole;
+use kvroute_engine::Finished;
 use kvroute_protocol::openai::ApiError;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -22,13 +32,63 @@ pub(crate) enum Leg {
     /// A whole request (no `kv_transfer_params`, or neither flag set).
     Whole,
     /// A prefill leg: compute the prompt, keep its KV for the decode worker.
-    Prefill,
+    Prefill(Protocol),
     /// A decode leg: the prompt's KV comes from the prefill worker these parameters name.
     Decode(Map<String, Value>),
 }
 
+/// A prefill leg in progress: what its answer will carry.
+#[derive(Clone, Debug)]
+pub(crate) struct PrefillLeg {
+    pub(crate) protocol: Protocol,
+    /// This worker's name, the engine id the answer gives.
+    pub(crate) engine: String,
+    /// The prompt's token ids (TensorRT-LLM's answer hands them on; empty for vLLM's).
+    pub(crate) prompt: Vec<u32>,
+}
+
+/// Whose protocol a leg speaks (what its answer carries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    Vllm,
+    Trtllm,
+}
+
 /// The leg `body` asks for, checked against what `role` serves.
 pub(crate) fn leg(body: &Map<String, Value>, role: WorkerRole) -> Result<Leg, ApiError> {
+    let leg = match body.get("disaggregated_params") {
+        None | Some(Value::Null) => vllm_leg(body)?,
+        Some(Value::Object(p)) => match p.get("request_type").and_then(Value::as_str) {
+            Some("context_only") => Leg::Prefill(Protocol::Trtllm),
+            Some("generation_only") => Leg::Decode(p.clone()),
+            Some("context_and_generation") | None => Leg::Whole,
+            Some(other) => {
+                return Err(ApiError::invalid_param(
+                    "disaggregated_params",
+                    format!("request_type {other:?} is not one of context_only, generation_only, context_and_generation"),
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "disaggregated_params",
+                "disaggregated_params must be an object",
+            ))
+        }
+    };
+    let refused = match (&leg, role) {
+        (Leg::Prefill(_), WorkerRole::Decode) => Some("this worker decodes only: no prefill legs"),
+        (Leg::Decode(_), WorkerRole::Prefill) => Some("this worker prefills only: no decode legs"),
+        _ => None,
+    };
+    match refused {
+        Some(why) => Err(ApiError::invalid(why.to_string())),
+        None => Ok(leg),
+    }
+}
+
+/// vLLM's leg: from `kv_transfer_params`.
+fn vllm_leg(body: &Map<String, Value>) -> Result<Leg, ApiError> {
     let params = match body.get("kv_transfer_params") {
         None | Some(Value::Null) => return Ok(Leg::Whole),
         Some(Value::Object(p)) => p,
@@ -40,25 +100,55 @@ pub(crate) fn leg(body: &Map<String, Value>, role: WorkerRole) -> Result<Leg, Ap
         }
     };
     let flag = |name: &str| params.get(name).and_then(Value::as_bool).unwrap_or(false);
-    let leg = match (flag("do_remote_decode"), flag("do_remote_prefill")) {
-        (true, true) => {
-            return Err(ApiError::invalid_param(
-                "kv_transfer_params",
-                "do_remote_decode and do_remote_prefill cannot both be true",
-            ))
+    Ok(
+        match (flag("do_remote_decode"), flag("do_remote_prefill")) {
+            (true, true) => {
+                return Err(ApiError::invalid_param(
+                    "kv_transfer_params",
+                    "do_remote_decode and do_remote_prefill cannot both be true",
+                ))
+            }
+            (true, false) => Leg::Prefill(Protocol::Vllm),
+            (false, true) => Leg::Decode(params.clone()),
+            (false, false) => Leg::Whole,
+        },
+    )
+}
+
+/// Adds what a prefill leg's answer carries in `protocol` to `answer` (a completion or chat
+/// completion as JSON): vLLM's `kv_transfer_params` (named for `engine`, with the prefix it
+/// found cached), or TensorRT-LLM's first choice's `disaggregated_params` and the answer's
+/// `prompt_token_ids`.
+pub(crate) fn annotate(answer: &mut Value, leg: &PrefillLeg, request: &str, done: &Finished) {
+    let engine = leg.engine.as_str();
+    match leg.protocol {
+        Protocol::Vllm => {
+            if let Some(m) = answer.as_object_mut() {
+                let params = produced(engine, request, done.cached_tokens);
+                m.insert("kv_transfer_params".into(), params);
+            }
         }
-        (true, false) => Leg::Prefill,
-        (false, true) => Leg::Decode(params.clone()),
-        (false, false) => Leg::Whole,
-    };
-    let refused = match (&leg, role) {
-        (Leg::Prefill, WorkerRole::Decode) => Some("this worker decodes only: no prefill legs"),
-        (Leg::Decode(_), WorkerRole::Prefill) => Some("this worker prefills only: no decode legs"),
-        _ => None,
-    };
-    match refused {
-        Some(why) => Err(ApiError::invalid_param("kv_transfer_params", why)),
-        None => Ok(leg),
+        Protocol::Trtllm => {
+            if let Some(choice) = answer
+                .get_mut("choices")
+                .and_then(|c| c.get_mut(0))
+                .and_then(Value::as_object_mut)
+            {
+                choice.insert(
+                    "disaggregated_params".into(),
+                    json!({
+                        "request_type": "context_only",
+                        "first_gen_tokens": done.output,
+                        "ctx_request_id": request,
+                        "encoded_opaque_state": engine,
+                        "draft_tokens": null,
+                    }),
+                );
+            }
+            if let Some(m) = answer.as_object_mut() {
+                m.insert("prompt_token_ids".into(), json!(leg.prompt));
+            }
+        }
     }
 }
 
@@ -103,7 +193,7 @@ mod tests {
         let prefill = body(
             json!({"kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false}}),
         );
-        assert_eq!(leg(&prefill, both).unwrap(), Leg::Prefill);
+        assert_eq!(leg(&prefill, both).unwrap(), Leg::Prefill(Protocol::Vllm));
         assert!(leg(&prefill, WorkerRole::Decode).is_err());
         let decode = body(
             json!({"kv_transfer_params": {"do_remote_prefill": true, "remote_engine_id": "p"}}),
@@ -118,6 +208,20 @@ mod tests {
             json!({"kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": true}}),
         );
         assert!(leg(&both_flags, both).is_err());
+        // TensorRT-LLM's.
+        let ctx = body(json!({"disaggregated_params": {"request_type": "context_only"}}));
+        assert_eq!(leg(&ctx, both).unwrap(), Leg::Prefill(Protocol::Trtllm));
+        assert!(leg(&ctx, WorkerRole::Decode).is_err());
+        let gen = body(
+            json!({"disaggregated_params": {"request_type": "generation_only", "ctx_request_id": "c"}}),
+        );
+        assert!(matches!(
+            leg(&gen, WorkerRole::Decode).unwrap(),
+            Leg::Decode(_)
+        ));
+        assert!(leg(&gen, WorkerRole::Prefill).is_err());
+        let odd = body(json!({"disaggregated_params": {"request_type": "later"}}));
+        assert!(leg(&odd, both).is_err());
     }
 
     #[test]

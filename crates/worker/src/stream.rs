@@ -46,9 +46,8 @@ pub(crate) struct StreamCtx {
     pub(crate) max_tokens: u32,
     /// Token text.
     pub(crate) text: OutputText,
-    /// A prefill leg: the engine id its answer's `kv_transfer_params` name (whole answers
-    /// only).
-    pub(crate) prefill_leg_of: Option<String>,
+    /// A prefill leg: what its answer carries (whole answers only).
+    pub(crate) prefill_leg: Option<crate::kv_transfer::PrefillLeg>,
 }
 
 struct StreamState {

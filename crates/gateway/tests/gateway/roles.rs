@@ -167,3 +167,68 @@ async fn simulated_workers_speak_vllms_two_legs_in_their_roles() {
     p.shutdown().await;
     d.shutdown().await;
 }
+
+/// The same with TensorRT-LLM's legs: the context leg's answer hands its state and the
+/// prompt's token ids to the generation leg, which the decode worker admits with the KV.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_workers_speak_tensorrt_llms_context_and_generation_legs() {
+    let p = worker_with("p", |c| c.role = WorkerRole::Prefill).await;
+    let d = worker_with("d", |c| c.role = WorkerRole::Decode).await;
+    let mut cfg = config(&[&p, &d], "goodput");
+    cfg.workers[0].role = WorkerRole::Prefill;
+    cfg.workers[1].role = WorkerRole::Decode;
+    cfg.router.disaggregation.mode = kvroute_core::policy::DisaggregationMode::Always;
+    cfg.upstream.kv_transfer = kvroute_gateway::config::KvTransfer::Trtllm;
+    let gw = gateway(&[&p, &d], cfg).await;
+    let prompt = format!("a long prompt: {}", "context then generation ".repeat(50));
+    for (path, body) in [
+        (
+            "/v1/completions",
+            serde_json::json!({"model": MODEL, "prompt": prompt, "max_tokens": 6}),
+        ),
+        ("/v1/chat/completions", chat(&[("user", &prompt)], false, 6)),
+    ] {
+        let r = client()
+            .post(format!("{}{path}", gw.url()))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let header = |n: &str| r.headers().get(n).map(|v| v.to_str().unwrap().to_string());
+        let names = (
+            header("x-kvroute-worker"),
+            header("x-kvroute-prefill-worker"),
+        );
+        assert_eq!(r.status().as_u16(), 200, "{path}");
+        assert_eq!(names, (Some("d".into()), Some("p".into())), "{path}");
+        let j: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(j["usage"]["completion_tokens"], 6, "{j}");
+        let n = j["usage"]["prompt_tokens"].as_u64().unwrap();
+        let cached = j["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        assert!(
+            cached + 16 >= n,
+            "{path}: the KV sent counts as cached: {cached} of {n}"
+        );
+    }
+    // The context leg alone: one token, the state and the prompt's ids in the answer.
+    let ctx = serde_json::json!({"model": MODEL, "prompt": "hello there", "max_tokens": 9,
+        "disaggregated_params": {"request_type": "context_only"}});
+    let (s, _, j) = post(&p.url(), "/v1/completions", &ctx).await;
+    assert_eq!(s, 200, "{j}");
+    assert_eq!(j["usage"]["completion_tokens"], 1, "{j}");
+    assert_eq!(
+        j["choices"][0]["disaggregated_params"]["request_type"], "context_only",
+        "{j}"
+    );
+    assert!(
+        j["prompt_token_ids"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty()),
+        "{j}"
+    );
+    gw.shutdown().await;
+    p.shutdown().await;
+    d.shutdown().await;
+}
