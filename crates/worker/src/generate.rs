@@ -114,8 +114,10 @@ async fn generate(
         );
     }
     let max_tokens = match leg {
-        // A context server generates the first token only.
-        crate::kv_transfer::Leg::Prefill(crate::kv_transfer::Protocol::Trtllm) => 1,
+        // A context server (a prefill server) generates the first token only.
+        crate::kv_transfer::Leg::Prefill(
+            crate::kv_transfer::Protocol::Trtllm | crate::kv_transfer::Protocol::Sglang,
+        ) => 1,
         _ => view.max_tokens.unwrap_or(s.cfg.default_max_tokens),
     };
     let (id, hex) = s.ids.next();
@@ -133,6 +135,15 @@ async fn generate(
             tracing::debug!(worker = %s.cfg.worker_name, request = %id, from = ?params.get("remote_engine_id"), tokens = tokens.len(), "KV of a remote prefill received");
             tokens.len()
         }
+        crate::kv_transfer::Leg::DecodeWhenReady { host, port, room } => {
+            crate::kv_transfer::await_handover(&s.http, host, *port, *room).await?;
+            let arrives = s
+                .clock
+                .now()
+                .plus(crate::kv_transfer::transfer_time(&s.cfg, tokens.len()));
+            tokio::time::sleep_until(s.clock.instant(arrives)).await;
+            tokens.len()
+        }
         _ => 0,
     };
     let prefill_leg = match leg {
@@ -141,7 +152,14 @@ async fn generate(
             engine: s.cfg.worker_name.clone(),
             prompt: match protocol {
                 crate::kv_transfer::Protocol::Trtllm => tokens.clone(),
-                crate::kv_transfer::Protocol::Vllm => Vec::new(),
+                _ => Vec::new(),
+            },
+            handover: match protocol {
+                crate::kv_transfer::Protocol::Sglang => obj
+                    .get("bootstrap_room")
+                    .and_then(serde_json::Value::as_u64)
+                    .map(|room| (s.rooms.clone(), room)),
+                _ => None,
             },
         }),
         _ => None,
@@ -178,7 +196,9 @@ async fn generate(
         text: s.text.clone(),
         prefill_leg,
     };
-    if view.stream {
+    // A prefill leg is answered whole (SGLang's is sent as the client asked; its answer is
+    // dropped, and its end hands the room over).
+    if view.stream && ctx.prefill_leg.is_none() {
         return Ok(sse_response(ctx, rx, guard));
     }
     collect(ctx, rx, guard).await

@@ -7,7 +7,7 @@ use crate::ids::IdGen;
 use crate::metrics::Metrics;
 use crate::text::OutputText;
 use crate::WorkerConfig;
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -38,6 +38,10 @@ pub(crate) struct Shared {
     pub(crate) started: u64,
     /// The engine's clock (a decode leg waits its KV's transfer on it).
     pub(crate) clock: kvroute_runtime::Clock,
+    /// SGLang's bootstrap rooms this worker handed over (as a prefill worker).
+    pub(crate) rooms: Arc<crate::kv_transfer::Rooms>,
+    /// The client a decode leg asks its prefill worker with.
+    pub(crate) http: reqwest::Client,
     /// The KV event hub (to name the namespaces requests use).
     pub(crate) hub: Arc<crate::events::EventHub>,
 }
@@ -60,7 +64,8 @@ pub(crate) fn router(state: AppState, loopback: bool) -> Router {
     });
     let open = Router::new()
         .route("/health", get(health))
-        .route("/metrics", get(metrics));
+        .route("/metrics", get(metrics))
+        .route("/kvroute/bootstrap/{room}", get(bootstrap_room));
     let api = Router::new()
         .route("/v1/chat/completions", post(crate::generate::chat))
         .route("/v1/completions", post(crate::generate::completions))
@@ -75,6 +80,16 @@ pub(crate) fn router(state: AppState, loopback: bool) -> Router {
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), request_id))
         .with_state(state)
+}
+
+/// SGLang's bootstrap server, as far as a simulated decode worker asks it: 200 once `room`
+/// was handed over, 404 before.
+async fn bootstrap_room(State(s): State<AppState>, Path(room): Path<u64>) -> StatusCode {
+    if s.rooms.is_ready(room) {
+        StatusCode::OK
+    } else {
+        StatusCode::NOT_FOUND
+    }
 }
 
 /// Echoes the client's `x-request-id` (a short printable one) or sets a new one, and makes

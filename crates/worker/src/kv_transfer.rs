@@ -17,6 +17,15 @@
 //! the answer the prompt's `prompt_token_ids`; one saying `generation_only` is a decode
 //! leg, admitted as vLLM's is.
 //!
+//! SGLang's: both legs come at once with `bootstrap_host`, `bootstrap_port` and
+//! `bootstrap_room`. On a prefill worker the leg is a prefill leg (its first token only,
+//! answered whole); when it ends, its room is handed over. On a decode worker it is a
+//! decode leg: the worker asks the prefill worker named by `bootstrap_host` and
+//! `bootstrap_port` (its HTTP port stands for SGLang's bootstrap server:
+//! `GET /kvroute/bootstrap/{room}`, 200 once handed over) until the room is ready, then
+//! waits the modelled transfer and admits the prompt with its KV. A worker that does both
+//! serves such a request whole, as an SGLang server not started for disaggregation does.
+//!
 //! A prefill-only worker refuses decode legs and a decode-only worker prefill legs (400).
 
 use crate::config::WorkerConfig;
@@ -35,6 +44,9 @@ pub(crate) enum Leg {
     Prefill(Protocol),
     /// A decode leg: the prompt's KV comes from the prefill worker these parameters name.
     Decode(Map<String, Value>),
+    /// SGLang's decode leg: the prompt's KV comes once the prefill worker at `host:port`
+    /// has handed over `room`.
+    DecodeWhenReady { host: String, port: u16, room: u64 },
 }
 
 /// A prefill leg in progress: what its answer will carry.
@@ -45,6 +57,73 @@ pub(crate) struct PrefillLeg {
     pub(crate) engine: String,
     /// The prompt's token ids (TensorRT-LLM's answer hands them on; empty for vLLM's).
     pub(crate) prompt: Vec<u32>,
+    /// SGLang's: the room handed over when the leg ends.
+    pub(crate) handover: Option<(std::sync::Arc<Rooms>, u64)>,
+}
+
+/// Most rooms remembered as handed over (the oldest forgotten first).
+const MAX_ROOMS: usize = 100_000;
+
+/// SGLang's bootstrap rooms this prefill worker has handed over (bounded).
+#[derive(Debug, Default)]
+pub(crate) struct Rooms {
+    ready: parking_lot::Mutex<(
+        std::collections::HashSet<u64>,
+        std::collections::VecDeque<u64>,
+    )>,
+}
+
+impl Rooms {
+    /// `room`'s KV is ready for its decode worker.
+    pub(crate) fn hand_over(&self, room: u64) {
+        let mut g = self.ready.lock();
+        let (set, order) = &mut *g;
+        if set.insert(room) {
+            order.push_back(room);
+            if order.len() > MAX_ROOMS {
+                if let Some(old) = order.pop_front() {
+                    set.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Whether `room` was handed over.
+    pub(crate) fn is_ready(&self, room: u64) -> bool {
+        self.ready.lock().0.contains(&room)
+    }
+}
+
+/// Longest a decode leg waits for its room to be handed over.
+const HANDOVER_WAIT: Duration = Duration::from_secs(120);
+/// Between two asks of the prefill worker.
+const HANDOVER_POLL: Duration = Duration::from_millis(5);
+
+/// Waits until the prefill worker at `host:port` has handed over `room` (asking it every
+/// few milliseconds, for at most two minutes).
+pub(crate) async fn await_handover(
+    http: &reqwest::Client,
+    host: &str,
+    port: u16,
+    room: u64,
+) -> Result<(), ApiError> {
+    let url = format!("http://{host}:{port}/kvroute/bootstrap/{room}");
+    let deadline = tokio::time::Instant::now() + HANDOVER_WAIT;
+    loop {
+        if let Ok(r) = http.get(&url).send().await {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApiError::unavailable(
+                "prefill_not_handed_over",
+                format!("the prefill worker at {host}:{port} never handed over room {room}"),
+                1,
+            ));
+        }
+        tokio::time::sleep(HANDOVER_POLL).await;
+    }
 }
 
 /// Whose protocol a leg speaks (what its answer carries).
@@ -52,10 +131,14 @@ pub(crate) struct PrefillLeg {
 pub(crate) enum Protocol {
     Vllm,
     Trtllm,
+    Sglang,
 }
 
 /// The leg `body` asks for, checked against what `role` serves.
 pub(crate) fn leg(body: &Map<String, Value>, role: WorkerRole) -> Result<Leg, ApiError> {
+    if let Some(room) = body.get("bootstrap_room").filter(|v| !v.is_null()) {
+        return sglang_leg(body, room, role);
+    }
     let leg = match body.get("disaggregated_params") {
         None | Some(Value::Null) => vllm_leg(body)?,
         Some(Value::Object(p)) => match p.get("request_type").and_then(Value::as_str) {
@@ -78,13 +161,55 @@ pub(crate) fn leg(body: &Map<String, Value>, role: WorkerRole) -> Result<Leg, Ap
     };
     let refused = match (&leg, role) {
         (Leg::Prefill(_), WorkerRole::Decode) => Some("this worker decodes only: no prefill legs"),
-        (Leg::Decode(_), WorkerRole::Prefill) => Some("this worker prefills only: no decode legs"),
+        (Leg::Decode(_) | Leg::DecodeWhenReady { .. }, WorkerRole::Prefill) => {
+            Some("this worker prefills only: no decode legs")
+        }
         _ => None,
     };
     match refused {
         Some(why) => Err(ApiError::invalid(why.to_string())),
         None => Ok(leg),
     }
+}
+
+/// SGLang's leg: a prefill leg on a prefill worker, a decode leg on a decode worker, whole
+/// on one that does both.
+fn sglang_leg(body: &Map<String, Value>, room: &Value, role: WorkerRole) -> Result<Leg, ApiError> {
+    let bad = |field: &str, why: &str| Err(ApiError::invalid_param(field, why));
+    let Some(room) = room.as_u64() else {
+        return bad(
+            "bootstrap_room",
+            "bootstrap_room must be an unsigned integer",
+        );
+    };
+    let host = body
+        .get("bootstrap_host")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let port = body
+        .get("bootstrap_port")
+        .and_then(Value::as_u64)
+        .and_then(|p| u16::try_from(p).ok());
+    Ok(match role {
+        WorkerRole::Both => Leg::Whole,
+        WorkerRole::Prefill => Leg::Prefill(Protocol::Sglang),
+        WorkerRole::Decode => {
+            let Some(port) = port.filter(|p| *p > 0) else {
+                return bad("bootstrap_port", "bootstrap_port must be a port number");
+            };
+            if host.is_empty() || host.len() > 253 {
+                return bad(
+                    "bootstrap_host",
+                    "bootstrap_host must name the prefill server",
+                );
+            }
+            Leg::DecodeWhenReady {
+                host: host.to_string(),
+                port,
+                room,
+            }
+        }
+    })
 }
 
 /// vLLM's leg: from `kv_transfer_params`.
@@ -126,6 +251,11 @@ pub(crate) fn annotate(answer: &mut Value, leg: &PrefillLeg, request: &str, done
             if let Some(m) = answer.as_object_mut() {
                 let params = produced(engine, request, done.cached_tokens);
                 m.insert("kv_transfer_params".into(), params);
+            }
+        }
+        Protocol::Sglang => {
+            if let Some((rooms, room)) = &leg.handover {
+                rooms.hand_over(*room);
             }
         }
         Protocol::Trtllm => {

@@ -262,6 +262,11 @@ pub async fn spawn(
         ),
         started: http::unix_now(),
         clock,
+        rooms: Arc::default(),
+        http: reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(5))
+            .build()
+            .map_err(|e| WorkerError::Config(format!("HTTP client: {e}")))?,
         ids: ids::IdGen::new(),
         text,
         commands,

@@ -232,3 +232,61 @@ async fn simulated_workers_speak_tensorrt_llms_context_and_generation_legs() {
     p.shutdown().await;
     d.shutdown().await;
 }
+
+/// The same with SGLang's legs: both sent at once; the decode worker waits until the prefill
+/// worker (its HTTP port standing for the bootstrap server) hands the room over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_workers_speak_sglangs_legs_through_a_bootstrap_room() {
+    let p = worker_with("p", |c| c.role = WorkerRole::Prefill).await;
+    let d = worker_with("d", |c| c.role = WorkerRole::Decode).await;
+    let mut cfg = config(&[&p, &d], "goodput");
+    cfg.workers[0].role = WorkerRole::Prefill;
+    cfg.workers[0].bootstrap_port = Some(worker_port(&p));
+    cfg.workers[1].role = WorkerRole::Decode;
+    cfg.router.disaggregation.mode = kvroute_core::policy::DisaggregationMode::Always;
+    cfg.upstream.kv_transfer = kvroute_gateway::config::KvTransfer::Sglang;
+    let gw = gateway(&[&p, &d], cfg).await;
+    let prompt = format!("a long prompt: {}", "bootstrap rooms pair legs ".repeat(50));
+    for stream in [false, true] {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&chat(&[("user", &prompt)], stream, 6))
+            .send()
+            .await
+            .unwrap();
+        let header = |n: &str| r.headers().get(n).map(|v| v.to_str().unwrap().to_string());
+        let names = (
+            header("x-kvroute-worker"),
+            header("x-kvroute-prefill-worker"),
+        );
+        assert_eq!(r.status().as_u16(), 200);
+        assert_eq!(names, (Some("d".into()), Some("p".into())));
+        let text = r.text().await.unwrap();
+        assert!(text.contains("completion"), "{text}");
+    }
+    // A decode leg whose room is never handed over is not admitted before it is; the room
+    // endpoint says which rooms were.
+    let status = |room: u64| {
+        let url = format!("{}/kvroute/bootstrap/{room}", p.url());
+        async move { client().get(url).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(status(12345).await, 404);
+    let mut leg = chat(&[("user", "hello")], false, 2);
+    leg["bootstrap_host"] = serde_json::json!("127.0.0.1");
+    leg["bootstrap_port"] = serde_json::json!(worker_port(&p));
+    leg["bootstrap_room"] = serde_json::json!(12345);
+    let waiting = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        post(&d.url(), "/v1/chat/completions", &leg),
+    )
+    .await;
+    assert!(waiting.is_err(), "admitted before its room was handed over");
+    let (s, _, j) = post(&p.url(), "/v1/chat/completions", &leg).await;
+    assert_eq!(s, 200, "{j}");
+    assert_eq!(status(12345).await, 200);
+    let (s, _, j) = post(&d.url(), "/v1/chat/completions", &leg).await;
+    assert_eq!(s, 200, "{j}");
+    gw.shutdown().await;
+    p.shutdown().await;
+    d.shutdown().await;
+}
