@@ -86,6 +86,7 @@ impl Rooms {
                 }
             }
         }
+        drop(g);
     }
 
     /// Whether `room` was handed over.
