@@ -356,6 +356,21 @@ mod tests {
     }
 
     #[test]
+    fn rooms_handed_over_are_remembered_within_a_bound() {
+        let rooms = Rooms::default();
+        assert!(!rooms.is_ready(7));
+        rooms.hand_over(7);
+        rooms.hand_over(7);
+        assert!(rooms.is_ready(7));
+        for r in 100..100 + MAX_ROOMS as u64 {
+            rooms.hand_over(r);
+        }
+        assert!(!rooms.is_ready(7), "the oldest forgotten first");
+        assert!(rooms.is_ready(100) && rooms.is_ready(99 + MAX_ROOMS as u64));
+        assert_eq!(rooms.ready.lock().0.len(), MAX_ROOMS);
+    }
+
+    #[test]
     fn a_transfer_takes_the_links_latency_and_the_prompts_bytes() {
         let cfg = WorkerConfig {
             kv_bytes_per_token: Some(100_000.0),
