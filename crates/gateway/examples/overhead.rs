@@ -9,13 +9,18 @@
 //! cores: the price of each hand-over the gateway adds to a request's path. It ends with the
 //! CPU the gateway costs per streamed token (streams of 1,000 chunks, one per write).
 //!
-//! `cargo run --release -p kvroute-gateway --example overhead -- [REQUESTS] [SECONDS] [WORDS,...] [own-runtime|same-thread|epp] [GATEWAY_THREADS]`
+//! `cargo run --release -p kvroute-gateway --example overhead -- [REQUESTS] [SECONDS] [WORDS,...] [own-runtime|same-thread|epp|pd] [GATEWAY_THREADS]`
 //! (`bench/gateway-overhead.sh` runs it). Prints a Markdown table.
 //!
 //! `epp`: the endpoint picker's cost instead. Two real Envoys (`target/tools-venv`, from
 //! `scripts/tools.sh`) in front of the stub: one routing to it directly, one asking the
 //! picker (`deploy/envoy/picker-fail-closed.yaml`), requests alternating between them
 //! (`bench/epp-overhead.sh`).
+//!
+//! `pd`: what a disaggregated pair adds: two stubs (a prefill one, whose non-streamed answer
+//! is one JSON completion, and a decode one), a gateway serving them split in vLLM's
+//! protocol (`always`) and one serving the decode stub alone, requests alternating between
+//! the stub, the aggregated gateway and the split one.
 
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
@@ -48,10 +53,18 @@ fn stream_end(tokens: u64) -> String {
 /// request asks for more than four tokens, that many content chunks written one at a time
 /// (the task yields between them), as an engine streams a token per step.
 async fn stub_chat(body: bytes::Bytes) -> axum::response::Response {
-    let tokens = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v["max_tokens"].as_u64())
-        .unwrap_or(4);
+    let request = serde_json::from_slice::<serde_json::Value>(&body).unwrap_or_default();
+    let tokens = request["max_tokens"].as_u64().unwrap_or(4);
+    if request["stream"] == false {
+        // A prefill leg: one JSON completion.
+        let answer = serde_json::json!({
+            "id": "x", "object": "text_completion", "created": 0, "model": MODEL,
+            "choices": [{"index": 0, "text": "t0", "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 30, "completion_tokens": 1, "total_tokens": 31},
+            "kv_transfer_params": null,
+        });
+        return axum::Json(answer).into_response();
+    }
     let headers = [("content-type", "text/event-stream")];
     if tokens <= 4 {
         let mut body: String = (0..4).map(content_chunk).collect();
@@ -416,6 +429,10 @@ async fn main() {
     let same_thread = mode == "same-thread";
     let picker = mode == "epp";
     let gateway_threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
+    if mode == "pd" {
+        pd_overhead(requests, gateway_threads).await;
+        return;
+    }
     print_wake_costs();
     let stub = start_stub(same_thread).await;
     let mut config = GatewayConfig {
@@ -541,6 +558,106 @@ async fn main() {
     if let Some(t) = gateway_thread {
         let _ = t.join();
     }
+}
+
+/// `pd` mode: time to first token straight to the decode stub, through a gateway serving it
+/// alone, and through a gateway splitting every request over a prefill stub and it (vLLM's
+/// two legs), in alternating rounds.
+async fn pd_overhead(requests: usize, threads: usize) {
+    let (prefill, decode) = (start_stub(false).await, start_stub(false).await);
+    let spec = |url: &str, role| WorkerSpec {
+        url: url.to_string(),
+        role,
+        ..WorkerSpec::default()
+    };
+    let base = |workers| {
+        let mut c = GatewayConfig {
+            port: 0,
+            models: vec![MODEL.into()],
+            tokenizer: Some("builtin".into()),
+            workers,
+            ..GatewayConfig::default()
+        };
+        c.router.block_size = 16;
+        c.router.policy.kind = kvroute_core::PolicyKind::Kv;
+        c.router.admission.mode = kvroute_core::AdmissionMode::None;
+        c
+    };
+    use kvroute_core::WorkerRole::{Both, Decode, Prefill};
+    let aggregated = base(vec![spec(&decode, Both)]);
+    let mut split = base(vec![spec(&prefill, Prefill), spec(&decode, Decode)]);
+    split.router.disaggregation.mode = kvroute_core::policy::DisaggregationMode::Always;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let gateways = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let mut urls = Vec::new();
+                let mut handles = Vec::new();
+                for config in [aggregated, split] {
+                    let pre = kvroute_gateway::load_preprocessor(&config).unwrap();
+                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                    let gw = kvroute_gateway::spawn(config, pre, listener, BTreeMap::new())
+                        .await
+                        .unwrap();
+                    urls.push(gw.url());
+                    handles.push(gw);
+                }
+                let _ = tx.send(urls);
+                let _ = stop_rx.await;
+                for gw in handles {
+                    gw.shutdown().await;
+                }
+            })
+    });
+    let urls = rx.await.unwrap();
+    let path = "/v1/completions";
+    let (direct, agg, split) = (
+        format!("{decode}{path}"),
+        format!("{}{path}", urls[0]),
+        format!("{}{path}", urls[1]),
+    );
+    // Each split request's legs on the stubs, checked once: the prefill leg went.
+    let r = client()
+        .post(&split)
+        .header("content-type", "application/json")
+        .body(ids_body(30))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        r.headers().contains_key("x-kvroute-prefill-worker"),
+        "not split"
+    );
+    let _ = r.bytes().await;
+    println!("gateways on their own runtime, {threads} thread(s); 30 token ids, streamed, {requests} requests per cell");
+    println!();
+    println!("| concurrency | direct p50 / p99 (ms) | aggregated gateway | split gateway | added by the split p50 / p99 (ms) | one request to a stub, p50 (ms) |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    let b = fixed(ids_body(30));
+    for c in [1, 16] {
+        let (d, a) = interleaved(&direct, &agg, b.clone(), requests, c).await;
+        let (d2, sp) = interleaved(&direct, &split, b.clone(), requests, c).await;
+        let ms = |v: &[f64], p: f64| pct(v, p) * 1e3;
+        println!(
+            "| {c} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} |",
+            ms(&d, 0.5),
+            ms(&d, 0.99),
+            ms(&a, 0.5),
+            ms(&a, 0.99),
+            ms(&sp, 0.5),
+            ms(&sp, 0.99),
+            ms(&sp, 0.5) - ms(&a, 0.5),
+            ms(&sp, 0.99) - ms(&a, 0.99),
+            ms(&d2, 0.5),
+        );
+    }
+    let _ = stop_tx.send(());
+    let _ = gateways.join();
 }
 
 /// Envoy routing everything to `upstream` (host:port), no filter but the router.
