@@ -135,6 +135,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "on the fleet simulator".to_string()
     });
     let mut cell_index = 0;
+    let mut planned = Vec::new();
     let rt = if live { Some(crate::runtime()?) } else { None };
     let mut sweep = Sweep {
         info: info(a, &prepared, live),
@@ -176,6 +177,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     runs,
                     first_deciles,
                 );
+                let load_name = match load {
+                    Load::Speedup(x) => format!("{x}x"),
+                    l => level_label(l),
+                };
+                planned.push((
+                    fleet,
+                    policy.as_str().to_string(),
+                    load_name,
+                    cell.metrics.goodput_per_s,
+                ));
                 let name = cell_label(policy, fleet, load, None);
                 progress.cell_done(cell_index, &name, cell_started.elapsed().as_secs_f64());
                 cell_index += 1;
@@ -189,7 +200,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     }
     progress.finish();
-    write_outputs(a, &sweep, &out_dir)
+    // The planner's table: which fleet serves the most goodput at each load.
+    let plan = s
+        .plan_pd
+        .map(|_| crate::simulate::plan_table(&planned))
+        .unwrap_or_default();
+    write_outputs(a, &sweep, &out_dir, &plan)
 }
 
 /// A cell's name (`kv-w3-c16`, `goodput-w4-1p3d-auto-c16`), with `-runN` for one of its
@@ -403,7 +419,7 @@ fn snapshot_mean(
     Metrics::mean(&parts)
 }
 
-fn write_outputs(a: &BenchArgs, sweep: &Sweep, dir: &Path) -> Result<()> {
+fn write_outputs(a: &BenchArgs, sweep: &Sweep, dir: &Path, plan: &str) -> Result<()> {
     let write = |name: &str, text: String| {
         let file = dir.join(name);
         std::fs::write(&file, text).with_context(|| format!("writing {}", file.display()))
@@ -411,7 +427,7 @@ fn write_outputs(a: &BenchArgs, sweep: &Sweep, dir: &Path) -> Result<()> {
     write("cells.tsv", sweep.tsv())?;
     write("sweep.json", sweep.json())?;
     let plots = write_plots(sweep, dir)?;
-    let report = kvroute_report::markdown(sweep, &plots);
+    let report = kvroute_report::markdown(sweep, &plots) + plan;
     write("report.md", report.clone())?;
     // A baseline file per policy and fleet size (the dashboard compares any two), marked
     // simulated when the fleet simulator ran it.

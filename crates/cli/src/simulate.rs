@@ -17,7 +17,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-pub(crate) use fleet::{fleets, Fleet};
+pub(crate) use fleet::{fleets, plan_table, Fleet};
 
 /// Options of `kvroute simulate`.
 #[derive(Args, Clone, Debug)]
@@ -485,7 +485,7 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
         let cells: Vec<_> = planned
             .into_iter()
             .zip(&rows)
-            .map(|((f, p, l), (_, s))| (f, p, l, s))
+            .map(|((f, p, l), (_, s))| (f, p, l, s.goodput.as_ref().and_then(|g| g.per_s)))
             .collect();
         table.push_str(&fleet::plan_table(&cells));
     }

@@ -7,7 +7,6 @@ use super::SimulateArgs;
 use anyhow::{bail, Result};
 use kvroute_core::policy::DisaggregationMode;
 use kvroute_engine::Profile;
-use kvroute_workload::Summary;
 use std::fmt::Write as _;
 
 /// Most engines `--plan-pd` splits (a split per prefill count).
@@ -118,7 +117,7 @@ pub(crate) fn kv_bytes_per_token(a: &SimulateArgs, p: &Profile) -> Option<f64> {
 
 /// The planner's table: per policy and load, each fleet's goodput (requests per second
 /// meeting both objectives) and the one that serves the most.
-pub(crate) fn plan_table(cells: &[(Fleet, String, String, &Summary)]) -> String {
+pub(crate) fn plan_table(cells: &[(Fleet, String, String, Option<f64>)]) -> String {
     let mut shapes: Vec<Fleet> = Vec::new();
     for (f, ..) in cells {
         if !shapes.contains(f) {
@@ -147,8 +146,7 @@ pub(crate) fn plan_table(cells: &[(Fleet, String, String, &Summary)]) -> String 
             let g = cells
                 .iter()
                 .find(|(cf, p, l, _)| cf == f && p == policy && l == level)
-                .and_then(|(.., s)| s.goodput.as_ref())
-                .and_then(|g| g.per_s);
+                .and_then(|(.., g)| *g);
             match g {
                 Some(g) => {
                     let _ = write!(out, " {g:.3} |");

@@ -160,3 +160,27 @@ fn bad_fleets_are_refused_with_a_reason() {
         .to_string()
         .contains("--link-gb-per-sec"));
 }
+
+#[test]
+fn the_plan_names_the_fleet_serving_the_most_goodput_at_each_load() {
+    let fl = fleets(&args(&["--plan-pd", "2"])).unwrap();
+    let cell =
+        |f: usize, load: &str, g: Option<f64>| (fl[f], "goodput".to_string(), load.to_string(), g);
+    let table = plan_table(&[
+        cell(0, "c8", Some(1.5)),
+        cell(1, "c8", Some(1.2)),
+        cell(0, "c16", Some(2.0)),
+        cell(1, "c16", Some(2.4)),
+        cell(0, "c32", None),
+        cell(1, "c32", None),
+    ]);
+    assert!(
+        table.contains("| goodput | c8 | 1.500 | 1.200 | aggregated |"),
+        "{table}"
+    );
+    assert!(
+        table.contains("| goodput | c16 | 2.000 | 2.400 | 1P:1D auto |"),
+        "{table}"
+    );
+    assert!(table.contains("| goodput | c32 | - | - | - |"), "{table}");
+}
