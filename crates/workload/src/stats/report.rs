@@ -89,7 +89,7 @@ pub(super) fn markdown_row(label: &str, m: &Summary) -> String {
 }
 
 /// Columns of [`records_tsv`], in order.
-pub const TSV_COLUMNS: [&str; 18] = [
+pub const TSV_COLUMNS: [&str; 19] = [
     "id",
     "worker",
     "session",
@@ -108,6 +108,7 @@ pub const TSV_COLUMNS: [&str; 18] = [
     "itl_gaps",
     "itl_mean_ms",
     "itl_max_ms",
+    "prefill_worker",
 ];
 
 fn opt<T: ToString>(v: Option<T>) -> String {
@@ -130,8 +131,8 @@ pub fn numbered_workers(n: usize) -> Vec<String> {
 
 /// Records as TSV: a header line of [`TSV_COLUMNS`], then one line per record, times in
 /// milliseconds since the run's origin (three decimals), absent values empty; the worker
-/// by its name in `workers` (indexed by the record's number; the number itself when the
-/// list has no name for it).
+/// (and the prefill worker of a split request) by its name in `workers` (indexed by the
+/// record's number; the number itself when the list has no name for it).
 pub fn records_tsv(records: &[RequestRecord], workers: &[String]) -> String {
     let mut s = TSV_COLUMNS.join("\t");
     s.push('\n');
@@ -150,14 +151,17 @@ pub fn records_tsv(records: &[RequestRecord], workers: &[String]) -> String {
             .map(|&(g, _)| g)
             .fold(None, |m: Option<f64>, g| Some(m.map_or(g, |m| m.max(g))));
         let at = |t: Option<kvroute_core::Time>| ms3(t.map(|t| t.as_secs_f64() * 1e3));
-        let fields = [
-            r.id.to_string(),
-            r.worker.map_or_else(String::new, |w| {
+        let name = |w: Option<u64>| {
+            w.map_or_else(String::new, |w| {
                 usize::try_from(w)
                     .ok()
                     .and_then(|i| workers.get(i))
                     .map_or_else(|| w.to_string(), |name| tsv_cell(name))
-            }),
+            })
+        };
+        let fields = [
+            r.id.to_string(),
+            name(r.worker),
             opt(r.session),
             at(Some(r.arrival)),
             at(r.first_token),
@@ -174,6 +178,7 @@ pub fn records_tsv(records: &[RequestRecord], workers: &[String]) -> String {
             gaps.to_string(),
             ms3((gaps > 0).then(|| total / gaps as f64 * 1e3)),
             ms3(max.map(|g| g * 1e3)),
+            name(r.prefill_worker),
         ];
         let _ = writeln!(s, "{}", fields.join("\t"));
     }
