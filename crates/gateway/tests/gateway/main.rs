@@ -12,6 +12,7 @@ mod fleet;
 mod health;
 mod kubernetes;
 mod migration;
+mod pd_workers;
 mod plane;
 mod ranks;
 mod replicas;

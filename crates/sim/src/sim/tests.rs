@@ -5,7 +5,8 @@ use kvroute_workload::{
     mooncake, MultiTurn, MultiTurnConfig, Synthetic, SyntheticConfig, TraceOptions,
 };
 
-fn small_chat(seed: u64) -> MultiTurn {
+/// A small multi-turn chat (six starters of 200-300 tokens, answers of 20 tokens).
+pub(crate) fn small_chat(seed: u64) -> MultiTurn {
     MultiTurn::new(
         MultiTurnConfig {
             starters: 6,

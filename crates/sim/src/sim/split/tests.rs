@@ -3,24 +3,10 @@
 
 use crate::{simulate, SimConfig, SimResult, Workload};
 use kvroute_core::policy::DisaggregationMode;
-use kvroute_workload::{MultiTurn, MultiTurnConfig};
 
 fn chat(seed: u64) -> Workload {
-    let gen = MultiTurn::new(
-        MultiTurnConfig {
-            starters: 6,
-            starter_min_tokens: 200,
-            starter_max_tokens: 300,
-            question_min_tokens: 10,
-            question_max_tokens: 30,
-            max_tokens: 20,
-            ..MultiTurnConfig::default()
-        },
-        seed,
-    )
-    .unwrap();
     Workload::MultiTurn {
-        gen,
+        gen: crate::sim::tests::small_chat(seed),
         concurrency: 4,
         requests: 60,
     }
