@@ -155,6 +155,14 @@ pub fn joining_secs(input: &PolicyInput<'_>, i: usize) -> f64 {
     est.ttft_secs(work) + super::predictive::batch_wait_secs(c, 0, service)
 }
 
+/// Seconds candidate `i` takes to compute the prompt itself (its learned prefill speed; 0
+/// while unknown).
+fn local_prefill_secs(input: &PolicyInput<'_>, i: usize) -> f64 {
+    let c = &input.candidates[i];
+    c.prefill
+        .map_or(0.0, |e| input.prefill_work(c) * e.secs_per_token)
+}
+
 /// Tokens a decode worker still computes of a prompt whose KV it was sent: those after the
 /// last full block before the prompt's last token (engines never take the last token's KV
 /// as cached: it must be computed to sample the first token), 1 to a block.
@@ -230,7 +238,11 @@ pub fn split(
         DisaggregationMode::Auto => match &priced {
             Some(c) => {
                 let best_remote = c.costs[c.chosen].unwrap_or(f64::INFINITY);
-                let best_local = local_cost.unwrap_or(f64::INFINITY);
+                // Computed here, the prompt also holds up the next request to arrive at this
+                // decoder (every request passes a decoder; on the remote way that prefill is
+                // elsewhere).
+                let best_local =
+                    local_cost.unwrap_or(f64::INFINITY) + local_prefill_secs(input, local.chosen);
                 if best_remote < best_local {
                     SplitChoice {
                         chosen: c.chosen,

@@ -118,12 +118,14 @@ fn auto_disaggregation_splits_a_long_prompt_off_busy_decoders_unless_they_hold_i
 }
 
 #[test]
-fn an_idle_decoder_computes_a_prompt_itself_and_a_backed_up_prefill_pool_is_bypassed() {
+fn an_idle_decoder_computes_a_short_prompt_itself_and_a_backed_up_prefill_pool_is_bypassed() {
     let mut r = disaggregated(PolicyKind::Goodput, DisaggregationMode::Auto);
     let long = prompt(&tokens(4_000, 7));
-    // Idle decode workers: nothing to stall, and no transfer to wait for.
-    assert_eq!(prefill_of(r.route(&req(&long))).1, None);
+    // Idle decode workers: a short prompt is computed where it is decoded; a long one goes
+    // to the idle prefill worker, though nothing runs on the decoders yet: computed there,
+    // it would hold up the next request to arrive at its decoder for 0.4 s.
     assert_eq!(prefill_of(r.route(&req(&prompt(&tokens(20, 8))))).1, None);
+    assert_eq!(prefill_of(r.route(&req(&long))).1, Some(WorkerId(3)));
     for (id, w) in [(1, 1), (2, 1), (3, 2), (4, 2)] {
         run_on(&mut r, w, id, &prompt(&tokens(64, 100 + id as u32)));
     }
