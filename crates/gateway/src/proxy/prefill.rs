@@ -325,6 +325,9 @@ mod tests {
 
     #[test]
     fn sglangs_legs_carry_the_prefill_servers_bootstrap_address_and_one_room() {
+        // The fields SGLang's OpenAI requests take "for PD disaggregation"
+        // (python/sglang/srt/entrypoints/openai/protocol.py: `bootstrap_host`,
+        // `bootstrap_port`, `bootstrap_room`, each a value or a list per prompt).
         let client = br#"{"model":"m","prompt":"x","max_tokens":64,"stream":true}"#;
         let b =
             parse(&bootstrap_body(client, "10.0.0.5", 8998, 5_577_006_791_947_779_410).unwrap());
