@@ -124,28 +124,7 @@ async fn generate(
     let salt = view.cache_salt.as_deref().filter(|t| !t.is_empty());
     let namespace = Namespace::new(lora, salt);
     s.hub.name(namespace, lora, salt);
-    let remote_tokens = match &leg {
-        crate::kv_transfer::Leg::Decode(params) => {
-            // The prompt's KV comes over the modelled link first.
-            let arrives = s
-                .clock
-                .now()
-                .plus(crate::kv_transfer::transfer_time(&s.cfg, tokens.len()));
-            tokio::time::sleep_until(s.clock.instant(arrives)).await;
-            tracing::debug!(worker = %s.cfg.worker_name, request = %id, from = ?params.get("remote_engine_id"), tokens = tokens.len(), "KV of a remote prefill received");
-            tokens.len()
-        }
-        crate::kv_transfer::Leg::DecodeWhenReady { host, port, room } => {
-            crate::kv_transfer::await_handover(&s.http, host, *port, *room).await?;
-            let arrives = s
-                .clock
-                .now()
-                .plus(crate::kv_transfer::transfer_time(&s.cfg, tokens.len()));
-            tokio::time::sleep_until(s.clock.instant(arrives)).await;
-            tokens.len()
-        }
-        _ => 0,
-    };
+    let remote_tokens = crate::kv_transfer::receive(&s, &leg, tokens.len()).await?;
     let prefill_leg = match leg {
         crate::kv_transfer::Leg::Prefill(protocol) => Some(crate::kv_transfer::PrefillLeg {
             protocol,

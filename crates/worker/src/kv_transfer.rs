@@ -299,6 +299,27 @@ pub(crate) fn produced(engine: &str, request: &str, cached_tokens: usize) -> Val
     })
 }
 
+/// Waits until a decode leg's prompt KV (`tokens` of it) has arrived: for SGLang's, until
+/// its room is handed over, then, for every decode leg, the modelled transfer on the
+/// worker's clock. The prompt tokens sent with the request (0 for any other leg).
+pub(crate) async fn receive(
+    s: &crate::http::Shared,
+    leg: &Leg,
+    tokens: usize,
+) -> Result<usize, ApiError> {
+    match leg {
+        Leg::Decode(_) => {}
+        Leg::DecodeWhenReady { host, port, room } => {
+            await_handover(&s.http, host, *port, *room).await?;
+        }
+        Leg::Whole | Leg::Prefill(_) => return Ok(0),
+    }
+    let arrives = s.clock.now().plus(transfer_time(&s.cfg, tokens));
+    tokio::time::sleep_until(s.clock.instant(arrives)).await;
+    tracing::debug!(worker = %s.cfg.worker_name, tokens, "KV of a remote prefill received");
+    Ok(tokens)
+}
+
 /// The modelled time a decode leg's `tokens` of prompt KV take to arrive (virtual time).
 pub(crate) fn transfer_time(cfg: &WorkerConfig, tokens: usize) -> Duration {
     let secs = cfg.kv_link_latency_secs + tokens as f64 * cfg.kv_secs_per_token();

@@ -22,6 +22,8 @@ use std::time::Duration;
 pub(super) struct Leg {
     /// The engine that decodes it.
     decode: usize,
+    /// Its prompt's tokens.
+    tokens: usize,
     blocks: Vec<SequenceHash>,
     tail: Vec<u32>,
     max_tokens: u32,
@@ -52,8 +54,10 @@ impl Sim<'_> {
         match self.engines[prefill].submit(leg, t) {
             Ok(()) => {
                 self.records[id.0 as usize].prefill_worker = Some(prefill as u64);
+                let tokens = blocks.len() * self.cfg.engine.block_size + tail.len();
                 let leg = Leg {
                     decode,
+                    tokens,
                     blocks,
                     tail,
                     max_tokens,
@@ -90,11 +94,10 @@ impl Sim<'_> {
             };
             // Only what the decode engine lacks crosses the link.
             let bs = self.cfg.engine.block_size;
-            let tokens = leg.blocks.len() * bs + leg.tail.len();
             let held = self.engines[leg.decode].pool().match_prefix(&leg.blocks) * bs;
             let link = &self.cfg.router.disaggregation;
-            let secs =
-                link.link_latency_secs + tokens.saturating_sub(held) as f64 * link.secs_per_token();
+            let secs = link.link_latency_secs
+                + leg.tokens.saturating_sub(held) as f64 * link.secs_per_token();
             self.push(
                 t.plus(Duration::from_secs_f64(secs.max(0.0))),
                 Event::Transferred(f.id),
@@ -110,12 +113,11 @@ impl Sim<'_> {
         let Some(leg) = self.legs.remove(&id) else {
             return;
         };
-        let tokens = leg.blocks.len() * self.cfg.engine.block_size + leg.tail.len();
         // Its first token from now teaches the decode worker's figures (as the gateway
         // does when it sends the decode leg after the prefill leg's answer).
         self.router.kv_arrived(id, t);
         let prompt = (leg.blocks, leg.tail);
-        self.submit(t, id, leg.decode, prompt, leg.max_tokens, tokens);
+        self.submit(t, id, leg.decode, prompt, leg.max_tokens, leg.tokens);
     }
 
     /// Submits request `id` to engine `w` at `t` (`remote_tokens` of its prompt's KV sent
