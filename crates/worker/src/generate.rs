@@ -124,7 +124,8 @@ async fn generate(
     let salt = view.cache_salt.as_deref().filter(|t| !t.is_empty());
     let namespace = Namespace::new(lora, salt);
     s.hub.name(namespace, lora, salt);
-    let remote_tokens = crate::kv_transfer::receive(&s, &leg, tokens.len()).await?;
+    let remote_tokens =
+        crate::kv_transfer::receive((&s.cfg, &s.clock, &s.http), &leg, tokens.len()).await?;
     let prefill_leg = match leg {
         crate::kv_transfer::Leg::Prefill(protocol) => Some(crate::kv_transfer::PrefillLeg {
             protocol,

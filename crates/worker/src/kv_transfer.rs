@@ -303,20 +303,20 @@ pub(crate) fn produced(engine: &str, request: &str, cached_tokens: usize) -> Val
 /// its room is handed over, then, for every decode leg, the modelled transfer on the
 /// worker's clock. The prompt tokens sent with the request (0 for any other leg).
 pub(crate) async fn receive(
-    s: &crate::http::Shared,
+    (cfg, clock, http): (&WorkerConfig, &kvroute_runtime::Clock, &reqwest::Client),
     leg: &Leg,
     tokens: usize,
 ) -> Result<usize, ApiError> {
     match leg {
         Leg::Decode(_) => {}
         Leg::DecodeWhenReady { host, port, room } => {
-            await_handover(&s.http, host, *port, *room).await?;
+            await_handover(http, host, *port, *room).await?;
         }
         Leg::Whole | Leg::Prefill(_) => return Ok(0),
     }
-    let arrives = s.clock.now().plus(transfer_time(&s.cfg, tokens));
-    tokio::time::sleep_until(s.clock.instant(arrives)).await;
-    tracing::debug!(worker = %s.cfg.worker_name, tokens, "KV of a remote prefill received");
+    let arrives = clock.now().plus(transfer_time(cfg, tokens));
+    tokio::time::sleep_until(clock.instant(arrives)).await;
+    tracing::debug!(worker = %cfg.worker_name, tokens, "KV of a remote prefill received");
     Ok(tokens)
 }
 
