@@ -9,6 +9,7 @@
 
 pub mod queue;
 
+use crate::flow::FlowConfig;
 use crate::ledger::{WorkerCapacity, WorkerLoad};
 use serde::{Deserialize, Serialize};
 
@@ -63,6 +64,8 @@ pub struct AdmissionConfig {
     pub max_queued_requests: usize,
     /// Most prompt tokens in the queue.
     pub max_queued_tokens: u64,
+    /// Tenants and classes: the queue's order, the tenants' limits (`docs/flow-control.md`).
+    pub flow: FlowConfig,
 }
 
 impl Default for AdmissionConfig {
@@ -77,6 +80,7 @@ impl Default for AdmissionConfig {
             max_queue_wait_secs: 30.0,
             max_queued_requests: 4_096,
             max_queued_tokens: 16 << 20,
+            flow: FlowConfig::default(),
         }
     }
 }
@@ -104,7 +108,7 @@ impl AdmissionConfig {
                 self.max_queue_wait_secs
             ));
         }
-        Ok(())
+        self.flow.validate()
     }
 
     /// Whether a worker with this load and capacity is busy.
@@ -181,7 +185,7 @@ pub enum AdmissionDecision {
     Reject(RejectReason),
 }
 
-/// Why a request was rejected (the code in the 503 body and the metric label).
+/// Why a request was rejected (the code in the error body and the metric label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RejectReason {
@@ -193,15 +197,29 @@ pub enum RejectReason {
     QueueFull,
     /// The request waited in the queue longer than allowed.
     QueueTimeout,
+    /// The request waited in the queue until its TTFT objective passed.
+    Deadline,
+    /// The request was queued, and a request of a higher band took its place in a full
+    /// queue.
+    Shed,
+    /// The request's tenant is over its concurrency or token limit (429, not overload).
+    TenantLimit,
+    /// The request was predicted to miss its TTFT objective on every eligible worker, and
+    /// its class refuses such requests at once.
+    PredictedMiss,
 }
 
 impl RejectReason {
     /// Every reason (for metrics that show each one from the start).
-    pub const ALL: [RejectReason; 4] = [
+    pub const ALL: [RejectReason; 8] = [
         RejectReason::NoWorkers,
         RejectReason::AllWorkersBusy,
         RejectReason::QueueFull,
         RejectReason::QueueTimeout,
+        RejectReason::Deadline,
+        RejectReason::Shed,
+        RejectReason::TenantLimit,
+        RejectReason::PredictedMiss,
     ];
 
     /// The stable reason code.
@@ -211,18 +229,27 @@ impl RejectReason {
             RejectReason::AllWorkersBusy => "all_workers_busy",
             RejectReason::QueueFull => "queue_full",
             RejectReason::QueueTimeout => "queue_timeout",
+            RejectReason::Deadline => "deadline",
+            RejectReason::Shed => "shed",
+            RejectReason::TenantLimit => "tenant_limit",
+            RejectReason::PredictedMiss => "predicted_miss",
         }
     }
 
+    /// Whether it is the caller's own limit (HTTP 429) rather than the fleet's overload
+    /// (503).
+    pub fn is_caller_limit(self) -> bool {
+        self == RejectReason::TenantLimit
+    }
+
     /// Seconds a refused client is asked to wait before it comes back (the gateway's
-    /// `Retry-After`; the simulator's clients wait as long): longer when no worker is there
-    /// at all than when they are only busy.
+    /// `Retry-After`; the simulator's clients wait as long) when the refusal computes no
+    /// wait of its own (a tenant's bucket, a predicted drain): longer when no worker is
+    /// there at all than when they are only busy.
     pub fn retry_after_secs(self) -> u64 {
         match self {
             RejectReason::NoWorkers => 5,
-            RejectReason::AllWorkersBusy | RejectReason::QueueFull | RejectReason::QueueTimeout => {
-                1
-            }
+            _ => 1,
         }
     }
 }

@@ -45,6 +45,7 @@
 
 pub mod admission;
 mod flat_table;
+pub mod flow;
 pub mod hashing;
 pub mod index;
 pub mod ledger;
@@ -53,7 +54,7 @@ pub mod router;
 pub mod tiers;
 mod types;
 
-pub use admission::queue::{AdmissionQueue, Queued, Ticket};
+pub use admission::queue::{AdmissionQueue, Ask, Queued, Ticket};
 pub use admission::{AdmissionConfig, AdmissionDecision, AdmissionMode, QueueState, RejectReason};
 pub use hashing::{BlockedPrompt, EngineHash, LocalBlockHash, Namespace, SequenceHash};
 pub use index::{

@@ -39,9 +39,10 @@ pub struct RoutingTable<W> {
 impl<W> RoutingTable<W> {
     /// A table over `router` with an empty queue; its length is published to `queued_gauge`.
     pub fn new(router: Router, queued_gauge: IntGauge) -> Self {
+        let flows = router.config().admission.flow.compile();
         Self {
             router: Mutex::new(router),
-            queue: Mutex::new(AdmissionQueue::new()),
+            queue: Mutex::new(AdmissionQueue::new(flows)),
             queued: AtomicUsize::new(0),
             queued_gauge,
             wake: Notify::new(),

@@ -67,8 +67,28 @@ impl GatewayError {
                         "queue_timeout",
                         "every worker stayed busy for the longest queue wait",
                     ),
+                    RejectReason::Deadline => (
+                        "deadline",
+                        "every worker stayed busy until the request's time-to-first-token objective passed",
+                    ),
+                    RejectReason::Shed => (
+                        "shed",
+                        "the admission queue was full and a request of a higher priority band took this one's place",
+                    ),
+                    RejectReason::TenantLimit => (
+                        "tenant_limit",
+                        "the tenant is over its concurrency or token limit; retry after the time given",
+                    ),
+                    RejectReason::PredictedMiss => (
+                        "predicted_miss",
+                        "the request is predicted to miss its time-to-first-token objective on every worker",
+                    ),
                 };
-                ApiError::unavailable(code, message, reason.retry_after_secs())
+                let mut api = ApiError::unavailable(code, message, reason.retry_after_secs());
+                if reason.is_caller_limit() {
+                    api.kind = ErrorKind::Overloaded;
+                }
+                api
             }
             GatewayError::Upstream {
                 worker,

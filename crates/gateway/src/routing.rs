@@ -89,7 +89,7 @@ pub async fn admit(
             eligible,
         };
         // Behind the requests of its kind already waiting, without overtaking them.
-        let routed = if q.holds(eligible) {
+        let routed = if q.holds(eligible, 0) {
             Ok(None)
         } else {
             queue::route_and_book(gw, r, &request, explain)

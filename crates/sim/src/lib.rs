@@ -25,7 +25,7 @@ mod router_thread;
 mod sim;
 mod trace_prompts;
 
-pub use driver::Workload;
+pub use driver::{TenantLoad, Workload};
 pub use sim::simulate;
 
 use kvroute_core::{RouteError, RouterConfig, Tracking, WorkerRole};
@@ -198,4 +198,18 @@ pub struct SimResult {
     /// Per engine tracked approximately, the blocks the first router's guesses are kept to
     /// at the end (learned from the engines' answers); None for engines tracked by events.
     pub approx_capacities: Vec<Option<usize>>,
+    /// Per tenant of a [`Workload::Tenants`] load, in its order, the summary of its own
+    /// measured requests against its class's objectives (empty for other loads).
+    pub tenants: Vec<TenantResult>,
+}
+
+/// One tenant's part of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct TenantResult {
+    /// Its tenant.
+    pub tenant: String,
+    /// Its class.
+    pub class: String,
+    /// Its requests' summary (goodput against its class's objectives).
+    pub summary: Summary,
 }

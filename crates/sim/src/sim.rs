@@ -16,6 +16,7 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::Duration;
 
+mod flow;
 mod split;
 
 enum Event {
@@ -100,6 +101,12 @@ struct Sim<'a> {
     prefill_only: Vec<bool>,
     /// Split requests between their prefill leg and their decode (`split.rs`).
     legs: HashMap<RequestId, split::Leg>,
+    /// Per source (tenant), its flow.
+    source_flows: Vec<kvroute_core::flow::Flow>,
+    /// Per request, its source.
+    source: Vec<u16>,
+    /// Per request, its flow and permit (`flow.rs`).
+    flows: Vec<flow::RequestFlow>,
 }
 
 /// Runs a simulation to its end.
@@ -152,19 +159,15 @@ fn simulate_with(
     }
     // The trace's requests move out of the workload: the event loop and the router thread
     // (which cuts their prompts into blocks) both read them.
-    let mut workload = workload;
-    let trace = match &mut workload {
-        Workload::Trace(t) => std::mem::take(t),
-        _ => Vec::new(),
-    };
+    let (trace, trace_source, loops, sources) = workload.split().map_err(SimError::Workload)?;
     let block_size =
         BlockSize::new(cfg.router.block_size).map_err(|e| SimError::Config(e.to_string()))?;
     let prompts = TracePrompts::new(&trace, block_size, Namespace::default());
-    let driver = Driver::new(workload, &trace, cfg.duration.map(Time));
+    let driver = Driver::new(loops, &trace, &trace_source, cfg.duration.map(Time));
     let (router_link, server) = link();
     let (sim, totals) = std::thread::scope(|scope| {
         let serving = scope.spawn(|| server.serve(&mut router, &prompts));
-        let sim = run_loop(cfg, driver, &prompts, engines, router_link);
+        let sim = run_loop(cfg, driver, &prompts, engines, router_link, &sources);
         // A panic on the router thread is a bug: pass it on.
         let totals = serving
             .join()
@@ -187,7 +190,9 @@ fn simulate_with(
         _ if sim.cut => Time(cfg.max_sim_time).since(start),
         _ => sim.now.since(start),
     };
+    let tenants = flow::tenant_results(cfg, &sources, &sim.source, &sim.records, warm, span);
     Ok(SimResult {
+        tenants,
         summary: Summary::from_records_with_slo(measured(), span, cfg.slo.as_ref()),
         sim_seconds: span.as_secs_f64(),
         engines: sim.engines.iter().map(|e| e.metrics()).collect(),
@@ -201,6 +206,8 @@ fn simulate_with(
 /// What the event loop leaves for the result.
 struct Ended {
     records: Vec<RequestRecord>,
+    /// Per record, its source.
+    source: Vec<u16>,
     engines: Vec<Engine>,
     now: Time,
     cut: bool,
@@ -214,7 +221,9 @@ fn run_loop<'a>(
     prompts: &'a TracePrompts<'a>,
     engines: Vec<Engine>,
     router: RouterLink,
+    sources: &[crate::driver::Source],
 ) -> Result<Ended, SimError> {
+    let flows = cfg.router.admission.flow.compile();
     let mut sim = Sim {
         cfg: cfg.clone(),
         router,
@@ -228,7 +237,10 @@ fn run_loop<'a>(
         records: Vec::new(),
         last_token: Vec::new(),
         conversation: Vec::new(),
-        queue: AdmissionQueue::new(),
+        source_flows: flow::source_flows(&flows, sources),
+        queue: AdmissionQueue::new(flows),
+        source: Vec::new(),
+        flows: Vec::new(),
         trace: VecDeque::new(),
         queued_total: 0,
         now: Time::ZERO,
@@ -257,6 +269,7 @@ fn run_loop<'a>(
     sim.finish_silent_steps();
     let Sim {
         router,
+        source,
         mut records,
         engines,
         now,
@@ -272,6 +285,7 @@ fn run_loop<'a>(
     }
     Ok(Ended {
         records,
+        source,
         engines,
         now,
         cut,
@@ -404,6 +418,11 @@ impl<'a> Sim<'a> {
         self.records.push(rec);
         self.last_token.push(t);
         self.conversation.push(r.conversation);
+        self.source.push(r.source);
+        let flow = self.source_flows[usize::from(r.source)];
+        if !self.enter(t, id, flow, r.max_tokens) {
+            return;
+        }
         let q = Waiting {
             id,
             prompt,
@@ -417,21 +436,24 @@ impl<'a> Sim<'a> {
     /// Routes `q` at `t` (the router may hold it when `may_hold`), or queues it.
     fn admit(&mut self, t: Time, q: Waiting, may_hold: bool) {
         // Behind the requests already waiting, without overtaking them (as in the gateway).
-        let waits = if self.queue.holds(&Eligible::Any) {
+        let waits = if self.queue.holds(&Eligible::Any, self.band(q.id)) {
             Some(q)
         } else {
             self.try_dispatch(t, q, self.queue.state(), may_hold)
         };
         if let Some(q) = waits {
             let admission = &self.cfg.router.admission;
-            match self
-                .queue
-                .push(admission, t, Eligible::Any, q.tokens as u64, q)
-            {
-                Ok(_) => {
+            let ask = self.ask(&q);
+            match self.queue.push(admission, t, ask, q) {
+                Ok((ticket, shed)) => {
                     self.queued_total += 1;
-                    let wait = Duration::from_secs_f64(admission.max_queue_wait_secs);
-                    self.push(t.plus(wait), Event::QueueTimeout);
+                    let deadline = self.queue.deadline_of(ticket);
+                    if let Some(d) = deadline {
+                        self.push(d, Event::QueueTimeout);
+                    }
+                    for e in shed {
+                        self.refuse(t, e.item.id, RejectReason::Shed);
+                    }
                 }
                 Err((reason, q)) => self.refuse(t, q.id, reason),
             }
@@ -528,7 +550,7 @@ impl<'a> Sim<'a> {
     /// Refuses the queued requests whose deadline is `t` or earlier.
     fn expire(&mut self, t: Time) {
         for e in self.queue.expire(t) {
-            self.refuse(t, e.item.id, RejectReason::QueueTimeout);
+            self.refuse(t, e.item.id, e.expiry);
         }
     }
 
@@ -653,6 +675,11 @@ impl<'a> Sim<'a> {
     /// gateway would have sent for `reason`.
     fn refuse(&mut self, t: Time, id: RequestId, reason: RejectReason) {
         let wait = Duration::from_secs(reason.retry_after_secs());
+        self.refuse_for(t, id, reason, wait);
+    }
+
+    /// The router or the queue refused a request, asking its client to wait `wait`.
+    fn refuse_for(&mut self, t: Time, id: RequestId, reason: RejectReason, wait: Duration) {
         self.close(t, id, Status::Rejected(reason.as_str().into()), None, wait);
     }
 
@@ -670,11 +697,13 @@ impl<'a> Sim<'a> {
         let rec = &mut self.records[i];
         rec.finished = Some(t);
         rec.status = status;
+        self.leave(id);
         let (outcome, at) = match answer {
             Some(a) => (Outcome::Answered(a), t),
             None => (Outcome::Failed, t.plus(backoff)),
         };
-        if let Some(next) = self.driver.next(at, self.conversation[i], outcome) {
+        let source = self.source[i];
+        if let Some(next) = self.driver.next(at, source, self.conversation[i], outcome) {
             self.push(at, Event::Arrival(Box::new(next)));
         }
     }

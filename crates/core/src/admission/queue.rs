@@ -1,16 +1,27 @@
-//! The admission queue: requests that found every eligible worker busy, waiting in arrival
-//! order until one is free, each until its deadline, within a count and a token budget. One
-//! implementation, driven by the fleet simulator and by the live gateway alike.
+//! The admission queue: requests that found every eligible worker busy, waiting until one
+//! is free, each until its deadline, within a count and a token budget; and the flow
+//! controller around it (per-tenant limits, [`crate::flow::limits`]). One implementation,
+//! driven by the fleet simulator and by the live gateway alike.
 //!
-//! Order: entries wait in arrival order and are tried in that order ([`Drain`]); a request
-//! never takes a worker from an earlier one: an arrival that finds a request waiting whose
-//! eligible workers ([`Eligible`]) overlap its own queues behind ([`AdmissionQueue::holds`]),
-//! and a pass tries them in arrival order, skipping the later ones of a kind whose first
+//! Order ([`Drain`]): strict priority between bands (a higher band first); within a band,
+//! fair queuing between tenants by the tokens they were served, divided by their weights
+//! (the least served first: a tenant that sends four times its share is served its share);
+//! within a tenant, the earliest due first (arrival plus its TTFT objective, or plus the
+//! queue's wait when it has none), then arrival. With one flow that is arrival order.
+//!
+//! A request never takes a worker from one ranked before it: an arrival that finds a request
+//! of its band or a higher one waiting whose eligible workers ([`Eligible`]) overlap its own
+//! queues ([`AdmissionQueue::holds`]), and a pass skips the later ones of a kind whose best
 //! waiter could not go. Requests of another kind (a retry that excludes the worker it failed
 //! on, a data plane's subset) may go ahead of the others in a pass, and the others ahead of
 //! them, when only workers they differ on are free.
+//!
+//! When the queue is full, an arrival of a higher band displaces the queued requests of the
+//! lowest band (the latest due first), refused as [`RejectReason::Shed`].
 
 use super::{AdmissionConfig, QueueState, RejectReason};
+use crate::flow::limits::{OverLimit, Permit, TenantLimits};
+use crate::flow::{Flow, Flows};
 use crate::types::{Eligible, Time};
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -18,6 +29,22 @@ use std::time::Duration;
 /// A request's place in the queue (increasing in arrival order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Ticket(u64);
+
+/// What a request asks of the queue.
+#[derive(Clone, Debug, Default)]
+pub struct Ask {
+    /// The workers it may go to (its kind, for ordering).
+    pub eligible: Eligible,
+    /// Its prompt's tokens (counted against the token budget).
+    pub tokens: u64,
+    /// Its flow.
+    pub flow: Flow,
+    /// What it costs its tenant in fair queuing: prompt plus (expected) output tokens.
+    pub cost: u64,
+    /// Its time-to-first-token objective, if it has one: it is due then, and leaves the
+    /// queue then if that comes before the queue's wait.
+    pub objective: Option<Duration>,
+}
 
 /// A request in the queue, with what its driver keeps of it (`item`).
 #[derive(Debug)]
@@ -28,34 +55,56 @@ pub struct Queued<T> {
     pub eligible: Eligible,
     /// Its prompt's tokens (counted against the token budget).
     pub tokens: u64,
-    /// When it stops waiting: rejected with [`RejectReason::QueueTimeout`].
+    /// Its flow.
+    pub flow: Flow,
+    /// Its fair-queuing cost.
+    pub cost: u64,
+    /// When it is due (orders a tenant's requests).
+    pub due: Time,
+    /// When it stops waiting: refused with `expiry`.
     pub deadline: Time,
+    /// The reason it is refused with at its deadline: [`RejectReason::QueueTimeout`], or
+    /// [`RejectReason::Deadline`] when its objective came first.
+    pub expiry: RejectReason,
     /// The driver's part.
     pub item: T,
 }
 
-/// Requests waiting for a free worker, oldest first.
+/// Requests waiting for a free worker, and the flow controller's state.
 #[derive(Debug)]
 pub struct AdmissionQueue<T> {
+    /// In arrival order.
     entries: VecDeque<Queued<T>>,
     tokens: u64,
     next: u64,
+    flows: Flows,
+    limits: TenantLimits,
+    /// Per tenant: tokens served from the queue divided by its weight.
+    served: Vec<f64>,
 }
 
 impl<T> Default for AdmissionQueue<T> {
     fn default() -> Self {
-        Self {
-            entries: VecDeque::new(),
-            tokens: 0,
-            next: 0,
-        }
+        Self::new(Flows::default())
     }
 }
 
 impl<T> AdmissionQueue<T> {
-    /// An empty queue.
-    pub fn new() -> Self {
-        Self::default()
+    /// An empty queue for these flows.
+    pub fn new(flows: Flows) -> Self {
+        Self {
+            entries: VecDeque::new(),
+            tokens: 0,
+            next: 0,
+            served: vec![0.0; flows.tenants().len()],
+            flows,
+            limits: TenantLimits::default(),
+        }
+    }
+
+    /// The flows it orders by.
+    pub fn flows(&self) -> &Flows {
+        &self.flows
     }
 
     /// Its size: requests and prompt tokens.
@@ -76,36 +125,126 @@ impl<T> AdmissionQueue<T> {
         self.entries.is_empty()
     }
 
-    /// Whether a request for `eligible` must wait behind one already here that could take
-    /// the same worker, instead of being routed at once.
-    pub fn holds(&self, eligible: &Eligible) -> bool {
-        self.entries.iter().any(|e| e.eligible.overlaps(eligible))
+    /// Lets a request of `flow` costing `prompt` + `output` tokens in at `now` (the
+    /// tenant's limits), before it is routed or queued; every permit must be given back
+    /// with [`AdmissionQueue::leave`].
+    pub fn enter(
+        &mut self,
+        flow: Flow,
+        now: Time,
+        prompt: u64,
+        output: u64,
+    ) -> Result<Permit, OverLimit> {
+        self.limits
+            .enter(&self.flows, flow.tenant, now, prompt, output)
     }
 
-    /// Queues a request at `now`, until `now` plus the configured wait; refused (and given
-    /// back) when the queue is at its request or token limit.
+    /// A request that entered left, having produced `output` tokens (`None`: never
+    /// dispatched).
+    pub fn leave(&mut self, permit: Permit, output: Option<u64>) {
+        self.limits.leave(&self.flows, permit, output);
+    }
+
+    /// Whether a request of `band` for `eligible` must wait behind one already here (of
+    /// its band or a higher one) that could take the same worker, instead of being routed
+    /// at once.
+    pub fn holds(&self, eligible: &Eligible, band: u8) -> bool {
+        self.entries
+            .iter()
+            .any(|e| e.flow.band >= band && e.eligible.overlaps(eligible))
+    }
+
+    /// Queues a request at `now`; when the queue is at its request or token limit, the
+    /// requests of lower bands it displaces are given back with it (to be refused as
+    /// [`RejectReason::Shed`]), or it is refused (and given back) when they would not make
+    /// room.
+    #[allow(clippy::type_complexity)]
     pub fn push(
         &mut self,
         config: &AdmissionConfig,
         now: Time,
-        eligible: Eligible,
-        tokens: u64,
+        ask: Ask,
         item: T,
-    ) -> Result<Ticket, (RejectReason, T)> {
-        if !config.queue_has_room(self.state(), tokens) {
-            return Err((RejectReason::QueueFull, item));
-        }
+    ) -> Result<(Ticket, Vec<Queued<T>>), (RejectReason, T)> {
+        let shed = match self.make_room(config, &ask) {
+            Some(shed) => shed,
+            None => return Err((RejectReason::QueueFull, item)),
+        };
         let ticket = Ticket(self.next);
         self.next += 1;
-        self.tokens = self.tokens.saturating_add(tokens);
+        let t = usize::from(ask.flow.tenant.0);
+        if self.served.len() <= t {
+            self.served.resize(t + 1, 0.0);
+        }
+        if !self
+            .entries
+            .iter()
+            .any(|e| e.flow.tenant == ask.flow.tenant)
+        {
+            // A tenant that was not waiting starts level with the least served waiting
+            // one: idle time earns no credit.
+            let floor = self
+                .entries
+                .iter()
+                .map(|e| self.served[usize::from(e.flow.tenant.0)])
+                .fold(f64::INFINITY, f64::min);
+            if floor.is_finite() {
+                self.served[t] = self.served[t].max(floor);
+            }
+        }
+        let wait = Duration::from_secs_f64(config.max_queue_wait_secs);
+        let (limit, expiry) = match ask.objective {
+            Some(o) if o < wait => (o, RejectReason::Deadline),
+            _ => (wait, RejectReason::QueueTimeout),
+        };
+        self.tokens = self.tokens.saturating_add(ask.tokens);
         self.entries.push_back(Queued {
             ticket,
-            eligible,
-            tokens,
-            deadline: now.plus(Duration::from_secs_f64(config.max_queue_wait_secs)),
+            eligible: ask.eligible,
+            tokens: ask.tokens,
+            flow: ask.flow,
+            cost: ask.cost,
+            due: now.plus(ask.objective.unwrap_or(wait)),
+            deadline: now.plus(limit),
+            expiry,
             item,
         });
-        Ok(ticket)
+        Ok((ticket, shed))
+    }
+
+    /// Room for `ask`: nothing to do, or the lower bands' requests taken out to make it
+    /// (`None`: not even all of them would).
+    fn make_room(&mut self, config: &AdmissionConfig, ask: &Ask) -> Option<Vec<Queued<T>>> {
+        if config.queue_has_room(self.state(), ask.tokens) {
+            return Some(Vec::new());
+        }
+        let lower = |e: &Queued<T>| e.flow.band < ask.flow.band;
+        let (n, tokens) = self
+            .entries
+            .iter()
+            .filter(|e| lower(e))
+            .fold((0, 0u64), |(n, t), e| (n + 1, t.saturating_add(e.tokens)));
+        let after = QueueState {
+            requests: self.entries.len() - n,
+            tokens: self.tokens.saturating_sub(tokens),
+        };
+        if n == 0 || !config.queue_has_room(after, ask.tokens) {
+            return None;
+        }
+        let mut shed = Vec::new();
+        while !config.queue_has_room(self.state(), ask.tokens) {
+            // The lowest band, the latest due, the latest arrival.
+            let i = (0..self.entries.len())
+                .filter(|&i| lower(&self.entries[i]))
+                .min_by_key(|&i| {
+                    let e = &self.entries[i];
+                    (e.flow.band, std::cmp::Reverse((e.due, e.ticket)))
+                })?;
+            let e = self.entries.remove(i)?;
+            self.tokens = self.tokens.saturating_sub(e.tokens);
+            shed.push(e);
+        }
+        Some(shed)
     }
 
     /// Takes a request out (its client left, or its own timer fired); `None` when it is no
@@ -115,9 +254,26 @@ impl<T> AdmissionQueue<T> {
             .entries
             .binary_search_by_key(&ticket, |e| e.ticket)
             .ok()?;
+        self.take(i)
+    }
+
+    fn take(&mut self, i: usize) -> Option<Queued<T>> {
         let e = self.entries.remove(i)?;
         self.tokens = self.tokens.saturating_sub(e.tokens);
+        if self.entries.is_empty() {
+            // Nobody waits: fair queuing starts afresh.
+            self.served.iter_mut().for_each(|s| *s = 0.0);
+        }
         Some(e)
+    }
+
+    /// The deadline of the request at `ticket`, while it waits.
+    pub fn deadline_of(&self, ticket: Ticket) -> Option<Time> {
+        let i = self
+            .entries
+            .binary_search_by_key(&ticket, |e| e.ticket)
+            .ok()?;
+        Some(self.entries[i].deadline)
     }
 
     /// The earliest deadline of the requests waiting.
@@ -131,9 +287,7 @@ impl<T> AdmissionQueue<T> {
         let mut i = 0;
         while i < self.entries.len() {
             if self.entries[i].deadline <= now {
-                let e = self.entries.remove(i).expect("index in range");
-                self.tokens = self.tokens.saturating_sub(e.tokens);
-                out.push(e);
+                out.extend(self.take(i));
             } else {
                 i += 1;
             }
@@ -141,15 +295,49 @@ impl<T> AdmissionQueue<T> {
         out
     }
 
-    /// A pass over the queue in arrival order: [`Drain::next`] takes out the next request
+    /// A pass over the queue in its order: [`Drain::next`] takes out the next request
     /// worth trying, [`Drain::wait`] puts back one that must still wait (and skips the later
     /// ones of its kind for the rest of the pass).
     pub fn drain(&mut self) -> Drain<'_, T> {
         Drain {
             queue: self,
-            cursor: 0,
+            tried: Vec::new(),
             blocked: Vec::new(),
         }
+    }
+
+    /// The place of the request to try next among those not `tried` and not of a
+    /// `blocked` kind.
+    fn best(&self, tried: &[Ticket], blocked: &[Eligible]) -> Option<usize> {
+        let served = |e: &Queued<T>| {
+            self.served
+                .get(usize::from(e.flow.tenant.0))
+                .copied()
+                .unwrap_or(0.0)
+        };
+        let mut best: Option<usize> = None;
+        for (i, e) in self.entries.iter().enumerate() {
+            if tried.contains(&e.ticket) || blocked.contains(&e.eligible) {
+                continue;
+            }
+            let better = match best {
+                None => true,
+                Some(b) => {
+                    let b = &self.entries[b];
+                    let (se, sb) = (served(e), served(b));
+                    e.flow.band > b.flow.band
+                        || (e.flow.band == b.flow.band
+                            && (se < sb
+                                || (se == sb
+                                    && (e.flow.tenant, e.due, e.ticket)
+                                        < (b.flow.tenant, b.due, b.ticket))))
+                }
+            };
+            if better {
+                best = Some(i);
+            }
+        }
+        best
     }
 }
 
@@ -157,38 +345,40 @@ impl<T> AdmissionQueue<T> {
 #[derive(Debug)]
 pub struct Drain<'q, T> {
     queue: &'q mut AdmissionQueue<T>,
-    cursor: usize,
+    tried: Vec<Ticket>,
     blocked: Vec<Eligible>,
 }
 
 impl<T> Drain<'_, T> {
     /// The next request to try, taken out of the queue (it is gone unless given back with
-    /// [`Drain::wait`]).
+    /// [`Drain::wait`]); its tenant is counted as served its cost.
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Option<Queued<T>> {
         let q = &mut *self.queue;
-        while self.cursor < q.entries.len() {
-            if self.blocked.contains(&q.entries[self.cursor].eligible) {
-                self.cursor += 1;
-                continue;
-            }
-            let e = q.entries.remove(self.cursor)?;
-            q.tokens = q.tokens.saturating_sub(e.tokens);
-            return Some(e);
+        let i = q.best(&self.tried, &self.blocked)?;
+        let e = q.take(i)?;
+        let w = q.flows.tenant(e.flow.tenant).weight;
+        if let Some(s) = q.served.get_mut(usize::from(e.flow.tenant.0)) {
+            *s += e.cost as f64 / w;
         }
-        None
+        Some(e)
     }
 
-    /// Gives back the request [`Drain::next`] just took: it still waits, in its place.
+    /// Gives back the request [`Drain::next`] just took: it still waits, in its place, and
+    /// its tenant's charge is taken back.
     pub fn wait(&mut self, e: Queued<T>) {
         let q = &mut *self.queue;
         q.tokens = q.tokens.saturating_add(e.tokens);
+        let w = q.flows.tenant(e.flow.tenant).weight;
+        if let Some(s) = q.served.get_mut(usize::from(e.flow.tenant.0)) {
+            *s = (*s - e.cost as f64 / w).max(0.0);
+        }
         if !self.blocked.contains(&e.eligible) {
             self.blocked.push(e.eligible.clone());
         }
+        self.tried.push(e.ticket);
         let at = q.entries.partition_point(|x| x.ticket < e.ticket);
         q.entries.insert(at, e);
-        self.cursor = at + 1;
     }
 
     /// The queue's size without the request being tried (what admission must see for it).
@@ -198,103 +388,4 @@ impl<T> Drain<'_, T> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::types::WorkerId;
-
-    fn cfg(requests: usize, tokens: u64, wait: f64) -> AdmissionConfig {
-        AdmissionConfig {
-            max_queued_requests: requests,
-            max_queued_tokens: tokens,
-            max_queue_wait_secs: wait,
-            ..AdmissionConfig::default()
-        }
-    }
-
-    fn t(ms: u64) -> Time {
-        Time::from_millis(ms)
-    }
-
-    #[test]
-    fn budgets_refuse_and_give_the_request_back() {
-        let c = cfg(2, 100, 1.0);
-        let mut q = AdmissionQueue::new();
-        q.push(&c, t(0), Eligible::Any, 60, "a").unwrap();
-        assert_eq!(
-            q.push(&c, t(0), Eligible::Any, 41, "b"),
-            Err((RejectReason::QueueFull, "b"))
-        );
-        q.push(&c, t(0), Eligible::Any, 40, "c").unwrap();
-        assert_eq!(
-            q.push(&c, t(0), Eligible::Any, 0, "d"),
-            Err((RejectReason::QueueFull, "d"))
-        );
-        assert_eq!(
-            q.state(),
-            QueueState {
-                requests: 2,
-                tokens: 100
-            }
-        );
-    }
-
-    #[test]
-    fn a_pass_goes_in_order_and_stops_a_kind_at_its_first_waiter() {
-        let c = cfg(10, 1_000, 1.0);
-        let mut q = AdmissionQueue::new();
-        let x = Eligible::Except(WorkerId(7));
-        let any = Eligible::Any;
-        for (name, ex) in [("a", &any), ("b", &x), ("c", &any), ("d", &x), ("e", &any)] {
-            q.push(&c, t(0), ex.clone(), 10, name).unwrap();
-        }
-        let mut tried = Vec::new();
-        let mut d = q.drain();
-        while let Some(e) = d.next() {
-            tried.push(e.item);
-            // `a` must wait: `c` and `e` (same kind) are not tried; `b` goes, `d` waits.
-            match e.item {
-                "a" | "d" => d.wait(e),
-                _ => {}
-            }
-        }
-        assert_eq!(tried, ["a", "b", "d"]);
-        let left: Vec<_> = q.entries.iter().map(|e| e.item).collect();
-        assert_eq!(left, ["a", "c", "d", "e"]);
-        assert_eq!(q.state().tokens, 40);
-        // Arrivals that could take a waiting request's worker queue behind it.
-        assert!(q.holds(&any) && q.holds(&x) && q.holds(&Eligible::Except(WorkerId(1))));
-        assert!(
-            q.holds(&Eligible::only([WorkerId(7)])),
-            "the Any waiters could use 7"
-        );
-        let mut subset = AdmissionQueue::new();
-        subset
-            .push(&c, t(0), Eligible::only([WorkerId(2)]), 10, "b-only")
-            .unwrap();
-        assert!(
-            subset.holds(&any),
-            "an arrival for any worker waits behind a subset's"
-        );
-        assert!(
-            !subset.holds(&Eligible::only([WorkerId(3)])),
-            "disjoint subsets do not"
-        );
-        assert!(!subset.holds(&Eligible::only([])));
-    }
-
-    #[test]
-    fn deadlines_expire_at_the_configured_wait_and_removal_is_once() {
-        let c = cfg(10, 1_000, 2.0);
-        let mut q = AdmissionQueue::new();
-        let a = q.push(&c, t(1_000), Eligible::Any, 5, "a").unwrap();
-        let b = q.push(&c, t(1_500), Eligible::Any, 5, "b").unwrap();
-        assert_eq!(q.next_deadline(), Some(t(3_000)));
-        assert!(q.expire(t(2_999)).is_empty());
-        let gone: Vec<_> = q.expire(t(3_000)).into_iter().map(|e| e.item).collect();
-        assert_eq!(gone, ["a"]);
-        assert!(q.remove(a).is_none(), "already expired");
-        assert_eq!(q.remove(b).map(|e| e.item), Some("b"));
-        assert!(q.remove(b).is_none());
-        assert!(q.is_empty() && q.state() == QueueState::default());
-    }
-}
+mod tests;

@@ -75,8 +75,10 @@ fn the_queue_size_is_published_and_rings_only_when_requests_wait() {
         q.push(
             &admission,
             kvroute_core::Time::ZERO,
-            kvroute_core::Eligible::Any,
-            10,
+            kvroute_core::admission::queue::Ask {
+                tokens: 10,
+                ..Default::default()
+            },
             7,
         )
         .map_err(|(reason, _)| reason)

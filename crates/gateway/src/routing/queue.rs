@@ -49,15 +49,22 @@ pub fn enqueue(
     };
     let admission = &gw.config.router.admission;
     let tokens = request.prompt.tokens as u64;
-    let ticket = queue
-        .push(
-            admission,
-            gw.now(),
-            request.eligible.clone(),
-            tokens,
-            waiter,
-        )
+    let ask = kvroute_core::admission::queue::Ask {
+        eligible: request.eligible.clone(),
+        tokens,
+        cost: tokens,
+        ..Default::default()
+    };
+    let (ticket, shed) = queue
+        .push(admission, gw.now(), ask, waiter)
         .map_err(|(reason, _)| reason)?;
+    for e in shed {
+        // Its client's task answers it; a client already gone is nobody's loss.
+        let _gone = e
+            .item
+            .tx
+            .send(Err(AdmitError::Rejected(RejectReason::Shed)));
+    }
     let place = Place {
         gw: gw.clone(),
         ticket,
