@@ -245,6 +245,8 @@ pub(crate) enum Load {
     Trace(Vec<TraceRequest>),
     MultiTurn,
     Synthetic,
+    /// Several tenants at once (`tenants.rs`).
+    Tenants(Box<tenants::Spec>),
 }
 
 /// What a sweep needs once: the profile, the load, the starters.
@@ -342,8 +344,11 @@ pub(crate) fn prepare(a: &SimulateArgs) -> Result<Prepared> {
         }
         None if a.workload == "multiturn" => Load::MultiTurn,
         None if a.workload == "synthetic" => Load::Synthetic,
+        Some(("tenants", _)) | None if a.workload == "tenants" || a.workload.starts_with("tenants:") => {
+            Load::Tenants(Box::new(tenants::Spec::load(&a.workload)?))
+        }
         _ => bail!(
-            "unknown --workload {:?} (expected mooncake:<file>, multiturn or synthetic)",
+            "unknown --workload {:?} (expected mooncake:<file>, multiturn, synthetic, tenants or tenants:<file>)",
             a.workload
         ),
     };
@@ -361,7 +366,7 @@ pub(crate) fn prepare(a: &SimulateArgs) -> Result<Prepared> {
 /// The loads of a sweep: each `--rate`, else each `--concurrency`, or the trace's schedule.
 pub(crate) fn levels(a: &SimulateArgs, p: &Prepared) -> Vec<Level> {
     match p.load {
-        Load::Trace(_) => vec![Level::Speedup(a.speedup)],
+        Load::Trace(_) | Load::Tenants(_) => vec![Level::Speedup(a.speedup)],
         _ if !a.rate.is_empty() => a.rate.iter().map(|r| Level::Rate(*r)).collect(),
         _ => a
             .concurrency
@@ -393,6 +398,7 @@ pub(crate) fn workload(
     };
     Ok(match (&p.load, level) {
         (Load::Trace(t), _) => Workload::Trace(t.clone()),
+        (Load::Tenants(_), _) => bail!("a tenants load runs its own cells (simulate/tenants.rs)"),
         (Load::MultiTurn, Level::Rate(_)) => bail!(
             "the simulator runs multi-turn chat as a closed loop (--concurrency); an open loop of conversations runs live (kvroute bench without --sim, kvroute loadgen --rate)"
         ),
@@ -436,14 +442,25 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
     let mut rows: Vec<(String, Summary)> = Vec::new();
     let mut planned: Vec<(Fleet, String, String)> = Vec::new();
     let mut over_time = String::new();
+    let mut by_tenant = String::new();
     for fleet in fleet::fleets(a)? {
         let workers = fleet.workers;
         for &level in &levels {
             for &policy in &a.policy {
-                let cfg = sim_config(a, &prepared.profile, fleet, policy, a.seed)?;
-                let workload = workload(a, &prepared, level, a.seed)?;
                 let started = Instant::now();
-                let r = simulate(&cfg, workload)?;
+                let (r, tenants) = match &prepared.load {
+                    Load::Tenants(spec) => {
+                        let (r, json, rows) = tenants::run_cell(a, &prepared, spec, fleet, policy)?;
+                        (r, Some((json, rows)))
+                    }
+                    _ => {
+                        let cfg = sim_config(a, &prepared.profile, fleet, policy, a.seed)?;
+                        (
+                            simulate(&cfg, workload(a, &prepared, level, a.seed)?)?,
+                            None,
+                        )
+                    }
+                };
                 let wall = started.elapsed().as_secs_f64();
                 let label = format!(
                     "{} {} {}",
@@ -458,8 +475,15 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
                     l => level_label(l),
                 };
                 planned.push((fleet, policy.as_str().to_string(), load));
+                if let Some((_, rows)) = &tenants {
+                    by_tenant.push_str(&format!("\n### {label}\n\n{rows}"));
+                }
                 if a.json {
-                    println!("{}", cell_json(policy, fleet, level, &r, wall));
+                    let mut cell = cell_json(policy, fleet, level, &r, wall);
+                    if let Some((t, _)) = tenants {
+                        cell["tenants"] = t;
+                    }
+                    println!("{cell}");
                 } else {
                     eprintln!(
                         "{label}: {} requests in {:.0} simulated s, {wall:.2} s wall",
@@ -488,6 +512,9 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
             .map(|((f, p, l), (_, s))| (f, p, l, s.goodput.as_ref().and_then(|g| g.per_s)))
             .collect();
         table.push_str(&fleet::plan_table(&cells));
+    }
+    if !by_tenant.is_empty() {
+        table.push_str(&format!("\n## By tenant\n{by_tenant}"));
     }
     if !a.json {
         print!("{table}");
@@ -738,5 +765,6 @@ fn cell_json(
 }
 
 mod fleet;
+mod tenants;
 #[cfg(test)]
 mod tests;

@@ -70,6 +70,14 @@ pub struct ClassConfig {
     /// The value sent in the engine's own `priority` field, for workers marked as taking
     /// one (vLLM serves lower values first).
     pub engine_priority: Option<i32>,
+    /// A request of this class finds a worker busy from this many outstanding prefill
+    /// tokens on (on top of `router.admission`'s thresholds, which hold for every class):
+    /// a low band kept from filling the engines' own first-come queues leaves room for the
+    /// higher bands' first tokens.
+    pub busy_prefill_tokens: Option<u64>,
+    /// A request of this class finds a worker busy from this fraction of its batch limit
+    /// on (on top of `router.admission`'s thresholds).
+    pub busy_batch_fraction: Option<f64>,
 }
 
 impl Default for ClassConfig {
@@ -83,7 +91,26 @@ impl Default for ClassConfig {
             output_estimate: 256,
             miss_weight: 1.0,
             engine_priority: None,
+            busy_prefill_tokens: None,
+            busy_batch_fraction: None,
         }
+    }
+}
+
+impl ClassConfig {
+    /// Whether a worker with this load and capacity is busy for a request of this class by
+    /// the class's own thresholds.
+    pub fn is_busy(
+        &self,
+        load: &crate::ledger::WorkerLoad,
+        capacity: &crate::ledger::WorkerCapacity,
+    ) -> bool {
+        self.busy_prefill_tokens
+            .is_some_and(|l| load.prefill_tokens >= l)
+            || self
+                .busy_batch_fraction
+                .zip(capacity.max_batch)
+                .is_some_and(|(f, b)| f64::from(load.inflight) >= f * f64::from(b))
     }
 }
 
@@ -100,7 +127,8 @@ pub struct TenantConfig {
     pub max_concurrent: Option<u32>,
     /// Its token bucket's rate: prompt + output tokens per second.
     pub tokens_per_sec: Option<f64>,
-    /// Its token bucket's size (unset: one second of its rate). A request costing more
+    /// Its token bucket's size (unset: ten seconds of its rate, so that a tenant sending
+    /// below its rate in bursts, as Poisson arrivals come, is not refused). A request costing more
     /// than the whole bucket is let through when the bucket is full (see [`limits`]).
     pub burst_tokens: Option<u64>,
     /// API keys that identify it (`Authorization: Bearer <key>`).
@@ -178,6 +206,14 @@ impl FlowConfig {
                         ));
                     }
                 }
+            }
+            if c.busy_batch_fraction
+                .is_some_and(|f| !(f.is_finite() && f > 0.0))
+            {
+                return Err(format!(
+                    "flow: class {:?} busy_batch_fraction must be > 0",
+                    c.name
+                ));
             }
             if !(c.miss_weight.is_finite() && c.miss_weight > 0.0) {
                 return Err(format!(

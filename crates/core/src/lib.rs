@@ -33,7 +33,7 @@
 //! }))?;
 //! // A request with that prefix goes there.
 //! let prompt = BlockedPrompt::new(&tokens, router.block_size(), Namespace::default());
-//! let req = RouteRequest { prompt: &prompt, session: None, queue: QueueState::default(), eligible: &ANY_WORKER };
+//! let req = RouteRequest { prompt: &prompt, session: None, queue: QueueState::default(), eligible: &ANY_WORKER, flow: Default::default() };
 //! let RouteOutcome::Dispatch(choice) = router.route(&req) else { unreachable!() };
 //! assert_eq!((choice.worker, choice.cached_tokens), (WorkerId(2), 8));
 //! // Book it, then release it as the stream progresses.

@@ -21,6 +21,7 @@ pub use explain::{Explanation, WorkerExplanation};
 pub use peers::{peer_request_id, PeerBooking, PeerStats, MAX_PEERS};
 
 use crate::admission::{AdmissionDecision, AdmissionMode, QueueState, RejectReason};
+use crate::flow::{Flow, Flows};
 use crate::hashing::{BlockedPrompt, SequenceHash};
 use crate::index::{
     ApproxConfig, ApproxIndex, BatchOutcome, IndexError, KvEvent, Matches, PrefixIndex,
@@ -57,6 +58,9 @@ pub struct RouteRequest<'a> {
     /// The workers it may go to (all but the one a retried request just failed on; the
     /// subset a data plane allows).
     pub eligible: &'a Eligible,
+    /// Its tenant and class (`router.admission.flow`): its class's busy thresholds and
+    /// objectives apply.
+    pub flow: Flow,
 }
 
 impl<'a> RouteRequest<'a> {
@@ -67,6 +71,7 @@ impl<'a> RouteRequest<'a> {
             session: None,
             queue: QueueState::default(),
             eligible: &ANY_WORKER,
+            flow: Flow::default(),
         }
     }
 }
@@ -133,6 +138,8 @@ struct Evaluation {
 /// The router.
 pub struct Router {
     config: RouterConfig,
+    /// `config.admission.flow`, compiled.
+    flows: Flows,
     block_size: BlockSize,
     index: PrefixIndex,
     /// Blocks engines moved to host memory or disk.
@@ -203,6 +210,7 @@ impl Router {
             burst: None,
             split_prefill: false,
             decisions: 0,
+            flows: config.admission.flow.compile(),
             config,
         })
     }
@@ -702,9 +710,10 @@ impl Router {
             .map(|v| candidate(&v))
             .collect();
         let adm = &self.config.admission;
+        let class = self.flows.class(req.flow.class);
         let busy: Vec<bool> = candidates
             .iter()
-            .map(|c| adm.is_busy(&c.load, &c.capacity, bs))
+            .map(|c| adm.is_busy(&c.load, &c.capacity, bs) || class.is_busy(&c.load, &c.capacity))
             .collect();
         let free = busy.iter().filter(|b| !**b).count();
         let decision = adm.decide(candidates.len(), free, req.queue, req.prompt.tokens);

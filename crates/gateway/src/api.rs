@@ -249,6 +249,7 @@ async fn debug_explain(State(gw): State<Arc<Gateway>>, req: Request) -> Response
                 session: prep.session,
                 queue,
                 eligible: &kvroute_core::ANY_WORKER,
+                flow: Default::default(),
             })
         });
         Ok::<_, GatewayError>(explanation)

@@ -87,6 +87,7 @@ pub async fn admit(
             session: prep.session,
             queue: q.state(),
             eligible,
+            flow: Default::default(),
         };
         // Behind the requests of its kind already waiting, without overtaking them.
         let routed = if q.holds(eligible, 0) {

@@ -47,6 +47,8 @@ pub(crate) struct RouteCall {
     pub prompt: RoutePrompt,
     pub session: Option<u64>,
     pub queue: QueueState,
+    /// Its tenant and class.
+    pub flow: kvroute_core::flow::Flow,
     pub now: Time,
     /// The router may hold it (a burst's later request, `Router::hold_until`): false for a
     /// request already held or queued.
@@ -298,6 +300,7 @@ fn route(
         session: call.session,
         queue: call.queue,
         eligible: &kvroute_core::ANY_WORKER,
+        flow: call.flow,
     };
     let outcome = router.route(call.replica, &req, call.now);
     let booking = match &outcome {

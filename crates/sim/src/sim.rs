@@ -483,6 +483,7 @@ impl<'a> Sim<'a> {
             prompt,
             session,
             queue,
+            flow: self.flows[id.0 as usize].flow,
             now: t,
             may_hold,
         };

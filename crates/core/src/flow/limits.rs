@@ -10,6 +10,9 @@ use super::{Flows, TenantIx};
 use crate::types::Time;
 use std::time::Duration;
 
+/// Seconds of its rate a tenant's bucket holds when its size is not set.
+pub const DEFAULT_BURST_SECS: f64 = 10.0;
+
 /// What a request that entered holds until it leaves (give it back to
 /// [`TenantLimits::leave`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,7 +86,9 @@ impl TenantLimits {
         }
         let cost = prompt.saturating_add(output) as f64;
         if let Some(rate) = cfg.tokens_per_sec {
-            let cap = cfg.burst_tokens.map_or(rate, |b| b as f64);
+            let cap = cfg
+                .burst_tokens
+                .map_or(rate * DEFAULT_BURST_SECS, |b| b as f64);
             let b = &mut st.bucket;
             b.level = match b.at {
                 None => cap,
@@ -118,7 +123,9 @@ impl TenantLimits {
         st.inflight = st.inflight.saturating_sub(1);
         let cfg = flows.tenant(permit.tenant);
         if let Some(rate) = cfg.tokens_per_sec {
-            let cap = cfg.burst_tokens.map_or(rate, |b| b as f64);
+            let cap = cfg
+                .burst_tokens
+                .map_or(rate * DEFAULT_BURST_SECS, |b| b as f64);
             let back = match output {
                 Some(used) => permit.output as f64 - used as f64,
                 None => (permit.prompt + permit.output) as f64,

@@ -175,6 +175,7 @@ pub fn drain(gw: &Arc<Gateway>) -> Option<Time> {
                     session: e.item.session,
                     queue: pass.state(),
                     eligible: &e.eligible,
+                    flow: e.flow,
                 };
                 match route_and_book(gw, r, &request, e.item.explain) {
                     Ok(None) => pass.wait(e),

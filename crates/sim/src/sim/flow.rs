@@ -118,3 +118,6 @@ impl Sim<'_> {
         self.queue.leave(permit, output);
     }
 }
+
+#[cfg(test)]
+mod tests;

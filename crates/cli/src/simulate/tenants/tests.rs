@@ -1,0 +1,94 @@
+//! Tests of the tenants workload: the built-in spec runs on any profile, bad specs are
+//! refused with what is wrong.
+
+use super::super::{fleets, prepare, Load};
+use super::*;
+use clap::Parser;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    sim: SimulateArgs,
+}
+
+fn args(extra: &[&str]) -> SimulateArgs {
+    Cli::parse_from(std::iter::once("simulate").chain(extra.iter().copied())).sim
+}
+
+#[test]
+fn the_builtin_spec_runs_on_a_small_fleet_with_every_tenant_reported() {
+    let a = args(&[
+        "--workload",
+        "tenants",
+        "--profile",
+        "tiny-fast",
+        "--workers",
+        "2",
+        "--duration-secs",
+        "20",
+    ]);
+    let p = prepare(&a).unwrap();
+    let Load::Tenants(spec) = &p.load else {
+        panic!("not a tenants load")
+    };
+    let fleet = fleets(&a).unwrap()[0];
+    let (r, json, rows) = run_cell(&a, &p, spec, fleet, PolicyKind::Goodput).unwrap();
+    let names: Vec<&str> = json
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(names, ["batch", "flood", "interactive"]);
+    for (name, t) in json.as_object().unwrap() {
+        assert!(t["sent"].as_u64().unwrap() > 0, "{name}: {t}");
+        assert!(t["goodput"]["per_s"].is_number() && t["refused"].is_object());
+        assert!(rows.contains(&format!("| {name} |")));
+    }
+    // Only the flooding tenant is over its quota.
+    let limited = |n: &str| json[n]["refused"]["tenant_limit"].as_u64().unwrap_or(0);
+    assert!(limited("flood") > 0);
+    assert_eq!((limited("interactive"), limited("batch")), (0, 0));
+    assert_eq!(r.tenants.len(), 3);
+}
+
+#[test]
+fn bad_specs_are_refused_with_what_is_wrong() {
+    let dir = std::env::temp_dir().join(format!("kvroute-tenants-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        ("loads = []", "between 1 and"),
+        (
+            "[[loads]]\ntenant = \"a\"\nkind = \"open\"\n",
+            "needs one of rate",
+        ),
+        (
+            "[[loads]]\ntenant = \"a\"\nkind = \"chat\"\nrate = 1.0\n",
+            "closed loop",
+        ),
+        (
+            "[[loads]]\ntenant = \"a\"\nkind = \"open\"\nrate = 1.0\n[[loads]]\ntenant = \"a\"\nkind = \"open\"\nrate = 2.0\n",
+            "tenant of its own",
+        ),
+        ("[[loads]]\ntenant = \"a\"\nkind = \"fast\"\n", "unknown variant"),
+        (
+            "[[flow.tenants]]\nname = \"a\"\nweight = 0\n[[loads]]\ntenant = \"a\"\nkind = \"open\"\nrate = 1.0\n",
+            "weight",
+        ),
+    ];
+    for (i, (text, says)) in cases.iter().enumerate() {
+        let f = dir.join(format!("{i}.toml"));
+        std::fs::write(&f, text).unwrap();
+        let e = format!(
+            "{:#}",
+            Spec::load(&format!("tenants:{}", f.display())).unwrap_err()
+        );
+        assert!(e.contains(says), "{text}: {e}");
+    }
+    let e = format!(
+        "{:#}",
+        Spec::load("tenants:/nonexistent/x.toml").unwrap_err()
+    );
+    assert!(e.contains("reading tenants spec"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
