@@ -116,6 +116,11 @@ pub struct SimulateArgs {
     /// When every worker is busy: queue, shed or none.
     #[arg(long, default_value = "queue")]
     pub(crate) admission: AdmissionMode,
+    /// A request predicted to miss its TTFT objective on every worker: `admit` it, or
+    /// `reject` it at once (`predicted_miss`; the default class's `on_predicted_miss`; a
+    /// tenants spec sets its classes' own).
+    #[arg(long, default_value = "admit")]
+    pub(crate) on_predicted_miss: kvroute_core::flow::MissAction,
     /// Closed loops: stop starting requests after this many simulated seconds.
     #[arg(long)]
     pub(crate) duration_secs: Option<f64>,
@@ -694,6 +699,12 @@ pub(crate) fn sim_config(
     cfg.router.seed = seed;
     cfg.router.policy.kind = policy;
     cfg.router.admission.mode = a.admission;
+    if a.on_predicted_miss != kvroute_core::flow::MissAction::Admit {
+        cfg.router.admission.flow.classes = vec![kvroute_core::flow::ClassConfig {
+            on_predicted_miss: a.on_predicted_miss,
+            ..Default::default()
+        }];
+    }
     if let Some(r) = a.host_load_ratio {
         cfg.router.tiers.host_load_ratio = r;
     }

@@ -12,6 +12,7 @@ mod answers;
 mod config;
 mod explain;
 mod hold;
+mod miss;
 mod peers;
 mod roles;
 mod sessions;
@@ -716,12 +717,18 @@ impl Router {
             .map(|c| adm.is_busy(&c.load, &c.capacity, bs) || class.is_busy(&c.load, &c.capacity))
             .collect();
         let free = busy.iter().filter(|b| !**b).count();
-        let decision = adm.decide(candidates.len(), free, req.queue, req.prompt.tokens);
+        let mut decision = adm.decide(candidates.len(), free, req.queue, req.prompt.tokens);
         let eligible: Vec<bool> = busy
             .iter()
             .map(|b| adm.mode == AdmissionMode::None || free == 0 || !b)
             .collect();
         let ix: Vec<usize> = (0..candidates.len()).filter(|&i| eligible[i]).collect();
+        if !matches!(decision, AdmissionDecision::Reject(_)) {
+            let pool: Vec<Candidate> = ix.iter().map(|&i| candidates[i].clone()).collect();
+            if self.predicted_miss(req, &pool).is_some() {
+                decision = AdmissionDecision::Reject(RejectReason::PredictedMiss);
+            }
+        }
         let dispatch = decision == AdmissionDecision::Dispatch && !ix.is_empty();
         let choice = dispatch.then(|| {
             let offered: Vec<Candidate> = ix.iter().map(|&i| candidates[i].clone()).collect();
