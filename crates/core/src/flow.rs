@@ -131,7 +131,9 @@ pub struct TenantConfig {
     /// below its rate in bursts, as Poisson arrivals come, is not refused). A request costing more
     /// than the whole bucket is let through when the bucket is full (see [`limits`]).
     pub burst_tokens: Option<u64>,
-    /// API keys that identify it (`Authorization: Bearer <key>`).
+    /// API keys that identify it (`Authorization: Bearer <key>`); the gateway accepts them
+    /// as it accepts `auth.api_keys`. Never written out.
+    #[serde(skip_serializing)]
     pub api_keys: Vec<String>,
 }
 

@@ -4,6 +4,10 @@
 //! or disconnect. Below routing and the proxy, which book and release through it; it knows
 //! nothing of them.
 
+mod permit;
+
+pub use permit::FlowPermit;
+
 use crate::clock::Clock;
 use crate::table::RoutingTable;
 use kvroute_core::{BlockedPrompt, Explanation, RejectReason, RequestId, Selection, WorkerId};
@@ -116,6 +120,9 @@ pub struct LedgerGuard {
     first_token: bool,
     /// Tokens the worker wrote, once its answer completed (teaches its decode speed).
     output_tokens: Option<u64>,
+    /// The request's hold on its tenant's limits, carried with the booking of the worker
+    /// that answers it (corrected by its output when it completes).
+    permit: Option<FlowPermit>,
 }
 
 impl LedgerGuard {
@@ -128,12 +135,30 @@ impl LedgerGuard {
             worker,
             first_token: false,
             output_tokens: None,
+            permit: None,
         }
+    }
+
+    /// Carries the request's hold on its tenant's limits (given back when this booking ends,
+    /// unless taken back with [`LedgerGuard::detach`] for another attempt).
+    pub fn attach(&mut self, permit: Option<FlowPermit>) {
+        self.permit = permit.map(|mut p| {
+            p.dispatched();
+            p
+        });
+    }
+
+    /// Takes back the hold on the tenant's limits (a retry carries it on).
+    pub fn detach(&mut self) -> Option<FlowPermit> {
+        self.permit.take()
     }
 
     /// The worker's answer completed with `tokens` output tokens of its own.
     pub fn completed(&mut self, tokens: u64) {
         self.output_tokens = Some(tokens);
+        if let Some(p) = &mut self.permit {
+            p.completed(tokens);
+        }
     }
 
     /// A split request's KV reached the decode worker (its prefill leg answered, the decode

@@ -2,6 +2,7 @@
 //! command line, then checked by [`GatewayConfig::validate`]. Defaults are written once, here.
 
 mod event_plane;
+mod flow_headers;
 mod picker;
 mod prediction_loop;
 mod ranks;
@@ -10,6 +11,7 @@ mod worker_sources;
 pub use ranks::expand as expand_ranks;
 
 pub use event_plane::{is_server_address, PlaneConfig, PlaneConfigError};
+pub use flow_headers::FlowHeaders;
 pub use kvroute_core::WorkerRole;
 use kvroute_core::{RouterConfig, WorkerCapacity};
 use kvroute_protocol::openai::Endpoint;
@@ -64,6 +66,9 @@ pub struct GatewayConfig {
     pub discovery: DiscoveryConfig,
     /// The endpoint picker (`kvroute epp`): its ports and limits.
     pub epp: EppConfig,
+    /// The headers naming a request's tenant, class and objective (the tenants and classes
+    /// themselves are `router.admission.flow`'s).
+    pub flow_headers: FlowHeaders,
 }
 
 /// TLS for the listener: off unless both files are given.
@@ -131,6 +136,7 @@ impl Default for GatewayConfig {
             plane: None,
             discovery: DiscoveryConfig::default(),
             epp: EppConfig::default(),
+            flow_headers: FlowHeaders::default(),
         }
     }
 }
@@ -555,6 +561,20 @@ impl GatewayConfig {
         w.capacity(self.max_batch)
     }
 
+    /// The access policy of a listener (`loopback`: bound to a loopback address): `auth`'s,
+    /// the tenants' API keys accepted beside `auth.api_keys` (an API open to anyone stays
+    /// open; a tenant's key then only names its tenant).
+    pub fn access_policy(&self, loopback: bool) -> kvroute_runtime::AccessPolicy {
+        let mut policy = self.auth.policy(loopback);
+        if !policy.api_keys.is_empty() {
+            let tenants = &self.router.admission.flow.tenants;
+            policy
+                .api_keys
+                .extend(tenants.iter().flat_map(|t| t.api_keys.iter().cloned()));
+        }
+        policy
+    }
+
     /// Checks the settings.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_batch == Some(0) {
@@ -570,6 +590,7 @@ impl GatewayConfig {
             ));
         }
         self.accuracy.validate().map_err(ConfigError)?;
+        self.flow_headers.validate().map_err(ConfigError)?;
         match &self.plane {
             Some(p) => p.validate().map_err(|e| ConfigError(e.to_string()))?,
             None => {

@@ -17,6 +17,9 @@ pub struct Metrics {
     pub queued: IntGauge,
     /// Requests rejected, by reason.
     pub rejected: IntCounterVec,
+    /// Requests refused, by tenant, class and reason (tenants and classes are the
+    /// configured ones and the defaults: a bounded set).
+    pub flow_refused: IntCounterVec,
     /// Prompt tokens per request.
     pub input_tokens: Histogram,
     /// Cached prompt tokens per request, as the engine reported them.
@@ -165,6 +168,11 @@ impl Metrics {
                 "kvroute_rejected_requests_total",
                 "Requests rejected by admission or for want of a worker, by reason.",
                 &["reason"],
+            )?,
+            flow_refused: counter_vec(
+                "kvroute_flow_refused_total",
+                "Requests refused, by tenant, class and reason (docs/flow-control.md).",
+                &["tenant", "class", "reason"],
             )?,
             input_tokens: histogram(
                 "kvroute_input_tokens",

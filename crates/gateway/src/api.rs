@@ -4,6 +4,7 @@
 use crate::error::{error_response, GatewayError};
 use crate::gateway::Gateway;
 use crate::proxy::{forward, Call};
+use crate::routing::flow::identify;
 use crate::routing::prepare;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -79,9 +80,13 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
             ));
         }
         let session = headers.get("x-session-id").and_then(|v| v.to_str().ok());
-        let prep = prepare(&gw, &view, session)
+        let identity = identify(&gw.flows, &gw.config.flow_headers, &headers, &view)
+            .map_err(|e| (e.into(), view.model.clone()))?;
+        let mut prep = prepare(&gw, &view, session)
             .await
             .map_err(|e| (e, view.model.clone()))?;
+        prep.identity = identity;
+        let permit = crate::routing::enter(&gw, &prep).map_err(|e| (e, view.model.clone()))?;
         let model = view.model.clone();
         let call = Call {
             view,
@@ -92,7 +97,7 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
             authorization: headers.get(header::AUTHORIZATION).cloned(),
             migrate: gw.config.upstream.migration_limit > 0 && !migration_off(&headers),
         };
-        forward(&gw, Arc::new(call), Arc::new(prep))
+        forward(&gw, Arc::new(call), Arc::new(prep), permit)
             .await
             .map_err(|e| (e, model))
     }

@@ -19,6 +19,12 @@ pub enum GatewayError {
     /// Admission refused it.
     #[error("rejected: {}", .0.as_str())]
     Rejected(RejectReason),
+    /// Its tenant is over a limit: 429 `tenant_limit`, with the wait the limit gives.
+    #[error("rejected: tenant_limit")]
+    TenantLimit {
+        /// How long until the request would be let in.
+        retry_after: std::time::Duration,
+    },
     /// The worker could not be reached or failed before answering.
     #[error("worker {worker}: {message}")]
     Upstream {
@@ -88,6 +94,12 @@ impl GatewayError {
                 if reason.is_caller_limit() {
                     api.kind = ErrorKind::Overloaded;
                 }
+                api
+            }
+            GatewayError::TenantLimit { retry_after } => {
+                let mut api = GatewayError::Rejected(RejectReason::TenantLimit).to_api();
+                // Whole seconds, rounded up: a client coming back sooner is refused again.
+                api.retry_after_secs = Some(retry_after.as_secs_f64().ceil().max(1.0) as u64);
                 api
             }
             GatewayError::Upstream {

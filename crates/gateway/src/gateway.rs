@@ -50,6 +50,8 @@ pub struct Gateway {
     pub(crate) clock: Clock,
     /// Workers joining and leaving.
     pub(crate) fleet: Arc<Fleet>,
+    /// The tenants and classes requests are resolved against (`router.admission.flow`).
+    pub(crate) flows: kvroute_core::flow::Flows,
 }
 
 impl Gateway {
@@ -114,6 +116,7 @@ impl Gateway {
         ));
         Self {
             policy: config.router.policy.kind.as_str(),
+            flows: config.router.admission.flow.compile(),
             config,
             table,
             bookings,

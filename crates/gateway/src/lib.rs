@@ -239,7 +239,7 @@ pub async fn spawn(
     if !loopback && gw.config.auth.admin_key.is_none() {
         tracing::info!(%addr, "/debug/reset is off: no admin key and not on loopback");
     }
-    let policy = std::sync::Arc::new(gw.config.auth.policy(loopback));
+    let policy = std::sync::Arc::new(gw.config.access_policy(loopback));
     let app = api::routes(gw.clone(), &policy);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let limits = gw.config.serve_limits();

@@ -16,6 +16,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt;
+use kvroute_fleet::bookings::FlowPermit;
 use kvroute_protocol::openai::{RequestView, Usage};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -71,18 +72,23 @@ pub async fn forward(
     gw: &Arc<Gateway>,
     call: Arc<Call>,
     prep: Arc<Prepared>,
+    permit: FlowPermit,
 ) -> Result<Response, GatewayError> {
+    // The request's hold on its tenant's limits rides with the booking of the worker that
+    // answers it; a retry carries it on.
+    let mut permit = Some(permit);
     let mut eligible = kvroute_core::Eligible::Any;
     let attempts = if gw.config.upstream.retry { 2 } else { 1 };
     let mut last_error = None;
     for attempt in 0..attempts {
-        let (sel, guard, explanation) =
+        let (sel, mut guard, explanation) =
             match admit(gw, &prep, &eligible, call.explain, call.started).await {
                 Ok(x) => x,
                 // A retry that finds no other worker reports the first failure.
                 Err(e) if attempt > 0 => return Err(last_error.unwrap_or(e)),
                 Err(e) => return Err(e),
             };
+        guard.attach(permit.take());
         let worker = guard.worker;
         // A split request: its prompt computed on the prefill worker first.
         let handoff = match &sel.prefill {
@@ -180,6 +186,7 @@ pub async fn forward(
                 last_error = Some(e);
             }
         }
+        permit = guard.detach();
         drop(guard);
         gw.metrics.retries.inc();
         eligible = eligible.after_failure(worker);

@@ -3,6 +3,7 @@
 //! RAII guard that releases the ledger on first token, completion, failure or disconnect.
 //! The admission queue's driver is `routing/queue.rs`.
 
+pub mod flow;
 pub mod queue;
 
 use crate::error::GatewayError;
@@ -22,6 +23,8 @@ pub struct Prepared {
     pub prompt: BlockedPrompt,
     /// Its session, for affinity (`x-session-id` header, else `user`).
     pub session: Option<u64>,
+    /// Its tenant, class and needs (the defaults until [`flow::identify`] says).
+    pub identity: flow::Identity,
 }
 
 /// Renders and tokenizes the prompt of `view` and cuts it into blocks.
@@ -53,7 +56,46 @@ pub async fn prepare(
             s.hash(&mut h);
             h.finish()
         });
-    Ok(Prepared { prompt, session })
+    Ok(Prepared {
+        prompt,
+        session,
+        identity: flow::Identity::default(),
+    })
+}
+
+/// Lets `prep` in within its tenant's limits (counted by tenant, class and reason when
+/// refused): its hold on them, carried with its booking.
+pub fn enter(
+    gw: &Arc<Gateway>,
+    prep: &Prepared,
+) -> Result<kvroute_fleet::bookings::FlowPermit, GatewayError> {
+    let id = &prep.identity;
+    gw.bookings
+        .enter(id.flow, prep.prompt.tokens as u64, id.output)
+        .map_err(|over| {
+            gw.metrics
+                .rejected
+                .with_label_values(&[kvroute_core::RejectReason::TenantLimit.as_str()])
+                .inc();
+            count_refusal(gw, id.flow, kvroute_core::RejectReason::TenantLimit);
+            GatewayError::TenantLimit {
+                retry_after: over.retry_after,
+            }
+        })
+}
+
+/// Counts a refusal of a request of `flow` by its tenant, class and reason.
+pub fn count_refusal(
+    gw: &Gateway,
+    flow: kvroute_core::flow::Flow,
+    reason: kvroute_core::RejectReason,
+) {
+    let tenant = &gw.flows.tenant(flow.tenant).name;
+    let class = &gw.flows.class(flow.class).name;
+    gw.metrics
+        .flow_refused
+        .with_label_values(&[tenant, class, reason.as_str()])
+        .inc();
 }
 
 /// Routes `prep` and books the chosen worker, waiting in the admission queue (in arrival
@@ -87,21 +129,26 @@ pub async fn admit(
             session: prep.session,
             queue: q.state(),
             eligible,
-            flow: Default::default(),
+            flow: prep.identity.flow,
         };
-        // Behind the requests of its kind already waiting, without overtaking them.
-        let routed = if q.holds(eligible, 0) {
+        // Behind the requests of its kind (and band or higher) already waiting, without
+        // overtaking them.
+        let routed = if q.holds(eligible, prep.identity.flow.band) {
             Ok(None)
         } else {
             queue::route_and_book(gw, r, &request, explain)
         };
         match routed {
             Ok(None) => {
-                // The queue's task sleeps without a deadline while the queue is empty: it
-                // must learn this one. (Later arrivals' deadlines are never earlier.)
-                let wake = q.is_empty();
-                match queue::enqueue(gw, q, &request, explain) {
-                    Ok(waiting) => (Err(waiting), wake),
+                // The queue's task sleeps until the earliest deadline (without one while the
+                // queue is empty): it must learn this one when it comes first (an objective
+                // shorter than the queue's wait can).
+                let before = q.next_deadline();
+                match queue::enqueue(gw, q, &request, &prep.identity, explain) {
+                    Ok(waiting) => {
+                        let wake = before.is_none_or(|b| q.next_deadline() < Some(b));
+                        (Err(waiting), wake)
+                    }
                     Err(reason) => (Ok(Err(AdmitError::Rejected(reason))), false),
                 }
             }
@@ -139,6 +186,7 @@ pub async fn admit(
         Err(e) => {
             if let AdmitError::Rejected(reason) = &e {
                 m.rejected.with_label_values(&[reason.as_str()]).inc();
+                count_refusal(gw, prep.identity.flow, *reason);
             }
             Err(e.into())
         }

@@ -147,7 +147,9 @@ impl Watch {
 
     /// A continuation on another worker (booked by `guard`) carries the stream on from
     /// `carried` tokens; the failed worker's booking is released.
-    pub(crate) fn switch(&mut self, guard: LedgerGuard, carried: u32) {
+    pub(crate) fn switch(&mut self, mut guard: LedgerGuard, carried: u32) {
+        // The request's hold on its tenant's limits goes on with it.
+        guard.attach(self.guard.as_mut().and_then(LedgerGuard::detach));
         self.guard = Some(guard);
         self.guard_first_token = false;
         self.parser = SseParser::new();

@@ -38,6 +38,7 @@ pub fn enqueue(
     gw: &Arc<Gateway>,
     queue: &mut kvroute_core::AdmissionQueue<Waiter>,
     request: &RouteRequest<'_>,
+    identity: &super::flow::Identity,
     explain: bool,
 ) -> Result<(Place, oneshot::Receiver<Answer>), RejectReason> {
     let (tx, rx) = oneshot::channel();
@@ -49,11 +50,12 @@ pub fn enqueue(
     };
     let admission = &gw.config.router.admission;
     let tokens = request.prompt.tokens as u64;
-    let ask = kvroute_core::admission::queue::Ask {
+    let ask = kvroute_core::Ask {
         eligible: request.eligible.clone(),
         tokens,
-        cost: tokens,
-        ..Default::default()
+        flow: identity.flow,
+        cost: tokens + identity.output,
+        objective: identity.objective,
     };
     let (ticket, shed) = queue
         .push(admission, gw.now(), ask, waiter)
@@ -158,10 +160,7 @@ pub fn drain(gw: &Arc<Gateway>) -> Option<Time> {
     let mut answers: Vec<(oneshot::Sender<Answer>, Answer)> = Vec::new();
     let next = gw.table.with_both(|q, r| {
         for e in q.expire(now) {
-            answers.push((
-                e.item.tx,
-                Err(AdmitError::Rejected(RejectReason::QueueTimeout)),
-            ));
+            answers.push((e.item.tx, Err(AdmitError::Rejected(e.expiry))));
         }
         if !q.is_empty() {
             let mut pass = q.drain();

@@ -68,6 +68,9 @@ pub struct RequestView {
     pub user: Option<String>,
     /// vLLM's `cache_salt`.
     pub cache_salt: Option<String>,
+    /// vLLM's and SGLang's `priority` (the gateway picks the class whose engine priority
+    /// it is).
+    pub priority: Option<i64>,
 }
 
 /// Parses and checks a request body. Returns the body as a JSON object (to forward) and the
@@ -139,6 +142,12 @@ fn view(
         max_tokens,
         user: opt_string(obj, "user")?,
         cache_salt: opt_string(obj, "cache_salt")?,
+        priority: match obj.get("priority") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_i64().ok_or_else(|| {
+                ApiError::invalid_param("priority", "`priority` must be an integer")
+            })?),
+        },
     })
 }
 

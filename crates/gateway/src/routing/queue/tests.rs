@@ -55,6 +55,7 @@ fn gateway(wait_secs: f64) -> Arc<Gateway> {
 fn prompt(n: u32) -> Prepared {
     let tokens: Vec<u32> = (0..64).map(|i| i * 7 + n).collect();
     Prepared {
+        identity: Default::default(),
         prompt: BlockedPrompt::new(&tokens, BlockSize::new(16).unwrap(), Namespace::default()),
         session: None,
     }
@@ -253,4 +254,113 @@ async fn a_bursts_later_request_waits_for_its_turn_after_the_peers_bookings() {
     // Counted, with the time it waited.
     assert_eq!(gw.metrics.peer_hold.get_sample_count(), 1);
     assert!((gw.metrics.peer_hold.get_sample_sum() - 0.020).abs() < 1e-9);
+}
+
+/// Flows: `high` (band 1, a 2 s objective) above the default class; tenant `small` with a
+/// bucket of 100 tokens refilled at 10 per second.
+fn flow_gateway() -> Arc<Gateway> {
+    use kvroute_core::flow::{ClassConfig, FlowConfig, TenantConfig};
+    gateway_with(1, |config| {
+        config.router.admission.max_queue_wait_secs = 60.0;
+        config.router.admission.flow = FlowConfig {
+            classes: vec![ClassConfig {
+                name: "high".into(),
+                band: 1,
+                ttft_secs: Some(2.0),
+                ..ClassConfig::default()
+            }],
+            tenants: vec![TenantConfig {
+                name: "small".into(),
+                tokens_per_sec: Some(10.0),
+                burst_tokens: Some(100),
+                ..TenantConfig::default()
+            }],
+            ..FlowConfig::default()
+        };
+    })
+}
+
+fn prompt_of(gw: &Gateway, n: u32, tenant: &str, class: &str) -> Prepared {
+    let mut p = prompt(n);
+    p.identity.flow = gw.flows.flow_of(Some(tenant), Some(class));
+    p.identity.objective = gw
+        .flows
+        .class(p.identity.flow.class)
+        .ttft_secs
+        .map(Duration::from_secs_f64);
+    p
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_higher_band_goes_first_and_its_objective_ends_its_wait() {
+    let gw = flow_gateway();
+    let (_, busy, _) = admit(&gw, &prompt(0), &kvroute_core::ANY_WORKER, false, gw.now())
+        .await
+        .unwrap();
+    let low = {
+        let (gw, p) = (gw.clone(), prompt_of(&gw, 1, "a", "default"));
+        tokio::spawn(
+            async move { admit(&gw, &p, &kvroute_core::ANY_WORKER, false, gw.now()).await },
+        )
+    };
+    until_queued(&gw, 1).await;
+    let high = {
+        let (gw, p) = (gw.clone(), prompt_of(&gw, 2, "b", "high"));
+        tokio::spawn(
+            async move { admit(&gw, &p, &kvroute_core::ANY_WORKER, false, gw.now()).await },
+        )
+    };
+    until_queued(&gw, 2).await;
+    // The worker frees up: the later, higher band goes first.
+    drop(busy);
+    let (_, high_guard, _) = high.await.unwrap().unwrap();
+    settle().await;
+    assert_eq!(gw.queue_state().requests, 1, "the low band still waits");
+    drop(high_guard);
+    let (_, low_guard, _) = low.await.unwrap().unwrap();
+    // A high-band request waits no longer than its 2 s objective: `deadline`.
+    let late = {
+        let (gw, p) = (gw.clone(), prompt_of(&gw, 3, "b", "high"));
+        tokio::spawn(
+            async move { admit(&gw, &p, &kvroute_core::ANY_WORKER, false, gw.now()).await },
+        )
+    };
+    until_queued(&gw, 1).await;
+    let asked = gw.now();
+    let refused = late.await.unwrap();
+    assert!(
+        matches!(refused, Err(GatewayError::Rejected(RejectReason::Deadline))),
+        "{:?}",
+        refused.map(|_| ())
+    );
+    assert_eq!(gw.now().since(asked), Duration::from_secs(2));
+    drop(low_guard);
+    let refused =
+        |t: &str, c: &str, r: &str| gw.metrics.flow_refused.with_label_values(&[t, c, r]).get();
+    // Tenants `a` and `b` are not configured: both count as `default`.
+    assert_eq!(refused("default", "high", "deadline"), 1);
+    assert_eq!(refused("default", "default", "deadline"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_over_its_bucket_is_refused_429_with_its_wait_and_others_are_not() {
+    let gw = flow_gateway();
+    // 64 prompt tokens + 36 output: the whole bucket of 100.
+    let mut first = prompt_of(&gw, 1, "small", "default");
+    first.identity.output = 36;
+    let held = crate::routing::enter(&gw, &first).unwrap();
+    let mut second = prompt_of(&gw, 2, "small", "default");
+    second.identity.output = 36;
+    let e = crate::routing::enter(&gw, &second).err().unwrap();
+    let api = e.to_api();
+    assert_eq!(api.status(), 429);
+    assert_eq!(api.code.as_deref(), Some("tenant_limit"));
+    // 100 tokens at 10 per second.
+    assert_eq!(api.retry_after_secs, Some(10));
+    // Another tenant is not held to it.
+    let other = prompt_of(&gw, 3, "someone", "default");
+    assert!(crate::routing::enter(&gw, &other).is_ok());
+    // Never dispatched: all of it back.
+    drop(held);
+    assert!(crate::routing::enter(&gw, &second).is_ok());
 }
