@@ -196,8 +196,11 @@ class Proc:
 class Engine(Proc):
     """One vLLM OpenAI API server with prefix caching and ZMQ KV events."""
 
-    def __init__(self, name, model_dir, python, cpu, log_path, ports=None, extra_args=(), role=None):
+    def __init__(self, name, model_dir, python, cpu, log_path, ports=None, extra_args=(), role=None,
+                 priority=None):
         super().__init__(name, log_path)
+        # Which `priority` values it serves first, told to the gateway (`,priority=`).
+        self.priority = priority
         self.model_dir = model_dir
         self.python = python
         self.cpu = cpu
@@ -230,7 +233,11 @@ class Engine(Proc):
 
     def worker_flag(self):
         flag = f"{self.url}={self.pub}={self.replay}"
-        return f"{flag},role={self.role}" if self.role else flag
+        if self.role:
+            flag += f",role={self.role}"
+        if self.priority:
+            flag += f",priority={self.priority}"
+        return flag
 
     def argv(self):
         kv_events = {

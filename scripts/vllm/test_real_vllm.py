@@ -42,7 +42,13 @@ tokens) of the reported figure. Scenarios:
      consumer, which loads the KV (reports it cached) and answers with the same greedy
      tokens a plain engine gave for the same prompts at the start; a follow-up turn goes to
      the decode worker; with the prefill engine killed no request fails (the decode engine
-     computes the prompt).
+     computes the prompt);
+  i. priority classes: one engine started with `--scheduling-policy priority` and
+     `--max-num-seqs 2` (so that requests wait in its own queue), marked in the gateway as
+     taking `priority` (`,priority=lower_first`), admission off (`--admission none`: the
+     order is the engine's); six `low` requests (class header, engine priority 10) sent
+     together, then three `high` ones (engine priority 0): the high class's mean time to
+     first token stays below the low class's, and every request is answered.
 
 Each scenario prints its figures and PASS or FAIL; the last line is `N passed, M failed`, and
 the exit code is non-zero when any failed. Every process started here is stopped at the end,
@@ -1157,6 +1163,80 @@ class Run:
                 bad.append((status, h.get("x-kvroute-worker")))
         r.check(not bad, f"with the prefill engine killed, 3 requests served by the decode engine ({bad})")
 
+    def scenario_i(self, r, lows=6, highs=3, max_tokens=48):
+        for p in (self.gw, *self.pd):
+            if p is not None and p.alive():
+                p.stop(grace=3.0)
+        logs = self.args.logs
+        E = eng.Engine("prio", self.args.model, self.args.python, "0", os.path.join(logs, "prio.log"),
+                       extra_args=["--scheduling-policy", "priority", "--max-num-seqs", "2"],
+                       priority="lower_first")
+        self.pd.append(E)
+        E.start()
+        r.info(f"engine with --scheduling-policy priority started in {E.wait_ready():.1f} s")
+        config = os.path.join(logs, "gateway-prio.toml")
+        with open(config, "w") as f:
+            f.write('[[router.admission.flow.classes]]\nname = "high"\nband = 1\nengine_priority = 0\n'
+                    '[[router.admission.flow.classes]]\nname = "low"\nengine_priority = 10\n')
+        self.gw = eng.Gateway(self.args.kvroute, [E], self.args.model,
+                              os.path.join(logs, "gateway-prio.log"),
+                              extra_args=["--config", config, "--admission", "none"])
+        self.gw.start()
+        self.gw.wait_ready()
+        ok, seen = self.wait_health(E, "up", 30.0)
+        r.check(ok, f"the gateway sees the engine up ({seen})")
+
+        def run(high_class):
+            """Six lows, then three more 0.5 s later of class `high_class`; the later ones'
+            and the lows' times to first token (s) and the failures."""
+            results = {}
+            threads = [threading.Thread(target=one, args=(results, "low", "low", i)) for i in range(lows)]
+            for th in threads:
+                th.start()
+            time.sleep(0.5)
+            more = [threading.Thread(target=one, args=(results, "high", high_class, i)) for i in range(highs)]
+            for th in more:
+                th.start()
+            for th in threads + more:
+                th.join(150.0)
+            failed = {k: v[1] for k, v in results.items() if v[0] is None}
+            ttft = {lab: [v[0] for (l, _), v in results.items() if l == lab and v[0] is not None]
+                    for lab in ("high", "low")}
+            return len(results), failed, ttft
+
+        def one(results, label, cls, i):
+            c = client_for(self.gw.url, 120.0)
+            t = time.time()
+            first, n = None, 0
+            try:
+                stream = c.completions.create(
+                    model=eng.MODEL_NAME, prompt=text(random.Random(4000 + 100 * (label == "high") + i), 120),
+                    max_tokens=max_tokens, temperature=0, stream=True,
+                    extra_headers={"x-kvroute-class": cls}, extra_body={"ignore_eos": True})
+                for chunk in stream:
+                    if first is None and chunk.choices and chunk.choices[0].text:
+                        first = time.time() - t
+                    n += 1
+                results[(label, i)] = (first, None)
+            except Exception as e:
+                results[(label, i)] = (None, f"{type(e).__name__}: {str(e)[:120]}")
+
+        mean = lambda v: sum(v) / len(v) if v else float("inf")
+        ms = lambda v: ", ".join(f"{x * 1000:.0f}" for x in sorted(v))
+        # The control: the later three sent as `low` too (the engine's first come, first served).
+        n, failed, same = run("low")
+        r.check(n == lows + highs and not failed, f"control: {n} of {lows + highs} answered, failures: {failed}")
+        r.info(f"control, all low: time to first token, ms: the later three {ms(same['high'])}; "
+               f"the first six {ms(same['low'])}")
+        n, failed, ttft = run("high")
+        r.check(n == lows + highs and not failed, f"{n} of {lows + highs} answered, failures: {failed}")
+        r.info(f"time to first token, ms: high {ms(ttft['high'])}; low {ms(ttft['low'])}")
+        r.check(mean(ttft["high"]) < mean(ttft["low"]),
+                f"the high class's mean time to first token {mean(ttft['high']) * 1000:.0f} ms is below the "
+                f"low class's {mean(ttft['low']) * 1000:.0f} ms (sent 0.5 s later, into the engine's queue)")
+        r.check(mean(ttft["high"]) < mean(same["high"]),
+                f"and below the same three's sent as low: {mean(same['high']) * 1000:.0f} ms")
+
     def run_scenario(self, name, title, fn):
         r = Result(name, title)
         log(f"\n== {name}. {title}")
@@ -1195,6 +1275,8 @@ class Run:
                           self.scenario_e)
         self.run_scenario("h", "disaggregated prefill on two engines sharing KV (ExampleConnector)",
                           self.scenario_h)
+        self.run_scenario("i", "priority classes: the engine's own priority order, sent by the gateway",
+                          self.scenario_i)
         log(f"\n== summary (scenarios {time.time() - ts:.0f} s, whole run {time.time() - t0:.0f} s)")
         for r in self.results:
             log(f"{'PASS' if r.passed else 'FAIL'} {r.name}: {r.title}")

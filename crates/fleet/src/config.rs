@@ -1,6 +1,7 @@
 //! The gateway's settings: one struct tree, read from a TOML file, then overridden by the
 //! command line, then checked by [`GatewayConfig::validate`]. Defaults are written once, here.
 
+mod engine_priority;
 mod event_plane;
 mod flow_headers;
 mod picker;
@@ -10,6 +11,7 @@ mod worker_sources;
 
 pub use ranks::expand as expand_ranks;
 
+pub use engine_priority::EnginePriority;
 pub use event_plane::{is_server_address, PlaneConfig, PlaneConfigError};
 pub use flow_headers::FlowHeaders;
 pub use kvroute_core::WorkerRole;
@@ -186,17 +188,26 @@ pub struct WorkerSpec {
     /// else `upstream.api_key`.
     #[serde(skip_serializing)]
     pub api_key: Option<Secret>,
+    /// Whether it takes the engine's own `priority` field, and which values it serves first
+    /// (vLLM with `--scheduling-policy priority`: `lower_first`; SGLang with
+    /// `--enable-priority-scheduling`: `higher_first`, or `lower_first` with
+    /// `--schedule-low-priority-values-first`). Unset: the gateway never sets the field (vLLM
+    /// refuses a non-zero `priority` without that policy). A request's class's
+    /// `engine_priority` (lower = sooner) is sent as it is or negated to match.
+    pub priority: Option<EnginePriority>,
 }
 
 impl WorkerSpec {
-    /// Parses the command-line form `URL[=EVENTS[=REPLAY]][,dp=N][,role=ROLE]` (the options
-    /// in any order), e.g.
+    /// Parses the command-line form
+    /// `URL[=EVENTS[=REPLAY]][,dp=N][,role=ROLE][,priority=ORDER]` (the options in any
+    /// order), e.g.
     /// `http://127.0.0.1:8001=tcp://127.0.0.1:5557=tcp://127.0.0.1:5558,dp=2,role=decode`.
     pub fn parse(s: &str) -> Result<Self, ConfigError> {
         let whole = s;
         let mut s = s;
         let mut dp_size = None;
         let mut role = None;
+        let mut priority = None;
         // Trailing `,key=value` options, last first.
         while let Some((rest, option)) = s.rsplit_once(',') {
             let Some((key, value)) = option.split_once('=') else {
@@ -217,7 +228,14 @@ impl WorkerSpec {
                             .map_err(|e| ConfigError(format!("worker {whole:?}: {e}")))?,
                     );
                 }
-                "dp" | "role" => {
+                "priority" if priority.is_none() => {
+                    priority = Some(
+                        value
+                            .parse::<EnginePriority>()
+                            .map_err(|e| ConfigError(format!("worker {whole:?}: {e}")))?,
+                    );
+                }
+                "dp" | "role" | "priority" => {
                     return Err(ConfigError(format!(
                         "worker {whole:?}: {key}= is given twice"
                     )))
@@ -236,6 +254,7 @@ impl WorkerSpec {
             replay,
             dp_size,
             role: role.unwrap_or_default(),
+            priority,
             ..Self::default()
         };
         spec.validate()?;

@@ -96,6 +96,7 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
             explain: crate::explanation::asked(&headers),
             authorization: headers.get(header::AUTHORIZATION).cloned(),
             migrate: gw.config.upstream.migration_limit > 0 && !migration_off(&headers),
+            engine_priority: gw.flows.class(identity.flow.class).engine_priority,
         };
         forward(&gw, Arc::new(call), Arc::new(prep), permit)
             .await

@@ -65,6 +65,9 @@ pub struct Call {
     /// Whether a stream that breaks after its first byte may be carried on by another worker
     /// (`upstream.migration_limit` above 0 and no `x-kvroute-migrate: off`).
     pub migrate: bool,
+    /// Its class's engine priority (lower = sooner), sent in the body's `priority` to
+    /// workers that take one (`WorkerSpec::priority`).
+    pub engine_priority: Option<i32>,
 }
 
 /// Routes and forwards `call`; returns the answer to send back.
@@ -200,7 +203,19 @@ fn worker_name(gw: &Gateway, id: kvroute_core::WorkerId) -> String {
         .map_or_else(|| id.to_string(), |w| w.name.clone())
 }
 
-/// Sends `body` (the client's, or a continuation) for `call` to `worker`.
+/// `body` (a JSON object) with its `priority` set to `value`; unchanged if it is not one.
+fn with_priority(body: &Bytes, value: i64) -> Bytes {
+    match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body) {
+        Ok(mut map) => {
+            map.insert("priority".into(), value.into());
+            serde_json::to_vec(&map).map_or_else(|_| body.clone(), Bytes::from)
+        }
+        Err(_) => body.clone(),
+    }
+}
+
+/// Sends `body` (the client's, or a continuation) for `call` to `worker`, with the request's
+/// engine priority when the worker takes one.
 async fn send(
     gw: &Arc<Gateway>,
     call: &Call,
@@ -228,6 +243,10 @@ async fn send(
             req.header(header::AUTHORIZATION, client)
         }
         _ => kvroute_fleet::upstream::with_key(req, gw.upstream.key_for(&w.spec)),
+    };
+    let body = match (w.spec.priority, call.engine_priority) {
+        (Some(order), Some(p)) => with_priority(&body, order.value(p)),
+        _ => body,
     };
     let req = req.body(body).send();
     let timeout = Duration::from_secs_f64(gw.config.upstream.first_byte_timeout_secs);

@@ -31,6 +31,19 @@ fn worker_specs_parse_from_the_command_line_form() {
     let w = WorkerSpec::parse("http://h:1=tcp://h:2,role=prefill,dp=2").unwrap();
     assert_eq!((w.role, w.dp_size), (WorkerRole::Prefill, Some(2)));
     assert_eq!(w.events.as_deref(), Some("tcp://h:2"));
+    let w = WorkerSpec::parse("http://h:1,priority=higher_first,dp=2").unwrap();
+    assert_eq!(w.priority, Some(EnginePriority::HigherFirst));
+    assert_eq!(
+        (
+            EnginePriority::HigherFirst.value(3),
+            EnginePriority::LowerFirst.value(3)
+        ),
+        (-3, 3)
+    );
+    assert!(WorkerSpec::parse("http://h:1,priority=first")
+        .unwrap_err()
+        .to_string()
+        .contains("lower_first, higher_first"));
     let w = WorkerSpec::parse("http://h:1,dp=2,role=decode").unwrap();
     assert_eq!((w.role, w.dp_size), (WorkerRole::Decode, Some(2)));
     assert_eq!(
