@@ -83,6 +83,14 @@ pub struct LoadgenArgs {
     /// Seed of the conversations and arrivals.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// The API key sent with every request (a gateway's, or a tenant's: docs/flow-control.md)
+    /// [default: $KVROUTE_LOADGEN_API_KEY].
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// A header sent with every request, `NAME: VALUE` (repeat for several), e.g.
+    /// `x-kvroute-class: batch`.
+    #[arg(long = "header", value_name = "NAME: VALUE")]
+    pub headers: Vec<String>,
     /// Serve the dashboard (web UI) and the control API (start, stop, concurrency,
     /// WebSocket stats, conversations, `/metrics`) on this port and run until Ctrl-C.
     #[arg(long)]
@@ -140,6 +148,19 @@ impl LoadgenArgs {
             self.conversations
                 .unwrap_or(if self.ui_port.is_some() { u64::MAX } else { 40 });
         config.chat.max_tokens = self.max_tokens;
+        config.api_key = self
+            .api_key
+            .clone()
+            .or_else(|| std::env::var("KVROUTE_LOADGEN_API_KEY").ok())
+            .filter(|k| !k.is_empty());
+        for h in &self.headers {
+            let Some((name, value)) = h.split_once(':') else {
+                anyhow::bail!("--header {h:?}: expected NAME: VALUE");
+            };
+            config
+                .headers
+                .insert(name.trim().to_ascii_lowercase(), value.trim().to_string());
+        }
         config.validate()?;
         Ok(config)
     }

@@ -53,6 +53,7 @@ impl Ctx {
     ) -> Result<(Control, Arc<Ctx>), LoadgenError> {
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(config.concurrency.max(config.max_in_flight).min(1024))
+            .default_headers(config.default_headers()?)
             .build()?;
         let source = match config.workload {
             LoadKind::Multiturn => Source::Chat(
@@ -64,10 +65,11 @@ impl Ctx {
                     .map_err(|e| LoadgenError::Config(e.to_string()))?,
             )),
         };
-        let user_model = config
-            .user_model
-            .clone()
-            .map(|u| UserModel::new(u, client.clone()));
+        // The user model is another server: the target's key and headers are not its.
+        let user_model = match config.user_model.clone() {
+            Some(u) => Some(UserModel::new(u, reqwest::Client::builder().build()?)),
+            None => None,
+        };
         let base = config.target.trim_end_matches('/').to_string();
         let (control, ctl) = Control::new(config.concurrency);
         let ctx = Ctx {

@@ -95,6 +95,13 @@ pub struct LoadgenConfig {
     pub user_model: Option<UserModelConfig>,
     /// What the run keeps and how long its window is.
     pub observer: ObserverConfig,
+    /// The API key sent with every request (`Authorization: Bearer`): a gateway's key, or a
+    /// tenant's (docs/flow-control.md). Never written out.
+    #[serde(skip_serializing)]
+    pub api_key: Option<String>,
+    /// More headers sent with every request, e.g. `x-kvroute-class` (a class) or a tenant
+    /// header the gateway trusts.
+    pub headers: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for LoadgenConfig {
@@ -116,6 +123,8 @@ impl Default for LoadgenConfig {
             synthetic: SyntheticConfig::default(),
             user_model: None,
             observer: ObserverConfig::default(),
+            api_key: None,
+            headers: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -184,11 +193,41 @@ impl LoadgenConfig {
         if let Some(u) = &self.user_model {
             u.validate()?;
         }
+        self.default_headers()?;
         self.observer.validate().map_err(LoadgenError::Config)?;
         match self.workload {
             LoadKind::Multiturn => self.chat.validate().map_err(LoadgenError::Config),
             LoadKind::Synthetic => self.synthetic.validate().map_err(LoadgenError::Config),
         }
+    }
+}
+
+impl LoadgenConfig {
+    /// The headers sent with every request: `headers` and the API key's `Authorization`.
+    pub fn default_headers(&self) -> Result<reqwest::header::HeaderMap, LoadgenError> {
+        use reqwest::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION};
+        let bad = |m: String| LoadgenError::Config(m);
+        if self.headers.len() > 64 {
+            return Err(bad(format!(
+                "at most 64 headers, got {}",
+                self.headers.len()
+            )));
+        }
+        let mut map = HeaderMap::new();
+        for (k, v) in &self.headers {
+            let name = HeaderName::from_bytes(k.as_bytes())
+                .map_err(|_| bad(format!("header {k:?} is not a header name")))?;
+            let value = HeaderValue::from_str(v)
+                .map_err(|_| bad(format!("header {k:?}: {v:?} is not a header value")))?;
+            map.insert(name, value);
+        }
+        if let Some(key) = &self.api_key {
+            let mut v = HeaderValue::from_str(&format!("Bearer {key}"))
+                .map_err(|_| bad("the API key is not a header value".into()))?;
+            v.set_sensitive(true);
+            map.insert(AUTHORIZATION, v);
+        }
+        Ok(map)
     }
 }
 

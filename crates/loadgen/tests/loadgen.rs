@@ -109,6 +109,14 @@ async fn bad_settings_are_refused() {
             conversations: 0,
             ..LoadgenConfig::default()
         },
+        LoadgenConfig {
+            headers: [("bad name".to_string(), "x".to_string())].into(),
+            ..LoadgenConfig::default()
+        },
+        LoadgenConfig {
+            api_key: Some("line\nbreak".into()),
+            ..LoadgenConfig::default()
+        },
     ] {
         assert!(run(c).await.is_err());
     }
@@ -527,4 +535,58 @@ async fn a_refused_slot_waits_what_retry_after_asks() {
     assert_eq!(summary.rejected, seen);
     // Sent at about 0, 1 and 2 s; without the wait, hundreds.
     assert!((2..=4).contains(&seen), "{seen} requests in 2.5 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_at_once_by_key_only_the_one_over_its_quota_is_refused() {
+    use kvroute_core::flow::{FlowConfig, TenantConfig};
+    let (workers, gw) = fleet(2, |c| {
+        c.router.admission.flow = FlowConfig {
+            tenants: vec![
+                TenantConfig {
+                    name: "small".into(),
+                    // Less than one request's prompt a second, a bucket of about two.
+                    tokens_per_sec: Some(100.0),
+                    burst_tokens: Some(1_200),
+                    api_keys: vec!["sk-small".into()],
+                    ..TenantConfig::default()
+                },
+                TenantConfig {
+                    name: "big".into(),
+                    api_keys: vec!["sk-big".into()],
+                    ..TenantConfig::default()
+                },
+            ],
+            ..FlowConfig::default()
+        };
+    })
+    .await;
+    let tenant = |key: &str| LoadgenConfig {
+        target: gw.url(),
+        concurrency: 2,
+        conversations: 4,
+        chat: small_chat(),
+        api_key: Some(key.into()),
+        headers: [("x-kvroute-class".to_string(), "anything".to_string())].into(),
+        ..LoadgenConfig::default()
+    };
+    let (small, big) = tokio::join!(run(tenant("sk-small")), run(tenant("sk-big")));
+    let (small, big) = (small.unwrap(), big.unwrap());
+    let s = Summary::from_records(&small.records, small.duration);
+    let b = Summary::from_records(&big.records, big.duration);
+    assert!(
+        s.rejected_by_reason
+            .get("tenant_limit")
+            .copied()
+            .unwrap_or(0)
+            > 0,
+        "{:?}",
+        s.rejected_by_reason
+    );
+    assert_eq!((b.rejected, b.failed), (0, 0), "{:?}", b.rejected_by_reason);
+    assert_eq!(b.completed, b.sent);
+    gw.shutdown().await;
+    for w in workers {
+        w.shutdown().await;
+    }
 }
