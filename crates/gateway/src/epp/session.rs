@@ -22,6 +22,7 @@ use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::proxy::watch::Watch;
 use crate::proxy::{finish, Peek, Prediction};
+use crate::routing::flow::identify;
 use crate::routing::{admit, prepare, LedgerGuard};
 use axum::http::StatusCode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
@@ -78,6 +79,9 @@ pub(super) struct Session {
     request_id: String,
     path: String,
     session_header: Option<String>,
+    /// The headers that say who the request is (its key, class, trusted tenant header,
+    /// objective: `routing::flow`).
+    flow_headers: reqwest::header::HeaderMap,
     /// The data plane's subset hint, when it gave one.
     subset: Option<Vec<String>>,
     /// The conformance suite's endpoint selection header, when honoured and sent.
@@ -106,6 +110,7 @@ impl Session {
             request_id: String::new(),
             path: String::new(),
             session_header: None,
+            flow_headers: reqwest::header::HeaderMap::new(),
             subset: None,
             test_selection: None,
             served: None,
@@ -215,6 +220,21 @@ impl Session {
             .request_id(wire::header(h, kvroute_fleet::headers::REQUEST_ID_HEADER));
         self.path = wire::header(h, ":path").unwrap_or("/").to_string();
         self.session_header = wire::header(h, "x-session-id").map(str::to_string);
+        let names = &self.gw.config().flow_headers;
+        let wanted = [
+            Some("authorization"),
+            Some(names.class.as_str()),
+            Some(names.ttft_ms.as_str()),
+            names.tenant.as_deref(),
+        ];
+        for name in wanted.into_iter().flatten() {
+            if let (Some(v), Ok(n)) = (
+                wire::header(h, name).and_then(|v| reqwest::header::HeaderValue::from_str(v).ok()),
+                reqwest::header::HeaderName::from_bytes(name.as_bytes()),
+            ) {
+                self.flow_headers.insert(n, v);
+            }
+        }
         if self.gw.config().epp.conformance_headers {
             self.test_selection = wire::header(h, wire::TEST_SELECTION_HEADER).map(|v| {
                 v.split(',')
@@ -298,12 +318,22 @@ impl Session {
         }
         let with_model = |e: GatewayError| (e, model.clone());
         let eligible = self.eligible().map_err(with_model)?;
-        let prep = prepare(&gw, &view, self.session_header.as_deref())
+        let identity = identify(
+            &gw.flows,
+            &gw.config().flow_headers,
+            &self.flow_headers,
+            &view,
+        )
+        .map_err(|e| with_model(e.into()))?;
+        let mut prep = prepare(&gw, &view, self.session_header.as_deref())
             .await
             .map_err(with_model)?;
-        let (sel, guard, _) = admit(&gw, &prep, &eligible, false, self.started)
+        prep.identity = identity;
+        let permit = crate::routing::enter(&gw, &prep).map_err(with_model)?;
+        let (sel, mut guard, _) = admit(&gw, &prep, &eligible, false, self.started)
             .await
             .map_err(with_model)?;
+        guard.attach(Some(permit));
         let worker = gw.registry.get(sel.worker).ok_or_else(|| {
             with_model(GatewayError::Internal(
                 "the worker chosen left the fleet".into(),
