@@ -82,6 +82,29 @@ pub struct PolicyInput<'a> {
     pub affinity_bias: f64,
     /// What loading offloaded blocks back costs.
     pub tiers: TierConfig,
+    /// The request's class's objectives and the weight of its own miss (`goodput`).
+    pub class: ClassNeeds,
+}
+
+/// What a request's class asks of the policy (`router.admission.flow`'s classes).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClassNeeds {
+    /// Its TTFT objective (unset: the policy's own).
+    pub ttft_secs: Option<f64>,
+    /// Its TPOT objective (unset: the policy's own).
+    pub tpot_secs: Option<f64>,
+    /// How much its own predicted miss weighs (1: as any request's).
+    pub miss_weight: f64,
+}
+
+impl Default for ClassNeeds {
+    fn default() -> Self {
+        Self {
+            ttft_secs: None,
+            tpot_secs: None,
+            miss_weight: 1.0,
+        }
+    }
 }
 
 impl PolicyInput<'_> {

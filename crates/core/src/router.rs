@@ -28,7 +28,9 @@ use crate::index::{
     ApproxConfig, ApproxIndex, BatchOutcome, IndexError, KvEvent, Matches, PrefixIndex,
 };
 use crate::ledger::{Booking, LedgerError, LoadLedger, WorkerCapacity};
-use crate::policy::{Candidate, Choice, Policy, PolicyInput, Predictive, RemotePrefill};
+use crate::policy::{
+    Candidate, Choice, ClassNeeds, Policy, PolicyInput, Predictive, RemotePrefill,
+};
 use crate::tiers::{Loadable, OffloadedTiers, Tier};
 use crate::types::{BlockSize, Eligible, RequestId, Time, WorkerId, WorkerRole, ANY_WORKER};
 use serde::{Deserialize, Serialize};
@@ -741,6 +743,11 @@ impl Router {
                 affinity: req.session.and_then(|s| self.sessions.worker(s)),
                 affinity_bias: self.config.affinity_bias,
                 tiers: self.config.tiers,
+                class: ClassNeeds {
+                    ttft_secs: class.ttft_secs,
+                    tpot_secs: class.tpot_secs,
+                    miss_weight: class.miss_weight,
+                },
             };
             let mut choice = self.policy.select(&input);
             let Some(remote) = self.remote_prefill(req, &open, &candidate) else {

@@ -387,6 +387,7 @@ proptest! {
             affinity: None,
             affinity_bias: 0.0,
             tiers: Default::default(),
+        class: Default::default(),
         };
         let kv = KvCost::new(kvroute_core::policy::KvConfig { overlap_weight: weight, ..Default::default() });
         let choice = kv.select(&input);

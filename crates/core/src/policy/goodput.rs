@@ -9,7 +9,9 @@
 //!   for its prefill time, and each of their remaining tokens (half a mean answer) takes the
 //!   longer step.
 //!
-//! Predicted misses: the new request when its first token or its step breaks an objective;
+//! Predicted misses: the new request when its first token or its step breaks an objective
+//! (its class's objectives where it has a class that sets them, its miss weighed by the
+//! class's `miss_weight`);
 //! the running requests when the step the request brings pushes theirs past the objective;
 //! at a worker at its batch limit, the next request to arrive there too, when its wait for
 //! a running request to leave breaks the first-token objective (one more request there
@@ -137,6 +139,11 @@ impl Goodput {
             outputs.iter().sum::<f64>() / outputs.len() as f64
         };
         let prompt_tokens = input.prompt_tokens as f64;
+        // This request's objectives are its class's where it sets them; the running
+        // requests' are the policy's.
+        let ttft_objective = input.class.ttft_secs.unwrap_or(self.config.ttft_secs);
+        let tpot_objective = input.class.tpot_secs.unwrap_or(self.config.tpot_secs);
+        let weight = input.class.miss_weight;
         input
             .candidates
             .iter()
@@ -158,8 +165,8 @@ impl Goodput {
                 let remaining = (output / 2.0).max(1.0);
                 let stalled_step = step_with + prefill_secs / remaining;
                 let mut misses = 0.0;
-                if ttft > self.config.ttft_secs || step_with > self.config.tpot_secs {
-                    misses += 1.0;
+                if ttft > ttft_objective || step_with > tpot_objective {
+                    misses += weight;
                 }
                 if step_now <= self.config.tpot_secs && stalled_step > self.config.tpot_secs {
                     misses += running;

@@ -31,6 +31,7 @@ fn input(candidates: &[Candidate], tokens: usize, decision: u64) -> PolicyInput<
         affinity: None,
         affinity_bias: 0.0,
         tiers: TierConfig::default(),
+        class: Default::default(),
     }
 }
 
@@ -346,6 +347,35 @@ fn goodput_counts_a_missed_first_token_against_the_worker() {
         Predictive::default(),
     );
     assert_eq!(loose.select(&input(&cs, 12_000, 0)).chosen, 1);
+}
+
+#[test]
+fn goodput_judges_a_request_by_its_classs_objectives_and_weighs_its_miss() {
+    let g = Goodput::default();
+    // As above: only the busier first worker gives the first token within 600 ms.
+    let mut cs = goodput_pair(20, 8);
+    cs[0].matched_blocks = 700;
+    assert_eq!(g.select(&input(&cs, 12_000, 0)).chosen, 0);
+    // A class whose objective is 30 s misses nowhere: the lighter decode wins.
+    let batch = PolicyInput {
+        class: ClassNeeds {
+            ttft_secs: Some(30.0),
+            ..ClassNeeds::default()
+        },
+        ..input(&cs, 12_000, 0)
+    };
+    assert_eq!(g.select(&batch).chosen, 1);
+    // A miss weighed ten times costs ten times its own time more.
+    let own = |w: f64| {
+        g.predict(&PolicyInput {
+            class: ClassNeeds {
+                miss_weight: w,
+                ..ClassNeeds::default()
+            },
+            ..input(&cs, 12_000, 0)
+        })[1]
+    };
+    assert!(own(10.0) > own(1.0) + 5.0, "{} vs {}", own(10.0), own(1.0));
 }
 
 #[test]

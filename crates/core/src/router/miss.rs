@@ -29,6 +29,7 @@ impl Router {
             affinity: None,
             affinity_bias: 0.0,
             tiers: self.config.tiers,
+            class: Default::default(),
         };
         let best = Predictive::new(self.config.policy.predictive.clone())
             .predict(&input)

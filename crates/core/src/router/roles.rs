@@ -71,6 +71,7 @@ impl Router {
             affinity: None,
             affinity_bias: 0.0,
             tiers: self.config.tiers,
+            class: Default::default(),
         };
         let ttft = Predictive::new(self.config.policy.predictive.clone()).predict(&input);
         let best = (0..pool.len()).min_by(|&a, &b| ttft[a].total_cmp(&ttft[b]))?;
