@@ -416,18 +416,7 @@ pub(crate) fn workload(
             requests: closed_loop_requests(a, clients),
         },
         (Load::Synthetic, Level::Rate(rate)) => {
-            let end = a.duration_secs.map_or(Duration::MAX, Duration::from_secs_f64);
-            let requests = Synthetic::new(SyntheticConfig::default(), seed)?
-                .open_loop(rate)?
-                .take_while(|(t, _)| t.0 < end)
-                .take(a.limit.unwrap_or(usize::MAX))
-                .map(|(arrival, r)| TraceRequest {
-                    arrival,
-                    prompt: r.prompt,
-                    max_tokens: r.max_tokens,
-                })
-                .collect();
-            Workload::Trace(requests)
+            open_loop(a, SyntheticConfig::default(), rate, seed)?
         }
         (Load::Synthetic, _) => Workload::Synthetic {
             gen: Synthetic::new(SyntheticConfig::default(), seed)?,
@@ -435,6 +424,30 @@ pub(crate) fn workload(
             requests: closed_loop_requests(a, clients),
         },
     })
+}
+
+/// Synthetic requests of `shape` at `rate` per second (Poisson arrivals from `seed`) until
+/// `--duration-secs` or `--limit`, as a trace the simulator replays.
+pub(crate) fn open_loop(
+    a: &SimulateArgs,
+    shape: SyntheticConfig,
+    rate: f64,
+    seed: u64,
+) -> Result<Workload> {
+    let end = a
+        .duration_secs
+        .map_or(Duration::MAX, Duration::from_secs_f64);
+    let requests = Synthetic::new(shape, seed)?
+        .open_loop(rate)?
+        .take_while(|(t, _)| t.0 < end)
+        .take(a.limit.unwrap_or(usize::MAX))
+        .map(|(arrival, r)| TraceRequest {
+            arrival,
+            prompt: r.prompt,
+            max_tokens: r.max_tokens,
+        })
+        .collect();
+    Ok(Workload::Trace(requests))
 }
 
 /// Runs the sweep.

@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use kvroute_core::flow::FlowConfig;
 use kvroute_core::PolicyKind;
 use kvroute_sim::{simulate, SimResult, TenantLoad, Workload};
-use kvroute_workload::{MultiTurn, MultiTurnConfig, Synthetic, SyntheticConfig, TraceRequest};
+use kvroute_workload::{MultiTurn, MultiTurnConfig, Synthetic, SyntheticConfig};
 use serde::Deserialize;
 use serde_json::json;
 use std::time::Duration;
@@ -238,9 +238,6 @@ fn workload(
     workers: usize,
     only: Option<usize>,
 ) -> Result<Workload> {
-    let end = a
-        .duration_secs
-        .map_or(Duration::MAX, Duration::from_secs_f64);
     let mut loads = Vec::new();
     for (i, (l, r)) in spec.loads.iter().zip(resolved).enumerate() {
         if only.is_some_and(|o| o != i) {
@@ -269,18 +266,7 @@ fn workload(
             },
             Kind::Open => {
                 let rate = r.rate.context("an open loop's rate")?;
-                Workload::Trace(
-                    Synthetic::new(l.synthetic.clone(), seed)?
-                        .open_loop(rate)?
-                        .take_while(|(t, _)| t.0 < end)
-                        .take(a.limit.unwrap_or(usize::MAX))
-                        .map(|(arrival, r)| TraceRequest {
-                            arrival,
-                            prompt: r.prompt,
-                            max_tokens: r.max_tokens,
-                        })
-                        .collect(),
-                )
+                super::open_loop(a, l.synthetic.clone(), rate, seed)?
             }
         };
         loads.push(TenantLoad {

@@ -10,7 +10,8 @@ struct Cli {
     sim: SimulateArgs,
 }
 
-fn args(extra: &[&str]) -> SimulateArgs {
+/// `kvroute simulate` options parsed from `extra` (also the other tests' of `simulate`).
+pub(super) fn args(extra: &[&str]) -> SimulateArgs {
     Cli::parse_from(std::iter::once("simulate").chain(extra.iter().copied())).sim
 }
 

@@ -20,6 +20,16 @@ impl Router {
         let objective = class
             .ttft_secs
             .unwrap_or(self.config.policy.goodput.ttft_secs);
+        let best = self
+            .predicted_ttft(req, pool)
+            .into_iter()
+            .fold(f64::INFINITY, f64::min);
+        (best > objective).then_some(best)
+    }
+
+    /// The `predictive` policy's time to first token of `req` on each of `pool` (no
+    /// affinity, no class: the prediction alone).
+    pub(super) fn predicted_ttft(&self, req: &RouteRequest<'_>, pool: &[Candidate]) -> Vec<f64> {
         let input = PolicyInput {
             prompt_tokens: req.prompt.tokens,
             block_size: self.block_size.get(),
@@ -31,11 +41,7 @@ impl Router {
             tiers: self.config.tiers,
             class: Default::default(),
         };
-        let best = Predictive::new(self.config.policy.predictive.clone())
-            .predict(&input)
-            .into_iter()
-            .fold(f64::INFINITY, f64::min);
-        (best > objective).then_some(best)
+        Predictive::new(self.config.policy.predictive.clone()).predict(&input)
     }
 }
 

@@ -4,7 +4,7 @@
 use super::{Candidate, RouteError, RouteRequest, Router};
 use crate::ledger::WorkerView;
 use crate::ledger::{Booking, LedgerError};
-use crate::policy::{DisaggregationMode, PolicyInput, Predictive, RemotePrefill};
+use crate::policy::{DisaggregationMode, RemotePrefill};
 use crate::types::{RequestId, Time};
 use crate::types::{WorkerId, WorkerRole};
 
@@ -62,18 +62,7 @@ impl Router {
         if pool.is_empty() {
             return None;
         }
-        let input = PolicyInput {
-            prompt_tokens: req.prompt.tokens,
-            block_size: bs,
-            candidates: &pool,
-            decision: self.decisions,
-            seed: self.config.seed,
-            affinity: None,
-            affinity_bias: 0.0,
-            tiers: self.config.tiers,
-            class: Default::default(),
-        };
-        let ttft = Predictive::new(self.config.policy.predictive.clone()).predict(&input);
+        let ttft = self.predicted_ttft(req, &pool);
         let best = (0..pool.len()).min_by(|&a, &b| ttft[a].total_cmp(&ttft[b]))?;
         Some(RemotePrefill {
             worker: pool[best].worker,

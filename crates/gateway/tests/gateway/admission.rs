@@ -192,7 +192,7 @@ async fn a_full_tokenizing_pool_refuses_chats_with_a_retry_after() {
 /// A tenant `small` (key `sk-small`) whose bucket holds one request: a second at once is
 /// over it; behind `auth.api_keys` (its key accepted beside them).
 fn tenants(cfg: &mut kvroute_gateway::GatewayConfig) {
-    use kvroute_core::flow::{ClassConfig, FlowConfig, TenantConfig};
+    use kvroute_core::flow::{ClassConfig, FlowConfig};
     cfg.auth.api_keys = vec![kvroute_gateway::config::Secret("sk-gateway".into())];
     cfg.router.admission.flow = FlowConfig {
         classes: vec![ClassConfig {
@@ -200,36 +200,9 @@ fn tenants(cfg: &mut kvroute_gateway::GatewayConfig) {
             band: 1,
             ..ClassConfig::default()
         }],
-        tenants: vec![TenantConfig {
-            name: "small".into(),
-            tokens_per_sec: Some(2.0),
-            burst_tokens: Some(1),
-            api_keys: vec!["sk-small".into()],
-            ..TenantConfig::default()
-        }],
+        tenants: vec![small_tenant()],
         ..FlowConfig::default()
     };
-}
-
-async fn post_as(
-    url: &str,
-    key: &str,
-    body: &serde_json::Value,
-) -> (u16, Option<String>, serde_json::Value) {
-    let r = client()
-        .post(format!("{url}/v1/chat/completions"))
-        .bearer_auth(key)
-        .header("x-kvroute-class", "interactive")
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let retry = r
-        .headers()
-        .get("retry-after")
-        .map(|v| v.to_str().unwrap().to_string());
-    (status, retry, r.json().await.unwrap_or_default())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,20 +214,20 @@ async fn a_tenant_over_its_quota_gets_429_with_its_wait_and_the_others_do_not() 
     let url = gw.url();
     let body = chat(&[("user", "hello there")], false, 4);
     // The first request is larger than the bucket: it goes on a full bucket, into debt.
-    let (status, _, json) = post_as(&url, "sk-small", &body).await;
+    let (status, _, json) = post_as(&url, "sk-small", Some("interactive"), &body).await;
     assert_eq!(status, 200, "{json}");
-    let (status, retry, json) = post_as(&url, "sk-small", &body).await;
+    let (status, retry, json) = post_as(&url, "sk-small", Some("interactive"), &body).await;
     assert_eq!(status, 429, "{json}");
     assert_eq!(json["error"]["code"], "tenant_limit");
     let secs: u64 = retry.expect("Retry-After").parse().unwrap();
     assert!((1..=60).contains(&secs), "Retry-After {secs}");
     // The gateway's own key is another tenant (the default): not held to `small`'s bucket.
     for _ in 0..3 {
-        let (status, _, json) = post_as(&url, "sk-gateway", &body).await;
+        let (status, _, json) = post_as(&url, "sk-gateway", Some("interactive"), &body).await;
         assert_eq!(status, 200, "{json}");
     }
     // A key of nobody's is still refused by auth.
-    let (status, _, _) = post_as(&url, "sk-nobody", &body).await;
+    let (status, _, _) = post_as(&url, "sk-nobody", Some("interactive"), &body).await;
     assert_eq!(status, 401);
     let text = scrape(&url).await;
     assert_eq!(

@@ -557,43 +557,25 @@ async fn a_split_request_names_its_prefill_endpoint_for_the_decode_sidecar() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_picker_knows_tenants_by_their_keys_and_refuses_one_over_its_quota() {
-    use kvroute_core::flow::{FlowConfig, TenantConfig};
     let a = worker("a").await;
     let mut cfg = config(&[&a], "kv");
-    cfg.router.admission.flow = FlowConfig {
-        tenants: vec![TenantConfig {
-            name: "small".into(),
-            tokens_per_sec: Some(2.0),
-            burst_tokens: Some(1),
-            api_keys: vec!["sk-small".into()],
-            ..TenantConfig::default()
-        }],
-        ..FlowConfig::default()
+    cfg.router.admission.flow = kvroute_core::flow::FlowConfig {
+        tenants: vec![small_tenant()],
+        ..Default::default()
     };
     let (gw, epp) = picker_with(&[&a], cfg).await;
     let Some(envoy) = Envoy::start(&envoy_config(epp.addr.port(), false, &[])) else {
         return;
     };
     let url = envoy.url();
-    let send = async |key: &str| {
-        let r = client()
-            .post(format!("{url}/v1/chat/completions"))
-            .bearer_auth(key)
-            .json(&chat(&[("user", "hello there")], false, 4))
-            .send()
-            .await
-            .unwrap();
-        let code = r.status().as_u16();
-        let json: serde_json::Value = r.json().await.unwrap_or_default();
-        (code, json)
-    };
+    let body = chat(&[("user", "hello there")], false, 4);
     // Larger than the bucket: the first goes on a full bucket, the second is over it.
-    assert_eq!(send("sk-small").await.0, 200);
-    let (code, json) = send("sk-small").await;
+    assert_eq!(post_as(&url, "sk-small", None, &body).await.0, 200);
+    let (code, _, json) = post_as(&url, "sk-small", None, &body).await;
     assert_eq!(code, 429, "{json}");
     assert_eq!(json["error"]["code"], "tenant_limit");
     // Another tenant is not held to it.
-    assert_eq!(send("sk-other").await.0, 200);
+    assert_eq!(post_as(&url, "sk-other", None, &body).await.0, 200);
     drop(envoy);
     drop(epp);
     gw.shutdown().await;

@@ -171,6 +171,42 @@ pub async fn post(
     (status, worker, json)
 }
 
+/// A tenant `small` (key `sk-small`) whose bucket holds less than one request: the first
+/// goes on a full bucket, into debt, and a second at once is over its quota.
+pub fn small_tenant() -> kvroute_core::flow::TenantConfig {
+    kvroute_core::flow::TenantConfig {
+        name: "small".into(),
+        tokens_per_sec: Some(2.0),
+        burst_tokens: Some(1),
+        api_keys: vec!["sk-small".into()],
+        ..Default::default()
+    }
+}
+
+/// POSTs a chat `body` with API key `key` and, when given, a class header; returns the
+/// status, the `Retry-After` header and the JSON.
+pub async fn post_as(
+    url: &str,
+    key: &str,
+    class: Option<&str>,
+    body: &serde_json::Value,
+) -> (u16, Option<String>, serde_json::Value) {
+    let mut req = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(body);
+    if let Some(c) = class {
+        req = req.header("x-kvroute-class", c);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let retry = r
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, retry, r.json().await.unwrap_or_default())
+}
+
 /// Checks `f` until it is true, for at most `secs` seconds.
 pub async fn eventually(secs: u64, f: impl AsyncFnMut() -> bool) -> bool {
     kvroute_testkit::eventually(Duration::from_secs(secs), f).await

@@ -1,19 +1,9 @@
 //! Tests of the tenants workload: the built-in spec runs on any profile, bad specs are
 //! refused with what is wrong.
 
+use super::super::tests::args;
 use super::super::{fleets, prepare, Load};
 use super::*;
-use clap::Parser;
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    sim: SimulateArgs,
-}
-
-fn args(extra: &[&str]) -> SimulateArgs {
-    Cli::parse_from(std::iter::once("simulate").chain(extra.iter().copied())).sim
-}
 
 #[test]
 fn the_builtin_spec_runs_on_a_small_fleet_with_every_tenant_reported() {
