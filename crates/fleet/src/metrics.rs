@@ -32,6 +32,9 @@ pub struct Metrics {
     pub duration: Histogram,
     /// Seconds from arrival to the first token.
     pub ttft: Histogram,
+    /// Time to first token by the request's class (`router.admission.flow`'s, or
+    /// `default`).
+    pub class_ttft: HistogramVec,
     /// Seconds between tokens (stream chunks) of a stream.
     pub itl: Histogram,
     /// Requests in flight per worker (the router's ledger).
@@ -203,6 +206,18 @@ impl Metrics {
                 "Seconds from a request's arrival to its first token.",
                 second_buckets(),
             )?,
+            class_ttft: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "kvroute_class_time_to_first_token_seconds",
+                        "Seconds from a request's arrival to its first token, by its class (docs/flow-control.md).",
+                    )
+                    .buckets(second_buckets()),
+                    &["class"],
+                )?;
+                registry.register(Box::new(h.clone()))?;
+                h
+            },
             itl: histogram(
                 "kvroute_inter_token_latency_seconds",
                 "Seconds between consecutive stream chunks carrying tokens.",

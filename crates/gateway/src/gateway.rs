@@ -114,9 +114,23 @@ impl Gateway {
             config.clone(),
             preprocessor.is_approximate(),
         ));
+        let flows = config.router.admission.flow.compile();
+        // Every class's series shows from the start (at 0), and the default flow's refusals
+        // by reason: dashboards see a series before the first request.
+        for c in flows.classes() {
+            metrics.class_ttft.with_label_values(&[c.name.as_str()]);
+        }
+        let default = flows.flow_of(None, None);
+        for r in kvroute_core::RejectReason::ALL {
+            metrics.flow_refused.with_label_values(&[
+                flows.tenant(default.tenant).name.as_str(),
+                flows.class(default.class).name.as_str(),
+                r.as_str(),
+            ]);
+        }
         Self {
             policy: config.router.policy.kind.as_str(),
-            flows: config.router.admission.flow.compile(),
+            flows,
             config,
             table,
             bookings,

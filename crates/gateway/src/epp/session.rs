@@ -51,6 +51,8 @@ fn inference_endpoint(path: &str) -> Option<Endpoint> {
 /// A request routed and booked.
 struct Pick {
     model: String,
+    /// The request's class (latency metrics by class).
+    class: String,
     prediction: Prediction,
     worker_name: String,
     /// The booking, until the answer's watch takes it.
@@ -367,6 +369,7 @@ impl Session {
         tracing::debug!(request_id = %self.request_id, worker = %worker.name, %endpoint, matched_blocks = sel.matched_blocks, "endpoint picked");
         self.pick = Some(Pick {
             model: model.clone(),
+            class: gw.flows.class(prep.identity.flow.class).name.clone(),
             prediction: Prediction {
                 request: guard.request,
                 worker: sel.worker,
@@ -498,7 +501,7 @@ impl Session {
                 watch: Box::new(Watch::new(
                     self.gw.clone(),
                     guard,
-                    pick.model.clone(),
+                    (pick.model.clone(), pick.class.clone()),
                     self.started,
                     pick.prediction,
                 )),

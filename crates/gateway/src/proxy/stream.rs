@@ -36,10 +36,11 @@ pub(super) fn relay(
     (first, rest): (Bytes, Upstream),
     prediction: Prediction,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
+    let class = gw.flows.class(prep.identity.flow.class).name.clone();
     let watch = Watch::new(
         gw.clone(),
         guard,
-        call.view.model.clone(),
+        (call.view.model.clone(), class),
         call.started,
         prediction,
     );

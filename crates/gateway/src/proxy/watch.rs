@@ -19,6 +19,8 @@ pub(crate) struct Watch {
     /// The current worker's first token went by (its prefill booking released).
     guard_first_token: bool,
     model: String,
+    /// The request's class (the per-class latency metric's label).
+    class: String,
     started: Time,
     pub(crate) parser: SseParser,
     events: Vec<SseEvent>,
@@ -39,7 +41,7 @@ impl Watch {
     pub(crate) fn new(
         gw: Arc<Gateway>,
         guard: LedgerGuard,
-        model: String,
+        (model, class): (String, String),
         started: Time,
         prediction: Prediction,
     ) -> Self {
@@ -49,6 +51,7 @@ impl Watch {
             guard: Some(guard),
             guard_first_token: false,
             model,
+            class,
             started,
             parser: SseParser::new(),
             events: Vec::new(),
@@ -119,7 +122,13 @@ impl Watch {
         let now = self.gw.now();
         let m = &self.gw.metrics;
         match self.last_token {
-            None => m.ttft.observe(now.since(self.started).as_secs_f64()),
+            None => {
+                let secs = now.since(self.started).as_secs_f64();
+                m.ttft.observe(secs);
+                m.class_ttft
+                    .with_label_values(&[self.class.as_str()])
+                    .observe(secs);
+            }
             Some(prev) => m.itl.observe(now.since(prev).as_secs_f64()),
         }
         self.last_token = Some(now);

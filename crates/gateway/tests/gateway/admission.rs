@@ -226,6 +226,15 @@ async fn a_tenant_over_its_quota_gets_429_with_its_wait_and_the_others_do_not() 
         let (status, _, json) = post_as(&url, "sk-gateway", Some("interactive"), &body).await;
         assert_eq!(status, 200, "{json}");
     }
+    // A streamed answer's first token is timed under its class.
+    let (status, _, _) = post_as(
+        &url,
+        "sk-gateway",
+        Some("interactive"),
+        &chat(&[("user", "stream it")], true, 4),
+    )
+    .await;
+    assert_eq!(status, 200);
     // A key of nobody's is still refused by auth.
     let (status, _, _) = post_as(&url, "sk-nobody", Some("interactive"), &body).await;
     assert_eq!(status, 401);
@@ -238,6 +247,13 @@ async fn a_tenant_over_its_quota_gets_429_with_its_wait_and_the_others_do_not() 
         Some(1.0),
         "{}",
         text.lines().filter(|l| l.contains("flow_refused")).collect::<Vec<_>>().join("\n")
+    );
+    assert_eq!(
+        kvroute_testkit::sample(
+            &text,
+            "kvroute_class_time_to_first_token_seconds_count{class=\"interactive\"}"
+        ),
+        Some(1.0)
     );
     gw.shutdown().await;
     a.shutdown().await;
