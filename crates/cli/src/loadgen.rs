@@ -100,6 +100,11 @@ pub struct LoadgenArgs {
     pub idle: bool,
     #[command(flatten)]
     pub dashboard: crate::ui::DashboardArgs,
+    /// Several tenants at once from this TOML file (`[[tenants]]`, each a `name` and its own
+    /// `api_key`, `headers` and load settings over these options'; docs/loadgen.md): a row
+    /// per tenant in the report.
+    #[arg(long, conflicts_with = "ui_port")]
+    pub tenants: Option<PathBuf>,
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -175,6 +180,13 @@ pub fn run(args: &LoadgenArgs) -> Result<()> {
         );
         return serve(args, port);
     }
+    if let Some(file) = &args.tenants {
+        anyhow::ensure!(
+            !args.workload.starts_with("mooncake:"),
+            "--tenants drives multiturn or synthetic loads, not trace replay"
+        );
+        return run_tenants(args, file);
+    }
     let result = if let Some(path) = args.workload.strip_prefix("mooncake:") {
         let options = kvroute_workload::TraceOptions {
             speedup: args.speedup,
@@ -225,6 +237,64 @@ pub fn run(args: &LoadgenArgs) -> Result<()> {
         anyhow::bail!("{}", nothing_succeeded(&args.target, &summary));
     }
     Ok(())
+}
+
+/// `--tenants`: every tenant's run at once, a row each.
+fn run_tenants(args: &LoadgenArgs, file: &std::path::Path) -> Result<()> {
+    let tenants = tenants::read(file, &args.config()?)?;
+    let (names, configs): (Vec<String>, Vec<_>) = tenants.into_iter().unzip();
+    let results = crate::runtime()?.block_on(kvroute_loadgen::run_tenants(configs))?;
+    let summaries: Vec<Summary> = results
+        .iter()
+        .map(|r| Summary::from_records(&r.records, r.duration))
+        .collect();
+    let rows: Vec<(&str, &Summary)> = names.iter().map(String::as_str).zip(&summaries).collect();
+    let table = markdown_table(&rows);
+    if args.json {
+        let by: serde_json::Map<String, serde_json::Value> = rows
+            .iter()
+            .map(|(n, s)| Ok(((*n).to_string(), serde_json::to_value(s)?)))
+            .collect::<Result<_>>()?;
+        println!("{}", serde_json::Value::Object(by));
+    } else {
+        print!("{table}");
+    }
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        for (name, r) in names.iter().zip(&results) {
+            let file = dir.join(format!("records-{}.tsv", sanitize(name)));
+            std::fs::write(&file, records_tsv(&r.records, &r.workers))
+                .with_context(|| format!("writing {}", file.display()))?;
+        }
+        std::fs::write(
+            dir.join("report.md"),
+            format!("# kvroute loadgen, by tenant\n\n{table}"),
+        )?;
+    }
+    if summaries.iter().all(|s| s.completed == 0) {
+        let all = Summary::from_records(
+            &results
+                .iter()
+                .flat_map(|r| r.records.clone())
+                .collect::<Vec<_>>(),
+            results.iter().map(|r| r.duration).max().unwrap_or_default(),
+        );
+        anyhow::bail!("{}", nothing_succeeded(&args.target, &all));
+    }
+    Ok(())
+}
+
+/// A tenant's name as a file name's part: letters, digits, `-`, `_` kept, the rest `_`.
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// Why a run in which no request succeeded failed: the counts, each reason, and what the
@@ -317,3 +387,5 @@ fn serve(args: &LoadgenArgs, port: u16) -> Result<()> {
         Ok(())
     })
 }
+
+mod tenants;

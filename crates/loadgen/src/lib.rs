@@ -264,6 +264,39 @@ pub async fn run(config: LoadgenConfig) -> Result<RunResult, LoadgenError> {
         .map_err(|e| LoadgenError::Config(format!("the run's task failed: {e}")))
 }
 
+/// Most tenants one [`run_tenants`] drives.
+pub const MAX_TENANTS: usize = 64;
+
+/// Several tenants' loads at once (each its own key, headers and load: a run of its own),
+/// started together; their results in the same order. Every configuration is checked
+/// before any starts.
+pub async fn run_tenants(loads: Vec<LoadgenConfig>) -> Result<Vec<RunResult>, LoadgenError> {
+    if loads.is_empty() || loads.len() > MAX_TENANTS {
+        return Err(LoadgenError::Config(format!(
+            "between 1 and {MAX_TENANTS} tenants, got {}",
+            loads.len()
+        )));
+    }
+    for c in &loads {
+        c.validate()?;
+    }
+    let mut runs = Vec::with_capacity(loads.len());
+    for config in loads {
+        let observer = Arc::new(Observer::new(&config.observer));
+        runs.push(start(config, observer)?);
+    }
+    let mut out = Vec::with_capacity(runs.len());
+    // Each run's control lives until its run ended (dropping it cancels the run): the
+    // later ones wait in the iterator while the earlier ones are awaited.
+    for (_control, run) in runs {
+        out.push(
+            run.await
+                .map_err(|e| LoadgenError::Config(format!("a tenant's run failed: {e}")))?,
+        );
+    }
+    Ok(out)
+}
+
 /// Starts the load, reporting to `observer`; returns its control and the run, which ends
 /// when every conversation has ended, the duration is up, or [`Control::stop`] was called.
 pub fn start(

@@ -570,8 +570,10 @@ async fn two_tenants_at_once_by_key_only_the_one_over_its_quota_is_refused() {
         headers: [("x-kvroute-class".to_string(), "anything".to_string())].into(),
         ..LoadgenConfig::default()
     };
-    let (small, big) = tokio::join!(run(tenant("sk-small")), run(tenant("sk-big")));
-    let (small, big) = (small.unwrap(), big.unwrap());
+    let mut results = kvroute_loadgen::run_tenants(vec![tenant("sk-small"), tenant("sk-big")])
+        .await
+        .unwrap();
+    let (big, small) = (results.pop().unwrap(), results.pop().unwrap());
     let s = Summary::from_records(&small.records, small.duration);
     let b = Summary::from_records(&big.records, big.duration);
     assert!(
