@@ -69,6 +69,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         sweep.profile = Some(crate::demo::DEMO_PROFILE.to_string());
     }
     let prepared = prepare(&sweep)?;
+    if matches!(prepared.load, SimLoad::Tenants(_)) {
+        bail!(
+            "kvroute bench does not run a tenants load yet: use `kvroute simulate --workload {}` (simulated, a row per tenant) or `kvroute loadgen --tenants FILE` (live)",
+            sweep.workload
+        );
+    }
     let a = &BenchArgs {
         sweep: sweep.with_reference_window(&prepared.load),
         ..args.clone()
