@@ -22,7 +22,7 @@ pub use explain::{Explanation, WorkerExplanation};
 pub use peers::{peer_request_id, PeerBooking, PeerStats, MAX_PEERS};
 
 use crate::admission::{AdmissionDecision, AdmissionMode, QueueState, RejectReason};
-use crate::flow::{Flow, Flows};
+use crate::flow::{Flow, Flows, MissAction};
 use crate::hashing::{BlockedPrompt, SequenceHash};
 use crate::index::{
     ApproxConfig, ApproxIndex, BatchOutcome, IndexError, KvEvent, Matches, PrefixIndex,
@@ -725,7 +725,9 @@ impl Router {
             .map(|b| adm.mode == AdmissionMode::None || free == 0 || !b)
             .collect();
         let ix: Vec<usize> = (0..candidates.len()).filter(|&i| eligible[i]).collect();
-        if !matches!(decision, AdmissionDecision::Reject(_)) {
+        if class.on_predicted_miss == MissAction::Reject
+            && !matches!(decision, AdmissionDecision::Reject(_))
+        {
             let pool: Vec<Candidate> = ix.iter().map(|&i| candidates[i].clone()).collect();
             if self.predicted_miss(req, &pool).is_some() {
                 decision = AdmissionDecision::Reject(RejectReason::PredictedMiss);

@@ -153,6 +153,11 @@ impl Metrics {
             registry.register(Box::new(h.clone()))?;
             Ok::<_, prometheus::Error>(h)
         };
+        let histogram_vec = |name: &str, help: &str, buckets: Vec<f64>, labels: &[&str]| {
+            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)?;
+            registry.register(Box::new(h.clone()))?;
+            Ok::<_, prometheus::Error>(h)
+        };
         let m = Self {
             requests: counter_vec(
                 "kvroute_requests_total",
@@ -206,18 +211,12 @@ impl Metrics {
                 "Seconds from a request's arrival to its first token.",
                 second_buckets(),
             )?,
-            class_ttft: {
-                let h = HistogramVec::new(
-                    HistogramOpts::new(
-                        "kvroute_class_time_to_first_token_seconds",
-                        "Seconds from a request's arrival to its first token, by its class (docs/flow-control.md).",
-                    )
-                    .buckets(second_buckets()),
-                    &["class"],
-                )?;
-                registry.register(Box::new(h.clone()))?;
-                h
-            },
+            class_ttft: histogram_vec(
+                "kvroute_class_time_to_first_token_seconds",
+                "Seconds from a request's arrival to its first token, by its class (docs/flow-control.md).",
+                second_buckets(),
+                &["class"],
+            )?,
             itl: histogram(
                 "kvroute_inter_token_latency_seconds",
                 "Seconds between consecutive stream chunks carrying tokens.",
@@ -318,18 +317,12 @@ impl Metrics {
                 "Predicted cached tokens against the engine's reported cached tokens, by worker and outcome (exact within a block, over, under).",
                 &["worker", "result"],
             )?,
-            prediction_error: {
-                let h = HistogramVec::new(
-                    HistogramOpts::new(
-                        "kvroute_prediction_error_tokens",
-                        "Absolute difference between predicted and engine-reported cached tokens, by worker.",
-                    )
-                    .buckets(token_buckets()),
-                    &["worker"],
-                )?;
-                registry.register(Box::new(h.clone()))?;
-                h
-            },
+            prediction_error: histogram_vec(
+                "kvroute_prediction_error_tokens",
+                "Absolute difference between predicted and engine-reported cached tokens, by worker.",
+                token_buckets(),
+                &["worker"],
+            )?,
             prediction_exact_ratio: {
                 let g = GaugeVec::new(
                     Opts::new(

@@ -57,13 +57,12 @@ pub(super) fn tenant_results(
 
 /// Each source's flow under `flows`.
 pub(super) fn source_flows(flows: &Flows, sources: &[Source]) -> Vec<Flow> {
-    let name = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    fn name(s: &str) -> Option<&str> {
+        (!s.is_empty()).then_some(s)
+    }
     sources
         .iter()
-        .map(|s| {
-            let (t, c) = (name(&s.tenant), name(&s.class));
-            flows.flow_of(t.as_deref(), c.as_deref())
-        })
+        .map(|s| flows.flow_of(name(&s.tenant), name(&s.class)))
         .collect()
 }
 
