@@ -6,6 +6,7 @@
 //! left ([`progress`]).
 
 mod progress;
+mod tenants;
 
 use crate::demo::{start_fleet, DemoArgs};
 use crate::simulate::{
@@ -43,7 +44,7 @@ pub struct BenchArgs {
     /// Live: speed-up of the simulated workers (2 = twice as fast as the profile).
     #[arg(long, default_value_t = 1.0)]
     worker_speedup: f64,
-    /// Live: output tokens asked per turn.
+    /// Live: output tokens asked per turn (a tenants load: its spec's).
     #[arg(long, default_value_t = 830)]
     max_tokens: u32,
     /// Runs per cell (seeds `--seed`, `--seed`+1, ...); the report shows their mean.
@@ -69,12 +70,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         sweep.profile = Some(crate::demo::DEMO_PROFILE.to_string());
     }
     let prepared = prepare(&sweep)?;
-    if matches!(prepared.load, SimLoad::Tenants(_)) {
-        bail!(
-            "kvroute bench does not run a tenants load yet: use `kvroute simulate --workload {}` (simulated, a row per tenant) or `kvroute loadgen --tenants FILE` (live)",
-            sweep.workload
-        );
-    }
     let a = &BenchArgs {
         sweep: sweep.with_reference_window(&prepared.load),
         ..args.clone()
@@ -141,6 +136,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "on the fleet simulator".to_string()
     });
     let mut cell_index = 0;
+    // A tenants load: each run's rows by tenant (Markdown) and figures (JSON, by run).
+    let mut by_tenant = String::new();
+    let mut tenants_json = serde_json::Map::new();
     let mut planned = Vec::new();
     let rt = if live { Some(crate::runtime()?) } else { None };
     let mut sweep = Sweep {
@@ -158,9 +156,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     let seed = s.seed.wrapping_add(r as u64);
                     let label = cell_label(policy, fleet, load, Some(r));
                     progress.run_starts(cell_index, r, &cell_label(policy, fleet, load, None));
-                    let (records, workers_named, warm, window) = match &rt {
-                        None => run_sim(a, &prepared, fleet, load, policy, seed)?,
-                        Some(rt) => rt.block_on(run_live(a, fleet, load, policy, seed))?,
+                    let (records, workers_named, warm, window) = match (&prepared.load, &rt) {
+                        (SimLoad::Tenants(spec), rt) => {
+                            let (run, rows, json) = match rt {
+                                None => tenants::run_sim(a, &prepared, spec, fleet, policy, seed)?,
+                                Some(rt) => rt.block_on(tenants::run_live(
+                                    a, &prepared, spec, fleet, policy, seed, &out_dir,
+                                ))?,
+                            };
+                            by_tenant.push_str(&format!("\n### {label}\n\n{rows}"));
+                            tenants_json.insert(label.clone(), json);
+                            run
+                        }
+                        (_, None) => run_sim(a, &prepared, fleet, load, policy, seed)?,
+                        (_, Some(rt)) => rt.block_on(run_live(a, fleet, load, policy, seed))?,
                     };
                     let measured: Vec<RequestRecord> = records
                         .iter()
@@ -211,7 +220,21 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .plan_pd
         .map(|_| crate::simulate::plan_table(&planned))
         .unwrap_or_default();
-    write_outputs(a, &sweep, &out_dir, &plan)
+    let mut extra = plan;
+    if !by_tenant.is_empty() {
+        extra.push_str(&format!(
+            "\n## By tenant\n\nEach tenant's goodput against its class's objectives{}.\n{by_tenant}",
+            if live {
+                " (live: not run alone, no isolation)"
+            } else {
+                "; alone: its goodput with the fleet to itself"
+            }
+        ));
+        let file = out_dir.join("tenants.json");
+        std::fs::write(&file, serde_json::Value::Object(tenants_json).to_string())
+            .with_context(|| format!("writing {}", file.display()))?;
+    }
+    write_outputs(a, &sweep, &out_dir, &extra)
 }
 
 /// A cell's name (`kv-w3-c16`, `goodput-w4-1p3d-auto-c16`), with `-runN` for one of its
@@ -294,7 +317,7 @@ fn secs(v: f64) -> String {
 
 /// One run's records, its workers' names (by the records' numbers), the warm-up and the
 /// measured span.
-type Run = (Vec<RequestRecord>, Vec<String>, Duration, Duration);
+pub(crate) type Run = (Vec<RequestRecord>, Vec<String>, Duration, Duration);
 
 /// One simulated run: its records, the workers' names, the warm-up and the measured span.
 fn run_sim(
@@ -328,32 +351,7 @@ async fn run_live(
     let duration = s.duration_secs.unwrap_or(0.0);
     let fleet = match &a.target {
         Some(_) => None,
-        None => Some(
-            start_fleet(&DemoArgs {
-                host: "127.0.0.1".into(),
-                port: 0,
-                workers: fleet.workers,
-                prefill_workers: fleet.is_split().then_some(fleet.prefill),
-                decode_workers: fleet.is_split().then_some(fleet.decode),
-                disaggregation: Some(fleet.mode),
-                worker_port: 0,
-                profile: s.profile().to_string(),
-                speedup: a.worker_speedup,
-                policy,
-                tokenizer: "builtin".into(),
-                model: a.model.clone(),
-                tokenizer_cache_mib: None,
-                tokenizer_threads: None,
-                replay_buffer_mib: None,
-                gateways: 1,
-                nats: None,
-                admission: Some(s.admission),
-                config: None,
-                objectives: s.objectives(),
-                arm: None,
-            })
-            .await?,
-        ),
+        None => Some(start_fleet(&demo_args(a, fleet, policy, None)).await?),
     };
     let target = match &fleet {
         Some(f) => f.gateway.url(),
@@ -392,6 +390,35 @@ async fn run_live(
     let warm = Duration::from_secs_f64(s.warmup());
     let window = Duration::from_secs_f64((duration - s.warmup()).max(0.0));
     Ok((result.records, result.workers, warm, window))
+}
+
+/// The demo's fleet for a live cell: its workers, policy and admission, with `config` as
+/// the gateway's config file (if any).
+fn demo_args(a: &BenchArgs, fleet: Fleet, policy: PolicyKind, config: Option<PathBuf>) -> DemoArgs {
+    let s = &a.sweep;
+    DemoArgs {
+        host: "127.0.0.1".into(),
+        port: 0,
+        workers: fleet.workers,
+        prefill_workers: fleet.is_split().then_some(fleet.prefill),
+        decode_workers: fleet.is_split().then_some(fleet.decode),
+        disaggregation: Some(fleet.mode),
+        worker_port: 0,
+        profile: s.profile().to_string(),
+        speedup: a.worker_speedup,
+        policy,
+        tokenizer: "builtin".into(),
+        model: a.model.clone(),
+        tokenizer_cache_mib: None,
+        tokenizer_threads: None,
+        replay_buffer_mib: None,
+        gateways: 1,
+        nats: None,
+        admission: Some(s.admission),
+        config,
+        objectives: s.objectives(),
+        arm: None,
+    }
 }
 
 /// A run's figures: the mean over `snapshots` equal windows of arrivals from `warm` on (one

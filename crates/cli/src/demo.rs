@@ -166,13 +166,22 @@ const DEMO_REFERENCES: [&str; 2] = [
 /// output tokens), in as many words as the fleet's tokenizer needs for those tokens (measured
 /// on the generator's own text), so the live fleets carry the load the simulator predicts.
 pub fn demo_chat(pre: &Preprocessor) -> Result<kvroute_workload::ChatConfig> {
+    demo_chat_like(pre, &kvroute_workload::MultiTurnConfig::default())
+}
+
+/// The load generator's conversations sized in tokens as the simulator's `shape`, measured
+/// with `pre`.
+pub fn demo_chat_like(
+    pre: &Preprocessor,
+    shape: &kvroute_workload::MultiTurnConfig,
+) -> Result<kvroute_workload::ChatConfig> {
     let base = kvroute_workload::ChatConfig::default();
     let (text, words) = base.sample(0).map_err(anyhow::Error::msg)?;
     let tokens = pre
         .encode(&text)
         .context("measuring the tokenizer's tokens per word")?;
     let ratio = tokens.len() as f64 / words.max(1) as f64;
-    Ok(base.sized_like(&kvroute_workload::MultiTurnConfig::default(), ratio))
+    Ok(base.sized_like(shape, ratio))
 }
 
 /// The tokenizer `builtin` or in a directory.

@@ -789,6 +789,6 @@ fn cell_json(
 }
 
 mod fleet;
-mod tenants;
+pub(crate) mod tenants;
 #[cfg(test)]
 mod tests;

@@ -131,6 +131,88 @@ fn live_sweep_runs_fresh_fleets_and_kv_reuses_the_cache() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A tenants spec for the tests: a chat tenant in a high band and one flooding at four
+/// times its token quota.
+const TWO_TENANTS: &str = r#"
+[[flow.classes]]
+name = "interactive"
+band = 1
+
+[[loads]]
+tenant = "chat"
+class = "interactive"
+kind = "chat"
+concurrency_per_worker = 1.0
+multiturn = { starter_min_tokens = 200, starter_max_tokens = 300, max_tokens = 16 }
+
+[[loads]]
+tenant = "flood"
+kind = "open"
+quota_of_capacity = 0.1
+rate_of_quota = 4.0
+synthetic = { prefixes = 2, prefix_tokens = 64, suffix_tokens = 64, max_tokens = 16 }
+"#;
+
+#[test]
+fn a_tenants_load_is_reported_by_tenant_simulated_and_live() {
+    let dir = temp_dir("bench-tenants");
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = dir.join("tenants.toml");
+    std::fs::write(&spec, TWO_TENANTS).unwrap();
+    let workload = format!("tenants:{}", spec.display());
+    for live in [false, true] {
+        let out = dir.join(if live { "live" } else { "sim" });
+        let mut args = vec![
+            "bench",
+            "--profile",
+            "tiny-fast",
+            "--workload",
+            &workload,
+            "--workers",
+            "2",
+            "--policy",
+            "goodput",
+            "--duration-secs",
+            "6",
+            "--warmup-secs",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        if live {
+            args.extend(["--worker-speedup", "4"]);
+        } else {
+            args.push("--sim");
+        }
+        kvroute_ok(&args);
+        let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+        assert!(report.contains("## By tenant"), "{report}");
+        assert!(report.contains("| chat | interactive |"), "{report}");
+        assert!(report.contains("| flood | default |"), "{report}");
+        let tenants: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("tenants.json")).unwrap())
+                .unwrap();
+        let run = &tenants["goodput-w2-run1"];
+        assert!(run["chat"]["completed"].as_u64().unwrap() > 0, "{tenants}");
+        // Only the flooding tenant is held to its quota: 429 `tenant_limit`, live as in the
+        // simulator.
+        let refused = if live {
+            &run["flood"]["rejected_by_reason"]
+        } else {
+            &run["flood"]["refused"]
+        };
+        assert!(refused["tenant_limit"].as_u64().unwrap() > 0, "{tenants}");
+        assert!(run["chat"].to_string().contains("interactive"), "{tenants}");
+        if live {
+            let config = std::fs::read_to_string(out.join("gateway-tenants.toml")).unwrap();
+            assert!(config.contains("x-kvroute-tenant"), "{config}");
+        } else {
+            assert!(run["chat"]["isolation"].as_f64().is_some(), "{tenants}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The demo's fleet, in the simulator on the demo's engine profile: at the slider's low end
 /// both policies meet the objectives, round-robin leaves them first, and the default policy
 /// holds to the slider's top (the claim the dashboard shows live; docs/dashboard.md).

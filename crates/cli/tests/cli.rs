@@ -26,18 +26,6 @@ fn bad_input_is_a_clear_error() {
     assert!(!err.contains("panicked"));
     let out = kvroute(&["hash", "--tokens", "1,x"]);
     assert_eq!(out.status.code(), Some(2), "clap usage error");
-    // A tenants load: `bench` says where it runs instead of running something else.
-    for live in [false, true] {
-        let mut args = vec!["bench", "--workload", "tenants", "--duration-secs", "20"];
-        if !live {
-            args.push("--sim");
-        }
-        let out = kvroute(&args);
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("does not run a tenants load"), "{err}");
-        assert!(err.contains("kvroute loadgen --tenants"), "{err}");
-    }
     // A tenants spec that is not one: the file and the field named.
     let out = kvroute(&["simulate", "--workload", "tenants:/nonexistent/t.toml"]);
     let err = String::from_utf8_lossy(&out.stderr);

@@ -148,9 +148,11 @@ impl Spec {
 
 /// A load's shape resolved on a fleet: its open-loop rate and its tenant's quota.
 #[derive(Clone, Copy, Debug, Default)]
-struct Resolved {
-    rate: Option<f64>,
-    quota_tokens_per_s: Option<f64>,
+pub(crate) struct Resolved {
+    /// Its open-loop rate, requests per second.
+    pub(crate) rate: Option<f64>,
+    /// Its tenant's token bucket rate.
+    pub(crate) quota_tokens_per_s: Option<f64>,
 }
 
 /// The fleet's capacity for requests of shape `shape`: requests and prompt + output tokens
@@ -187,7 +189,12 @@ fn capacity(
 }
 
 /// Each load resolved on `fleet` (probing its capacity where a share of it is asked).
-fn resolve(a: &SimulateArgs, p: &Prepared, fleet: Fleet, spec: &Spec) -> Result<Vec<Resolved>> {
+pub(crate) fn resolve(
+    a: &SimulateArgs,
+    p: &Prepared,
+    fleet: Fleet,
+    spec: &Spec,
+) -> Result<Vec<Resolved>> {
     spec.loads
         .iter()
         .map(|l| {
@@ -213,7 +220,7 @@ fn resolve(a: &SimulateArgs, p: &Prepared, fleet: Fleet, spec: &Spec) -> Result<
 }
 
 /// The flow settings with the resolved quotas.
-fn flow_config(spec: &Spec, resolved: &[Resolved]) -> FlowConfig {
+pub(crate) fn flow_config(spec: &Spec, resolved: &[Resolved]) -> FlowConfig {
     let mut flow = spec.flow.clone();
     for (l, r) in spec.loads.iter().zip(resolved) {
         if let Some(q) = r.quota_tokens_per_s {
@@ -278,6 +285,40 @@ fn workload(
     Ok(Workload::Tenants(loads))
 }
 
+/// The head of the table of tenants [`row`] writes the rows of.
+pub(crate) const TABLE_HEAD: &str = "| tenant | class | sent | completed | refused | TTFT p50 ms | TTFT p95 ms | TPOT p95 ms | goodput /s | alone /s | isolation |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
+
+/// A tenant's row: its summary (goodput against its class's objectives) and, when it was
+/// measured, its goodput with the fleet to itself and the ratio.
+pub(crate) fn row(
+    tenant: &str,
+    class: &str,
+    s: &kvroute_workload::Summary,
+    alone: Option<f64>,
+) -> String {
+    let here = s.goodput.as_ref().and_then(|g| g.per_s).unwrap_or(0.0);
+    let fmt = |v: Option<f64>, digits: usize| v.map_or("-".into(), |v| format!("{v:.digits$}"));
+    let refused = match s.rejected_by_reason.len() {
+        0 => s.rejected.to_string(),
+        _ => {
+            let by: Vec<String> = (s.rejected_by_reason.iter())
+                .map(|(reason, n)| format!("{n} {reason}"))
+                .collect();
+            by.join(", ")
+        }
+    };
+    format!(
+        "| {tenant} | {class} | {} | {} | {refused} | {} | {} | {} | {here:.3} | {} | {} |\n",
+        s.sent,
+        s.completed,
+        fmt(s.ttft_ms.p50, 0),
+        fmt(s.ttft_ms.p95, 0),
+        fmt(s.tpot_ms.p95, 0),
+        fmt(alone, 3),
+        fmt(alone.filter(|a| *a > 0.0).map(|a| here / a), 3),
+    )
+}
+
 /// One cell: the tenants together, then each alone; its JSON and its Markdown rows.
 pub(crate) fn run_cell(
     a: &SimulateArgs,
@@ -295,9 +336,8 @@ pub(crate) fn run_cell(
     cfg.validate()?;
     let together = simulate(&cfg, workload(a, spec, &resolved, fleet.workers, None)?)?;
     let mut tenants = serde_json::Map::new();
-    let mut rows = String::from(
-        "| tenant | class | sent | completed | refused | TTFT p50 ms | TTFT p95 ms | TPOT p95 ms | goodput /s | alone /s | isolation |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
+    let mut rows = String::from(TABLE_HEAD);
+    let flows = cfg.router.admission.flow.compile();
     for (i, t) in together.tenants.iter().enumerate() {
         let alone = simulate(&cfg, workload(a, spec, &resolved, fleet.workers, Some(i))?)?;
         let s = &t.summary;
@@ -309,23 +349,14 @@ pub(crate) fn run_cell(
             .and_then(|g| g.per_s)
             .unwrap_or(0.0);
         let isolation = (solo > 0.0).then(|| here / solo);
-        let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
-        rows.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {here:.3} | {solo:.3} | {} |\n",
-            t.tenant,
-            t.class,
-            s.sent,
-            s.completed,
-            s.rejected,
-            fmt(s.ttft_ms.p50),
-            fmt(s.ttft_ms.p95),
-            fmt(s.tpot_ms.p95),
-            isolation.map_or("-".into(), |x| format!("{x:.3}")),
-        ));
+        let class = &flows
+            .class(flows.class_ix(Some(t.class.as_str()).filter(|c| !c.is_empty())))
+            .name;
+        rows.push_str(&row(&t.tenant, class, s, Some(solo)));
         tenants.insert(
             t.tenant.clone(),
             json!({
-                "class": t.class,
+                "class": class,
                 "sent": s.sent,
                 "completed": s.completed,
                 "failed": s.failed,
