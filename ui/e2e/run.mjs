@@ -5,7 +5,9 @@
 // level measured live in the comparison table, opens a conversation and the routing
 // explanation of its second turn, the how-it-works example while the load runs, stops (cards
 // cleared), then ends the demo and sees a sentence, not a TypeError; saves a screenshot of
-// every page into docs/screenshots/.
+// every page into docs/screenshots/. The demo's gateways have two classes and a capped tenant
+// (flow control): requests of the other class draw its line on the TTFT chart, and the capped
+// tenant's refusals show in the refusals table.
 //
 // The demo runs small here (its slider at 8-24 conversations, levels measured after 20 s) so
 // a debug build on two cores finishes; KVROUTE_E2E_FULL=1 runs the default demo instead (for
@@ -14,7 +16,8 @@
 //   KVROUTE_BIN   the kvroute binary (default: ../target/release/kvroute, else ../target/debug/kvroute)
 //   CHROMIUM      the browser (default: /usr/bin/chromium)
 import { spawn } from "node:child_process";
-import { existsSync, mkdirSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
@@ -34,12 +37,34 @@ const fail = (msg) => {
   throw new Error(msg);
 };
 
+/** The demo gateways' flow settings: the load's requests are `standard`; `interactive` is
+ * a higher band; the tenant of key `sk-capped` has a bucket of one token a second. */
+const FLOW_CONFIG = `
+[router.admission.flow]
+default_class = "standard"
+
+[[router.admission.flow.classes]]
+name = "standard"
+
+[[router.admission.flow.classes]]
+name = "interactive"
+band = 1
+
+[[router.admission.flow.tenants]]
+name = "capped"
+tokens_per_sec = 1.0
+burst_tokens = 1
+api_keys = ["sk-capped"]
+`;
+
 /** Starts the demo and resolves to its dashboard URL. */
 function startDemo() {
   const small = ["--slider-min", "8", "--slider-max", "24", "--slider-step", "8", "--measure-after-secs", "20"];
+  const config = resolve(mkdtempSync(resolve(tmpdir(), "kvroute-e2e-")), "gateway.toml");
+  writeFileSync(config, FLOW_CONFIG);
   const demo = spawn(
     bin,
-    ["demo", "--port", "0", "--ui-port", "0", ...(full ? [] : small)],
+    ["demo", "--port", "0", "--ui-port", "0", "--config", config, ...(full ? [] : small)],
     { stdio: ["ignore", "pipe", "inherit"], env: { ...process.env, RUST_LOG: "warn" } },
   );
   const url = new Promise((ok, ko) => {
@@ -146,6 +171,33 @@ try {
   const settle = Number(process.env.KVROUTE_E2E_SETTLE_SECS ?? "3");
   await page.waitForTimeout(settle * 1000);
   await page.screenshot({ path: resolve(shots, "dashboard.png"), fullPage: true });
+
+  // Flow control: requests of the `interactive` class on the candidate's gateway draw that
+  // class's line on the TTFT chart; the capped tenant's second and third requests are
+  // refused (429 tenant_limit) and listed by tenant.
+  const fleet = await (await fetch(`${base}/api/fleet`)).json();
+  const gateway = fleet.arms.find((a) => !a.baseline)?.target ?? fail(`no candidate arm in ${JSON.stringify(fleet)}`);
+  const ask = (headers) =>
+    fetch(`${gateway}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...headers },
+      body: JSON.stringify({ model: "kvroute-sim", messages: [{ role: "user", content: "Say hello." }], max_tokens: 4 }),
+    });
+  for (let i = 0; i < 3; i++) {
+    const r = await ask({ "x-kvroute-class": "interactive" });
+    if (r.status !== 200) fail(`an interactive request got ${r.status}: ${await r.text()}`);
+  }
+  const capped = [];
+  for (let i = 0; i < 3; i++) capped.push((await ask({ authorization: "Bearer sk-capped" })).status);
+  if (capped[0] !== 200 || !capped.slice(1).every((c) => c === 429)) fail(`the capped tenant got ${capped}`);
+  await until("the interactive class's line", 30, async () =>
+    (await page.locator(".chart figcaption").first().textContent()).includes("· interactive"),
+  );
+  await until("the capped tenant's refusals", 30, async () => {
+    const rows = await page.getByTestId("refusal-row").allTextContents();
+    return rows.some((r) => r.includes("capped") && r.includes("tenant_limit"));
+  });
+  await page.screenshot({ path: resolve(shots, "dashboard-flow.png"), fullPage: true });
 
   // The comparison table: a level both arms held long enough is measured live.
   const rows = page.getByTestId("comparison-row");

@@ -230,6 +230,28 @@ export type BaselinePoint = {
 };
 
 /**
+ * One class's time to first token over the window.
+ */
+export type ClassCard = {
+  /**
+   * The class.
+   */
+  class: string,
+  /**
+   * Requests of it that got a first token in the window.
+   */
+  requests: number,
+  /**
+   * Their median time to first token, in milliseconds (none without requests).
+   */
+  ttft_p50_ms: number | null,
+  /**
+   * Their 95th percentile.
+   */
+  ttft_p95_ms: number | null,
+};
+
+/**
  * `GET /api/config`: the dashboard's settings, the arms and what the load is.
  */
 export type ConfigAnswer = {
@@ -435,6 +457,14 @@ export type Fleet = {
    * gateway's `/debug/workers` `pools`).
    */
   pools: Array<PoolCard>,
+  /**
+   * Each class's time to first token over the last minute (the gateway's metrics).
+   */
+  classes: Array<ClassCard>,
+  /**
+   * Refusals by tenant, class and reason (the gateway's metrics).
+   */
+  refusals: Array<RefusalCard>,
 };
 
 /**
@@ -586,6 +616,32 @@ export type PoolCard = {
    * Prompt tokens without a first token yet on them.
    */
   prefill_tokens: number,
+};
+
+/**
+ * Refusals of one tenant's requests of one class for one reason.
+ */
+export type RefusalCard = {
+  /**
+   * The tenant.
+   */
+  tenant: string,
+  /**
+   * The class.
+   */
+  class: string,
+  /**
+   * Why (`tenant_limit`, `queue_full`, `deadline`, ...).
+   */
+  reason: string,
+  /**
+   * Since the gateway started.
+   */
+  total: number,
+  /**
+   * In the window.
+   */
+  window: number,
 };
 
 /**

@@ -16,6 +16,7 @@ pub mod api;
 mod closed_loop;
 pub mod conversations;
 pub mod dashboard_config;
+pub mod flow_cards;
 mod job;
 pub mod observer;
 mod open_loop;

@@ -5,6 +5,7 @@
 //! `WorkerCard`s. Answers are cached for a second, every upstream call is bounded in time and
 //! size, and a target that is not a kvroute gateway gives `available: false` with the reason.
 
+use crate::flow_cards::{ClassCard, FlowHistory, RefusalCard};
 use kvroute_protocol::prometheus_text::{first_value, samples};
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -101,6 +102,10 @@ pub struct Fleet {
     /// Each role's workers and load together, for the roles that have workers (the
     /// gateway's `/debug/workers` `pools`).
     pub pools: Vec<PoolCard>,
+    /// Each class's time to first token over the last minute (the gateway's metrics).
+    pub classes: Vec<ClassCard>,
+    /// Refusals by tenant, class and reason (the gateway's metrics).
+    pub refusals: Vec<RefusalCard>,
 }
 
 /// The workers of one role together.
@@ -128,6 +133,7 @@ pub struct FleetReader {
     client: reqwest::Client,
     cache: tokio::sync::Mutex<Option<(Instant, Fleet)>>,
     last_error: Mutex<Option<String>>,
+    flow: Mutex<FlowHistory>,
 }
 
 impl FleetReader {
@@ -141,6 +147,7 @@ impl FleetReader {
                 .unwrap_or_default(),
             cache: tokio::sync::Mutex::new(None),
             last_error: Mutex::new(None),
+            flow: Mutex::new(FlowHistory::default()),
         }
     }
 
@@ -225,15 +232,19 @@ impl FleetReader {
                 apply_metrics(w, &text);
             }
         }
+        let gateway = gateway.ok();
+        let flow = (gateway.as_deref())
+            .map(|t| self.flow.lock().read(Instant::now(), t))
+            .unwrap_or_default();
         Ok(Fleet {
             available: true,
             error: None,
             policy: v["policy"].as_str().map(str::to_string),
-            queued: gateway
-                .ok()
-                .and_then(|t| first_value(&t, "kvroute_queued_requests")),
+            queued: (gateway.as_deref()).and_then(|t| first_value(t, "kvroute_queued_requests")),
             workers,
             pools: pools_of(&v["pools"]),
+            classes: flow.classes,
+            refusals: flow.refusals,
         })
     }
 }

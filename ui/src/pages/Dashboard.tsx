@@ -1,8 +1,9 @@
 // The live A/B page: the candidate arm (the default policy) against the round-robin arm on an
 // identical fleet under the same conversations, both live; the concurrency slider, KPIs, live
-// charts of both arms, the static comparison by level (filled from what both arms measured;
+// charts of both arms (and of each class, when the gateway has several: docs/flow-control.md),
+// refusals by tenant, the static comparison by level (filled from what both arms measured;
 // recorded or simulated references only where no arm measured, labelled), and the workers.
-import { useCallback, useEffect, useState } from "react";
+import { useCallback, useEffect, useRef, useState } from "react";
 import { baselinePolicy, sidePoint, sides, tableLevels, type SidePoint, type Sides } from "../ab";
 import { control, usePoll } from "../api";
 import { Kpi } from "../components/Kpi";
@@ -19,6 +20,7 @@ import type {
   LevelsAnswer,
   LiveStats,
   P50P95,
+  RefusalCard,
 } from "../types";
 
 const HISTORY = 300;
@@ -284,6 +286,63 @@ export function WorkerCards(props: { fleet: Fleet | null }) {
   );
 }
 
+/** The chart lines of each class of the fleets that have several classes, their TTFT p95
+ * over the gateway's last minute appended at `t` (the keys are `arm · class`). */
+export function addClassPoints(
+  h: Record<string, Point[]>,
+  fleets: FleetsAnswer,
+  t: number,
+): Record<string, Point[]> {
+  const next: Record<string, Point[]> = {};
+  for (const a of fleets.arms) {
+    const classes = a.fleet.classes ?? [];
+    if (classes.length < 2) continue;
+    for (const c of classes) {
+      const key = `${a.arm} · ${c.class}`;
+      next[key] = [...(h[key] ?? []).slice(-(HISTORY - 1)), { t, v: c.ttft_p95_ms }];
+    }
+  }
+  return next;
+}
+
+/** Refusals by tenant, class and reason (those counted at all), every arm's, the most first. */
+export function Refusals(props: { fleets: FleetsAnswer | null }) {
+  const rows: (RefusalCard & { arm: string })[] = (props.fleets?.arms ?? [])
+    .flatMap((a) => (a.fleet.refusals ?? []).filter((r) => r.total > 0).map((r) => ({ ...r, arm: a.arm })))
+    .sort((x, y) => y.total - x.total)
+    .slice(0, 20);
+  if (rows.length === 0) return null;
+  return (
+    <section>
+      <h2>Refusals by tenant</h2>
+      <table className="refusals" data-testid="refusals">
+        <thead>
+          <tr>
+            <th>fleet</th>
+            <th>tenant</th>
+            <th>class</th>
+            <th>reason</th>
+            <th>last 60 s</th>
+            <th>since start</th>
+          </tr>
+        </thead>
+        <tbody>
+          {rows.map((r) => (
+            <tr key={`${r.arm}/${r.tenant}/${r.class}/${r.reason}`} data-testid="refusal-row">
+              <td>{r.arm}</td>
+              <td>{r.tenant}</td>
+              <td>{r.class}</td>
+              <td>{r.reason}</td>
+              <td>{num(r.window)}</td>
+              <td>{num(r.total)}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </section>
+  );
+}
+
 export function Dashboard(props: { stats: LiveStats | null; config: DashboardConfig | null }) {
   const { stats, config } = props;
   const { data: fleets } = usePoll<FleetsAnswer>("/api/fleet", 2000);
@@ -291,6 +350,7 @@ export function Dashboard(props: { stats: LiveStats | null; config: DashboardCon
   const levels = levelsAnswer?.levels ?? [];
   const [ttft, setTtft] = useState<Record<string, Point[]>>({});
   const [tpot, setTpot] = useState<Record<string, Point[]>>({});
+  const lastTime = useRef<number | null>(null);
   useEffect(() => {
     if (!stats) return;
     const t = stats.time_unix_ms;
@@ -303,7 +363,14 @@ export function Dashboard(props: { stats: LiveStats | null; config: DashboardCon
     };
     setTtft(add((a) => a.window.summary.ttft_ms.p95));
     setTpot(add((a) => a.window.summary.tpot_ms.p95));
+    lastTime.current = t;
   }, [stats]);
+  // Each class's TTFT p95 from the gateways, on the load's clock.
+  const [classTtft, setClassTtft] = useState<Record<string, Point[]>>({});
+  useEffect(() => {
+    if (!fleets) return;
+    setClassTtft((h) => addClassPoints(h, fleets, lastTime.current ?? Date.now()));
+  }, [fleets]);
   const setConcurrency = useCallback((n: number) => {
     void control("/api/concurrency", { concurrency: n });
   }, []);
@@ -329,6 +396,11 @@ export function Dashboard(props: { stats: LiveStats | null; config: DashboardCon
       points: h[a.name] ?? [],
       className: a.baseline ? "series-baseline" : "series",
     }));
+  const classSeries = Object.entries(classTtft).map(([name, points], i) => ({
+    name,
+    points,
+    className: `series-class series-class-${i % 4}`,
+  }));
   const title = s.baseline
     ? `Live: ${s.candidate?.name} vs ${s.baseline.name} on an identical fleet`
     : `Live vs ${baselinePolicy(s, config?.baselines ?? []) ?? "baseline"}`;
@@ -389,9 +461,19 @@ export function Dashboard(props: { stats: LiveStats | null; config: DashboardCon
         />
       </section>
       <section className="charts">
-        <LiveChart title="TTFT p95 (60 s window)" series={series(ttft)} limit={config?.slo_ttft_p95_ms ?? null} unit="ms" />
+        <LiveChart
+          title={
+            classSeries.length > 0
+              ? "TTFT p95 (60 s window; by class: the gateway's, by first token)"
+              : "TTFT p95 (60 s window)"
+          }
+          series={[...series(ttft), ...classSeries]}
+          limit={config?.slo_ttft_p95_ms ?? null}
+          unit="ms"
+        />
         <LiveChart title="TPOT p95 (60 s window)" series={series(tpot)} limit={config?.slo_tpot_p95_ms ?? null} unit="ms" />
       </section>
+      <Refusals fleets={fleets} />
       <section>
         <h2>Benchmark: {baselinePolicy(s, config?.baselines ?? []) ?? "baseline"} vs {s.candidate?.name ?? "live"} by concurrency</h2>
         <ComparisonTable stats={stats} config={config} levels={levels} />

@@ -3,8 +3,8 @@ import { describe, expect, it, vi } from "vitest";
 import { Kpi } from "../components/Kpi";
 import { ConcurrencySlider } from "../components/Slider";
 import { RouteTable, TurnWorkers } from "../pages/ConversationPage";
-import { LiveTable, WorkerCards, accuracyText } from "../pages/Dashboard";
-import type { AccuracyCard, ArmStats, DashboardConfig, LiveStats } from "../types";
+import { LiveTable, Refusals, WorkerCards, accuracyText, addClassPoints } from "../pages/Dashboard";
+import type { AccuracyCard, ArmStats, DashboardConfig, Fleet, FleetsAnswer, LiveStats } from "../types";
 
 const dist = (p50: number | null, p95: number | null) => ({ count: 10, mean: p50, p50, p90: p95, p95, p99: p95 });
 
@@ -196,7 +196,7 @@ describe("the concurrency slider", () => {
 
 describe("worker cards", () => {
   it("say when the target does not list its workers", () => {
-    render(<WorkerCards fleet={{ available: false, error: "not a kvroute gateway", policy: null, queued: null, workers: [], pools: [] }} />);
+    render(<WorkerCards fleet={{ available: false, error: "not a kvroute gateway", policy: null, queued: null, workers: [], pools: [], classes: [], refusals: [] }} />);
     expect(screen.getByText(/not a kvroute gateway/)).toBeTruthy();
   });
 });
@@ -211,7 +211,7 @@ describe("worker accuracy", () => {
     expect(accuracyText(a)).toBe("50.0% of 32 (±48 tok) — over predicting");
     expect(accuracyText({ ...a, exact_ratio: 1, mean_abs_error_tokens: 0, degraded: null })).toBe("100.0% of 32");
     expect(accuracyText(null)).toBe("—");
-    render(<WorkerCards fleet={{ available: true, error: null, policy: "kv", queued: 0, workers: [card(a)], pools: [{ role: "both", workers: 1, inflight: 0, prefill_tokens: 0 }] }} />);
+    render(<WorkerCards fleet={{ available: true, error: null, policy: "kv", queued: 0, workers: [card(a)], pools: [{ role: "both", workers: 1, inflight: 0, prefill_tokens: 0 }], classes: [], refusals: [] }} />);
     const cell = screen.getByTestId("prediction-accuracy");
     // One pool of workers doing both: no pool line, no role badge.
     expect(screen.queryByTestId("pools")).toBeNull();
@@ -232,7 +232,7 @@ describe("a disaggregated fleet's cards", () => {
       { role: "decode", workers: 2, inflight: 5, prefill_tokens: 0 },
       { role: "prefill", workers: 1, inflight: 2, prefill_tokens: 900 },
     ];
-    render(<WorkerCards fleet={{ available: true, error: null, policy: "goodput", queued: 0, workers: [card("p1", "prefill"), card("d1", "decode"), card("d2", "decode")], pools }} />);
+    render(<WorkerCards fleet={{ available: true, error: null, policy: "goodput", queued: 0, workers: [card("p1", "prefill"), card("d1", "decode"), card("d2", "decode")], pools, classes: [], refusals: [] }} />);
     expect(screen.getAllByTestId("worker-role").map((e) => e.textContent)).toEqual(["prefill", "decode", "decode"]);
     const lines = screen.getAllByTestId("pool").map((e) => e.textContent);
     expect(lines).toEqual(["decode: 2 workers, 5 in flight, 0 prefill tokens", "prefill: 1 worker, 2 in flight, 900 prefill tokens"]);
@@ -285,5 +285,38 @@ describe("the how-it-works diagram", () => {
     expect(container.querySelectorAll("rect.block.hit").length).toBe(12);
     expect(screen.getAllByTestId("how-worker").length).toBe(2);
     expect(screen.getByText(/chosen by predictive/).textContent).toContain("250 new tokens");
+  });
+});
+
+describe("flow control on the dashboard", () => {
+  const fleet = (classes: Fleet["classes"], refusals: Fleet["refusals"]): Fleet => ({
+    available: true, error: null, policy: "goodput", queued: 0, workers: [], pools: [], classes, refusals,
+  });
+  const answer = (arms: [string, Fleet][]): FleetsAnswer => ({
+    arms: arms.map(([arm, f]) => ({ arm, target: `http://${arm}`, baseline: false, fleet: f })),
+  });
+  it("draws a line per class only for a fleet with several classes", () => {
+    const two = [
+      { class: "interactive", requests: 4, ttft_p50_ms: 90, ttft_p95_ms: 120 },
+      { class: "batch", requests: 0, ttft_p50_ms: null, ttft_p95_ms: null },
+    ];
+    const one = [{ class: "default", requests: 9, ttft_p50_ms: 200, ttft_p95_ms: 300 }];
+    let h = addClassPoints({}, answer([["goodput", fleet(two, [])], ["round_robin", fleet(one, [])]]), 1000);
+    expect(Object.keys(h)).toEqual(["goodput · interactive", "goodput · batch"]);
+    h = addClassPoints(h, answer([["goodput", fleet(two, [])]]), 2000);
+    expect(h["goodput · interactive"]).toEqual([{ t: 1000, v: 120 }, { t: 2000, v: 120 }]);
+    expect(h["goodput · batch"]).toEqual([{ t: 1000, v: null }, { t: 2000, v: null }]);
+  });
+  it("lists refusals by tenant, the most first, and nothing when there are none", () => {
+    const { container, rerender } = render(<Refusals fleets={answer([["goodput", fleet([], [])]])} />);
+    expect(container.textContent).toBe("");
+    const refusals = [
+      { tenant: "a", class: "standard", reason: "queue_full", total: 2, window: 1 },
+      { tenant: "flood", class: "standard", reason: "tenant_limit", total: 40, window: 12 },
+      { tenant: "default", class: "standard", reason: "shed", total: 0, window: 0 },
+    ];
+    rerender(<Refusals fleets={answer([["goodput", fleet([], refusals)]])} />);
+    const rows = screen.getAllByTestId("refusal-row").map((r) => r.textContent);
+    expect(rows).toEqual(["goodputfloodstandardtenant_limit1240", "goodputastandardqueue_full12"]);
   });
 });
