@@ -108,8 +108,9 @@ pub enum RouteOutcome {
     Dispatch(Selection),
     /// Every worker is busy: hold it and route again later.
     Queue,
-    /// Reject it.
-    Reject(RejectReason),
+    /// Reject it, with the wait it computed for a retry (a predicted miss: the predicted
+    /// drain; else none: [`RejectReason::retry_after_secs`]).
+    Reject(RejectReason, Option<std::time::Duration>),
 }
 
 /// How the router knows what a worker caches.
@@ -136,6 +137,8 @@ struct Evaluation {
     choice: Option<(Vec<usize>, Choice)>,
     /// The prefill worker offered, and whether the request is split there.
     prefill: Option<(RemotePrefill, bool)>,
+    /// A refusal's own wait before a retry.
+    retry_after: Option<std::time::Duration>,
 }
 
 /// The router.
@@ -523,8 +526,10 @@ impl Router {
                 })
             }
             (AdmissionDecision::Queue, _) => RouteOutcome::Queue,
-            (AdmissionDecision::Reject(r), _) => RouteOutcome::Reject(r),
-            (AdmissionDecision::Dispatch, None) => RouteOutcome::Reject(RejectReason::NoWorkers),
+            (AdmissionDecision::Reject(r), _) => RouteOutcome::Reject(r, ev.retry_after),
+            (AdmissionDecision::Dispatch, None) => {
+                RouteOutcome::Reject(RejectReason::NoWorkers, None)
+            }
         }
     }
 
@@ -725,11 +730,13 @@ impl Router {
             .map(|b| adm.mode == AdmissionMode::None || free == 0 || !b)
             .collect();
         let ix: Vec<usize> = (0..candidates.len()).filter(|&i| eligible[i]).collect();
+        let mut retry_after = None;
         if class.on_predicted_miss == MissAction::Reject
             && !matches!(decision, AdmissionDecision::Reject(_))
         {
             let pool: Vec<Candidate> = ix.iter().map(|&i| candidates[i].clone()).collect();
-            if self.predicted_miss(req, &pool).is_some() {
+            retry_after = self.predicted_miss(req, &pool);
+            if retry_after.is_some() {
                 decision = AdmissionDecision::Reject(RejectReason::PredictedMiss);
             }
         }
@@ -780,6 +787,7 @@ impl Router {
             decision,
             choice,
             prefill,
+            retry_after,
         }
     }
 }

@@ -92,9 +92,10 @@ pub type Answer = Result<Admitted, AdmitError>;
 /// Why admission booked no worker for a request (the gateway maps it to its answer).
 #[derive(Debug, thiserror::Error)]
 pub enum AdmitError {
-    /// The core refused it (no worker, all busy, the queue full or its wait too long).
+    /// The core refused it (no worker, all busy, the queue full or its wait too long), with
+    /// the wait it computed for a retry, if any (a predicted miss's drain).
     #[error("rejected: {}", .0.as_str())]
-    Rejected(RejectReason),
+    Rejected(RejectReason, Option<std::time::Duration>),
     /// The booking failed: a bug or an impossible state.
     #[error("internal error: {0}")]
     Internal(String),

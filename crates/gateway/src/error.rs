@@ -19,10 +19,13 @@ pub enum GatewayError {
     /// Admission refused it.
     #[error("rejected: {}", .0.as_str())]
     Rejected(RejectReason),
-    /// Its tenant is over a limit: 429 `tenant_limit`, with the wait the limit gives.
-    #[error("rejected: tenant_limit")]
-    TenantLimit {
-        /// How long until the request would be let in.
+    /// Refused with a wait of its own: a tenant over a limit (429 `tenant_limit`, the wait
+    /// its limit gives), a predicted miss (503, the predicted drain).
+    #[error("rejected: {}", reason.as_str())]
+    RejectedFor {
+        /// Why.
+        reason: RejectReason,
+        /// How long until the request would be let in (or meet its objective).
         retry_after: std::time::Duration,
     },
     /// The worker could not be reached or failed before answering.
@@ -44,7 +47,11 @@ impl From<kvroute_fleet::bookings::AdmitError> for GatewayError {
     fn from(e: kvroute_fleet::bookings::AdmitError) -> Self {
         use kvroute_fleet::bookings::AdmitError;
         match e {
-            AdmitError::Rejected(reason) => GatewayError::Rejected(reason),
+            AdmitError::Rejected(reason, None) => GatewayError::Rejected(reason),
+            AdmitError::Rejected(reason, Some(retry_after)) => GatewayError::RejectedFor {
+                reason,
+                retry_after,
+            },
             AdmitError::Internal(m) => GatewayError::Internal(m),
         }
     }
@@ -96,8 +103,11 @@ impl GatewayError {
                 }
                 api
             }
-            GatewayError::TenantLimit { retry_after } => {
-                let mut api = GatewayError::Rejected(RejectReason::TenantLimit).to_api();
+            GatewayError::RejectedFor {
+                reason,
+                retry_after,
+            } => {
+                let mut api = GatewayError::Rejected(*reason).to_api();
                 // Whole seconds, rounded up: a client coming back sooner is refused again.
                 api.retry_after_secs = Some(retry_after.as_secs_f64().ceil().max(1.0) as u64);
                 api
@@ -130,7 +140,7 @@ impl GatewayError {
     /// protocol has it; 503 stays for no eligible worker at all.
     pub fn to_picker_api(&self) -> ApiError {
         let mut api = self.to_api();
-        if let GatewayError::Rejected(r) = self {
+        if let GatewayError::Rejected(r) | GatewayError::RejectedFor { reason: r, .. } = self {
             if *r != RejectReason::NoWorkers {
                 api.kind = ErrorKind::Overloaded;
             }
@@ -193,6 +203,15 @@ mod tests {
             assert_eq!(api.status(), status, "{reason:?}");
             assert!(api.retry_after_secs.is_some() || status == 503);
         }
+        // A refusal with a wait of its own says it, in whole seconds rounded up.
+        let e = GatewayError::RejectedFor {
+            reason: RejectReason::PredictedMiss,
+            retry_after: std::time::Duration::from_millis(2_300),
+        };
+        let api = e.to_api();
+        assert_eq!((api.status(), api.retry_after_secs), (503, Some(3)));
+        assert_eq!(api.code.as_deref(), Some("predicted_miss"));
+        assert_eq!(e.to_picker_api().status(), 429);
         for (e, status) in cases {
             let api = e.to_api();
             assert_eq!(api.status(), status, "{e}");

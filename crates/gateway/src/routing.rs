@@ -78,7 +78,8 @@ pub fn enter(
                 .with_label_values(&[kvroute_core::RejectReason::TenantLimit.as_str()])
                 .inc();
             count_refusal(gw, id.flow, kvroute_core::RejectReason::TenantLimit);
-            GatewayError::TenantLimit {
+            GatewayError::RejectedFor {
+                reason: kvroute_core::RejectReason::TenantLimit,
                 retry_after: over.retry_after,
             }
         })
@@ -149,7 +150,7 @@ pub async fn admit(
                         let wake = before.is_none_or(|b| q.next_deadline() < Some(b));
                         (Err(waiting), wake)
                     }
-                    Err(reason) => (Ok(Err(AdmitError::Rejected(reason))), false),
+                    Err(reason) => (Ok(Err(AdmitError::Rejected(reason, None))), false),
                 }
             }
             Ok(Some(a)) => (Ok(Ok(a)), false),
@@ -184,7 +185,7 @@ pub async fn admit(
             Ok((a.sel, a.guard, a.explanation))
         }
         Err(e) => {
-            if let AdmitError::Rejected(reason) = &e {
+            if let AdmitError::Rejected(reason, _) = &e {
                 m.rejected.with_label_values(&[reason.as_str()]).inc();
                 count_refusal(gw, prep.identity.flow, *reason);
             }

@@ -510,7 +510,7 @@ impl<'a> Sim<'a> {
                     session,
                 })
             }
-            RouteOutcome::Reject(reason) => {
+            RouteOutcome::Reject(reason, _) => {
                 self.refuse(t, id, reason);
                 return None;
             }

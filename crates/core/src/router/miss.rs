@@ -7,12 +7,23 @@
 use super::{RouteRequest, Router};
 use crate::flow::MissAction;
 use crate::policy::{Candidate, PolicyInput, Predictive};
+use std::time::Duration;
+
+/// The longest predicted drain a refusal reports, in seconds.
+pub const MAX_DRAIN: f64 = 600.0;
 
 impl Router {
-    /// The best predicted TTFT over `pool` (the workers the request could go to) when its
-    /// class refuses predicted misses and even that one misses the class's objective (the
-    /// router's goodput objective when the class sets none); `None` otherwise.
-    pub(super) fn predicted_miss(&self, req: &RouteRequest<'_>, pool: &[Candidate]) -> Option<f64> {
+    /// When its class refuses predicted misses and even the best predicted TTFT over `pool`
+    /// (the workers the request could go to) misses the class's objective (the router's
+    /// goodput objective when the class sets none): the predicted drain, how much longer than
+    /// its objective that best prediction is (the time until the backlog ahead of it has
+    /// shrunk enough to meet it, at most [`MAX_DRAIN`]), a refusal's `Retry-After`; `None`
+    /// otherwise.
+    pub(super) fn predicted_miss(
+        &self,
+        req: &RouteRequest<'_>,
+        pool: &[Candidate],
+    ) -> Option<Duration> {
         let class = self.flows.class(req.flow.class);
         if class.on_predicted_miss != MissAction::Reject || pool.is_empty() {
             return None;
@@ -24,7 +35,7 @@ impl Router {
             .predicted_ttft(req, pool)
             .into_iter()
             .fold(f64::INFINITY, f64::min);
-        (best > objective).then_some(best)
+        (best > objective).then(|| Duration::from_secs_f64((best - objective).min(MAX_DRAIN)))
     }
 
     /// The `predictive` policy's time to first token of `req` on each of `pool` (no
@@ -89,11 +100,13 @@ mod tests {
                 ..RouteRequest::new(&prompt)
             })
         };
-        // 400 tokens at the prior 10,000 tokens/s: 40 ms predicted.
-        assert_eq!(
-            outcome("strict"),
-            RouteOutcome::Reject(RejectReason::PredictedMiss)
-        );
+        // 400 tokens at the prior 10,000 tokens/s: 40 ms predicted, 39 ms over the
+        // objective: the predicted drain, the refusal's wait.
+        let RouteOutcome::Reject(RejectReason::PredictedMiss, Some(wait)) = outcome("strict")
+        else {
+            panic!("{:?}", outcome("strict"))
+        };
+        assert!((wait.as_secs_f64() - 0.039).abs() < 0.005, "{wait:?}");
         assert!(matches!(outcome("roomy"), RouteOutcome::Dispatch(_)));
         assert!(matches!(outcome("lenient"), RouteOutcome::Dispatch(_)));
         assert!(matches!(outcome("unknown"), RouteOutcome::Dispatch(_)));

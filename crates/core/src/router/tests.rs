@@ -190,7 +190,7 @@ fn busy_workers_are_skipped_then_queued_or_shed() {
     r.config.admission = shed.clone();
     assert_eq!(
         r.route(&req(&p)),
-        RouteOutcome::Reject(RejectReason::AllWorkersBusy)
+        RouteOutcome::Reject(RejectReason::AllWorkersBusy, None)
     );
     shed.mode = AdmissionMode::None;
     r.config.admission = shed;
@@ -203,7 +203,7 @@ fn no_workers_is_a_rejection_not_a_panic() {
     let p = prompt(&tokens(100, 1));
     assert_eq!(
         r.route(&req(&p)),
-        RouteOutcome::Reject(RejectReason::NoWorkers)
+        RouteOutcome::Reject(RejectReason::NoWorkers, None)
     );
     let ex = r.explain(&req(&p));
     assert!(ex.workers.is_empty() && ex.winner.is_none());
@@ -533,7 +533,7 @@ fn an_unavailable_worker_keeps_its_index_but_is_not_chosen() {
     }
     assert_eq!(
         r.route(&req(&p)),
-        RouteOutcome::Reject(RejectReason::NoWorkers)
+        RouteOutcome::Reject(RejectReason::NoWorkers, None)
     );
 }
 

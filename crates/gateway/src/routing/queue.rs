@@ -65,7 +65,7 @@ pub fn enqueue(
         let _gone = e
             .item
             .tx
-            .send(Err(AdmitError::Rejected(RejectReason::Shed)));
+            .send(Err(AdmitError::Rejected(RejectReason::Shed, None)));
     }
     let place = Place {
         gw: gw.clone(),
@@ -108,7 +108,7 @@ pub fn route_and_book(
             }))
         }
         RouteOutcome::Queue => Ok(None),
-        RouteOutcome::Reject(reason) => Err(AdmitError::Rejected(reason)),
+        RouteOutcome::Reject(reason, wait) => Err(AdmitError::Rejected(reason, wait)),
     }
 }
 
@@ -160,7 +160,7 @@ pub fn drain(gw: &Arc<Gateway>) -> Option<Time> {
     let mut answers: Vec<(oneshot::Sender<Answer>, Answer)> = Vec::new();
     let next = gw.table.with_both(|q, r| {
         for e in q.expire(now) {
-            answers.push((e.item.tx, Err(AdmitError::Rejected(e.expiry))));
+            answers.push((e.item.tx, Err(AdmitError::Rejected(e.expiry, None))));
         }
         if !q.is_empty() {
             let mut pass = q.drain();

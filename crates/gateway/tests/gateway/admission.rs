@@ -258,3 +258,54 @@ async fn a_tenant_over_its_quota_gets_429_with_its_wait_and_the_others_do_not() 
     gw.shutdown().await;
     a.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_predicted_miss_is_refused_at_once_with_the_predicted_drain_as_its_wait() {
+    use kvroute_core::flow::{ClassConfig, FlowConfig, MissAction};
+    let a = worker("a").await;
+    let mut cfg = config(&[&a], "kv");
+    cfg.auth.api_keys = vec![kvroute_gateway::config::Secret("sk-gateway".into())];
+    // Before any first token the router assumes 100 prompt tokens a second: a prompt of a
+    // few hundred tokens is predicted seconds past a 0.5 s objective.
+    cfg.router.policy.predictive.prior_tokens_per_sec = 100.0;
+    cfg.router.admission.flow = FlowConfig {
+        classes: vec![
+            ClassConfig {
+                name: "strict".into(),
+                ttft_secs: Some(0.5),
+                on_predicted_miss: MissAction::Reject,
+                ..ClassConfig::default()
+            },
+            ClassConfig {
+                name: "patient".into(),
+                ttft_secs: Some(0.5),
+                ..ClassConfig::default()
+            },
+        ],
+        ..FlowConfig::default()
+    };
+    let gw = gateway(&[&a], cfg).await;
+    let url = gw.url();
+    let words = "a few more words to make the prompt long enough ".repeat(20);
+    let body = chat(&[("user", &words)], false, 2);
+    let (status, retry, json) = post_as(&url, "sk-gateway", Some("strict"), &body).await;
+    assert_eq!(status, 503, "{json}");
+    assert_eq!(json["error"]["code"], "predicted_miss");
+    // Its wait is the predicted drain (the prediction less the objective), not the 1 s of
+    // a refusal that computes none.
+    let secs: u64 = retry.expect("Retry-After").parse().unwrap();
+    assert!((2..=600).contains(&secs), "Retry-After {secs}");
+    // A class that admits predicted misses is served.
+    let (status, _, json) = post_as(&url, "sk-gateway", Some("patient"), &body).await;
+    assert_eq!(status, 200, "{json}");
+    let text = scrape(&url).await;
+    assert_eq!(
+        kvroute_testkit::sample(
+            &text,
+            "kvroute_flow_refused_total{class=\"strict\",reason=\"predicted_miss\",tenant=\"default\"}"
+        ),
+        Some(1.0)
+    );
+    gw.shutdown().await;
+    a.shutdown().await;
+}

@@ -35,7 +35,7 @@ fn a_prefill_only_worker_is_never_a_requests_worker() {
     }
     assert_eq!(
         r.route(&req(&p)),
-        RouteOutcome::Reject(RejectReason::NoWorkers)
+        RouteOutcome::Reject(RejectReason::NoWorkers, None)
     );
     // Forgetting a worker forgets its role.
     r.remove_worker(WorkerId(1));
