@@ -203,15 +203,12 @@ fn worker_name(gw: &Gateway, id: kvroute_core::WorkerId) -> String {
         .map_or_else(|| id.to_string(), |w| w.name.clone())
 }
 
-/// `body` (a JSON object) with its `priority` set to `value`; unchanged if it is not one.
-fn with_priority(body: &Bytes, value: i64) -> Bytes {
-    match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body) {
-        Ok(mut map) => {
-            map.insert("priority".into(), value.into());
-            serde_json::to_vec(&map).map_or_else(|_| body.clone(), Bytes::from)
-        }
-        Err(_) => body.clone(),
-    }
+/// `body` (a JSON object) with its `priority` set to `value`; `None` if it is not one (the
+/// gateway and the endpoint picker both send the engine's priority so).
+pub(crate) fn with_priority(body: &[u8], value: i64) -> Option<Vec<u8>> {
+    let mut map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).ok()?;
+    map.insert("priority".into(), value.into());
+    serde_json::to_vec(&map).ok()
 }
 
 /// Sends `body` (the client's, or a continuation) for `call` to `worker`, with the request's
@@ -245,7 +242,7 @@ async fn send(
         _ => kvroute_fleet::upstream::with_key(req, gw.upstream.key_for(&w.spec)),
     };
     let body = match (w.spec.priority, call.engine_priority) {
-        (Some(order), Some(p)) => with_priority(&body, order.value(p)),
+        (Some(order), Some(p)) => with_priority(&body, order.value(p)).map_or(body, Bytes::from),
         _ => body,
     };
     let req = req.body(body).send();

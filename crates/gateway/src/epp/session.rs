@@ -366,6 +366,20 @@ impl Session {
                 more.push((wire::PREFILLER_HEADER, p));
             }
         }
+        // The engine's own priority, for a worker marked as taking it: the body rewritten,
+        // given back so (Envoy sends a streamed body on chunked) or replaced when Envoy
+        // buffered it (its length set to match).
+        let class = gw.flows.class(prep.identity.flow.class);
+        let new_body = match (worker.spec.priority, class.engine_priority) {
+            (Some(order), Some(p)) => crate::proxy::with_priority(&self.body, order.value(p)),
+            _ => None,
+        };
+        if let Some(b) = &new_body {
+            if self.buffered {
+                more.push(("content-length", b.len().to_string()));
+            }
+            self.body.clone_from(b);
+        }
         tracing::debug!(request_id = %self.request_id, worker = %worker.name, %endpoint, matched_blocks = sel.matched_blocks, "endpoint picked");
         self.pick = Some(Pick {
             model: model.clone(),
@@ -381,7 +395,7 @@ impl Session {
             guard: Some(guard),
             prefill_guard,
         });
-        Ok(wire::routed(&endpoint, &more, self.buffered))
+        Ok(wire::routed(&endpoint, &more, self.buffered, new_body))
     }
 
     /// The workers the data plane allows: all, or those its subset hint names (by address
@@ -457,6 +471,7 @@ impl Session {
                 self.request_id.clone(),
             )],
             false,
+            None,
         )]
     }
 

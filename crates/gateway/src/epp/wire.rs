@@ -118,8 +118,14 @@ fn string(s: &str) -> Value {
 /// The answer routing a request: the destination in the header and in `envoy.lb` metadata,
 /// `more` headers set, the route cache cleared (the route may depend on the new header).
 /// It answers the request headers, or, when the body was buffered (the headers held until
-/// it is answered), the body.
-pub fn routed(endpoint: &str, more: &[(&str, String)], on_body: bool) -> ProcessingResponse {
+/// it is answered), the body, replacing it with `new_body` when given (streamed bodies are
+/// given back after this answer, changed or not).
+pub fn routed(
+    endpoint: &str,
+    more: &[(&str, String)],
+    on_body: bool,
+    new_body: Option<Vec<u8>>,
+) -> ProcessingResponse {
     let mut set_headers = vec![set_header(DESTINATION_HEADER, endpoint)];
     set_headers.extend(more.iter().map(|(k, v)| set_header(k, v)));
     let lb = Struct {
@@ -143,6 +149,9 @@ pub fn routed(endpoint: &str, more: &[(&str, String)], on_body: bool) -> Process
                 vec![PREFILLER_HEADER.to_string()]
             },
             set_headers,
+        }),
+        body_mutation: new_body.filter(|_| on_body).map(|b| BodyMutation {
+            mutation: Some(body_mutation::Mutation::Body(b)),
         }),
         clear_route_cache: true,
         ..CommonResponse::default()
@@ -418,15 +427,26 @@ mod tests {
 
     #[test]
     fn the_destination_is_in_the_header_and_the_metadata_alike() {
-        let on_body = routed("10.0.0.7:8000", &[], true);
-        assert!(matches!(
-            on_body.response,
-            Some(processing_response::Response::RequestBody(_))
-        ));
+        let on_body = routed("10.0.0.7:8000", &[], true, Some(b"{}".to_vec()));
+        let Some(processing_response::Response::RequestBody(b)) = &on_body.response else {
+            panic!("not a body answer")
+        };
+        // A buffered body is replaced in the answer; a streamed one is given back after it.
+        let mutation = b.response.as_ref().unwrap().body_mutation.as_ref();
+        assert_eq!(
+            mutation.and_then(|m| m.mutation.clone()),
+            Some(body_mutation::Mutation::Body(b"{}".to_vec()))
+        );
+        let on_headers = routed("10.0.0.7:8000", &[], false, Some(b"{}".to_vec()));
+        let Some(processing_response::Response::RequestHeaders(h)) = &on_headers.response else {
+            panic!("not a headers answer")
+        };
+        assert!(h.response.as_ref().unwrap().body_mutation.is_none());
         let r = routed(
             "10.0.0.7:8000",
             &[("x-data-parallel-rank", "1".into())],
             false,
+            None,
         );
         let Some(processing_response::Response::RequestHeaders(h)) = &r.response else {
             panic!("not a headers answer")
@@ -447,6 +467,7 @@ mod tests {
             "10.0.0.7:8000",
             &[(PREFILLER_HEADER, "10.0.0.8:8000".into())],
             false,
+            None,
         );
         let Some(processing_response::Response::RequestHeaders(h)) = &split.response else {
             panic!("not a headers answer")

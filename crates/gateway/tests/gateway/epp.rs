@@ -581,3 +581,82 @@ async fn the_picker_knows_tenants_by_their_keys_and_refuses_one_over_its_quota()
     gw.shutdown().await;
     a.shutdown().await;
 }
+
+/// What a stub engine saw of one request: the body's `priority` and whether its length was
+/// right (its `Content-Length` the body's, or none: chunked).
+type Seen = Arc<Mutex<Vec<(Option<i64>, bool)>>>;
+
+/// A stub engine recording the `priority` of each request's body.
+async fn priority_engine(seen: Seen) -> String {
+    use axum::routing::{get, post};
+    let answer = move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let length = headers
+            .get("content-length")
+            .and_then(|l| l.to_str().ok()?.parse::<usize>().ok());
+        seen.lock().unwrap().push((
+            v["priority"].as_i64(),
+            length.is_none_or(|l| l == body.len()),
+        ));
+        async {
+            let a = serde_json::json!({"id": "cmpl-p", "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}});
+            ([("content-type", "application/json")], a.to_string())
+        }
+    };
+    kvroute_testkit::serve(
+        axum::Router::new()
+            .route("/v1/chat/completions", post(answer))
+            .route("/health", get(|| async { "ok" })),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_picker_sets_the_engines_priority_for_a_worker_marked_as_taking_one() {
+    use kvroute_core::flow::{ClassConfig, FlowConfig};
+    // Envoy failing closed streams the body through the picker; failing open buffers it.
+    for fail_open in [false, true] {
+        let seen: Seen = Arc::default();
+        let url = priority_engine(Arc::clone(&seen)).await;
+        let port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
+        let mut cfg = config(&[], "kv");
+        cfg.workers = vec![kvroute_gateway::WorkerSpec {
+            url,
+            name: Some("e".into()),
+            priority: Some(kvroute_gateway::config::EnginePriority::HigherFirst),
+            ..kvroute_gateway::WorkerSpec::default()
+        }];
+        cfg.router.admission.flow = FlowConfig {
+            classes: vec![ClassConfig {
+                name: "high".into(),
+                band: 1,
+                engine_priority: Some(-5),
+                ..ClassConfig::default()
+            }],
+            ..FlowConfig::default()
+        };
+        let gw = gateway_with_feeds(cfg, Default::default()).await;
+        let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let epp = epp::spawn(gw.state().clone(), grpc, health).await.unwrap();
+        let Some(envoy) = Envoy::start(&envoy_config(epp.addr.port(), fail_open, &[port])) else {
+            return;
+        };
+        let body = chat(&[("user", "hello there")], false, 4);
+        for class in [Some("high"), None] {
+            let (status, _, json) = post_as(&envoy.url(), "sk-any", class, &body).await;
+            assert_eq!(status, 200, "{json} {}", envoy.log());
+        }
+        // `high` (engine priority -5, lower = sooner) reaches an engine serving higher
+        // values first as 5, its length set to match; the default class sets none.
+        assert_eq!(
+            seen.lock().unwrap().as_slice(),
+            &[(Some(5), true), (None, true)],
+            "fail open: {fail_open}"
+        );
+        drop((envoy, epp));
+        gw.shutdown().await;
+    }
+}
