@@ -70,6 +70,9 @@ pub(crate) struct LoadSpec {
     /// Its tenant's token bucket (`tokens_per_sec`) as a share of the fleet's capacity in
     /// tokens for its requests (overrides the flow settings').
     pub quota_of_capacity: Option<f64>,
+    /// Its tenant's token bucket size in seconds of its quota (with `quota_of_capacity`;
+    /// unset: the flow settings' default, 10 s).
+    pub burst_secs: Option<f64>,
     /// Open loop: a rate of this many times its quota (with `quota_of_capacity`).
     pub rate_of_quota: Option<f64>,
     /// Shared-prefix requests' shape.
@@ -125,6 +128,10 @@ impl Spec {
             positive("rate_of_capacity", l.rate_of_capacity)?;
             positive("quota_of_capacity", l.quota_of_capacity)?;
             positive("rate_of_quota", l.rate_of_quota)?;
+            positive("burst_secs", l.burst_secs)?;
+            if l.burst_secs.is_some() && l.quota_of_capacity.is_none() {
+                bail!("tenant {name:?}: burst_secs needs quota_of_capacity");
+            }
             let rates = [l.rate, l.rate_of_capacity, l.rate_of_quota]
                 .iter()
                 .filter(|r| r.is_some())
@@ -224,11 +231,16 @@ pub(crate) fn flow_config(spec: &Spec, resolved: &[Resolved]) -> FlowConfig {
     let mut flow = spec.flow.clone();
     for (l, r) in spec.loads.iter().zip(resolved) {
         if let Some(q) = r.quota_tokens_per_s {
+            let burst = l.burst_secs.map(|b| ((q * b).ceil() as u64).max(1));
             match flow.tenants.iter_mut().find(|t| t.name == l.tenant) {
-                Some(t) => t.tokens_per_sec = Some(q),
+                Some(t) => {
+                    t.tokens_per_sec = Some(q);
+                    t.burst_tokens = burst.or(t.burst_tokens);
+                }
                 None => flow.tenants.push(kvroute_core::flow::TenantConfig {
                     name: l.tenant.clone(),
                     tokens_per_sec: Some(q),
+                    burst_tokens: burst,
                     ..Default::default()
                 }),
             }

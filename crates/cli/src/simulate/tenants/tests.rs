@@ -62,6 +62,14 @@ fn bad_specs_are_refused_with_what_is_wrong() {
         ),
         ("[[loads]]\ntenant = \"a\"\nkind = \"fast\"\n", "unknown variant"),
         (
+            "[[loads]]\ntenant = \"a\"\nkind = \"open\"\nrate = 1.0\nburst_secs = 30.0\n",
+            "burst_secs needs quota_of_capacity",
+        ),
+        (
+            "[[loads]]\ntenant = \"a\"\nkind = \"open\"\nrate = 1.0\nquota_of_capacity = 0.1\nburst_secs = -1.0\n",
+            "burst_secs must be within",
+        ),
+        (
             "[[flow.tenants]]\nname = \"a\"\nweight = 0\n[[loads]]\ntenant = \"a\"\nkind = \"open\"\nrate = 1.0\n",
             "weight",
         ),
@@ -81,4 +89,25 @@ fn bad_specs_are_refused_with_what_is_wrong() {
     );
     assert!(e.contains("reading tenants spec"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_quota_s_bucket_holds_its_burst_secs_of_the_quota() {
+    let spec: Spec = toml::from_str(
+        "[[flow.tenants]]\nname = \"a\"\nweight = 2.0\n[[loads]]\ntenant = \"a\"\nkind = \"open\"\nrate = 1.0\nquota_of_capacity = 0.5\nburst_secs = 60.0\n[[loads]]\ntenant = \"b\"\nkind = \"open\"\nrate = 1.0\nquota_of_capacity = 0.5\n",
+    )
+    .unwrap();
+    let quota = Resolved {
+        rate: Some(1.0),
+        quota_tokens_per_s: Some(100.5),
+    };
+    let flow = flow_config(&spec, &[quota, quota]);
+    let a = flow.tenants.iter().find(|t| t.name == "a").unwrap();
+    assert_eq!(
+        (a.weight, a.tokens_per_sec, a.burst_tokens),
+        (2.0, Some(100.5), Some(6_030))
+    );
+    // Without burst_secs: the flow settings' default (10 s of the rate, left unset here).
+    let b = flow.tenants.iter().find(|t| t.name == "b").unwrap();
+    assert_eq!((b.tokens_per_sec, b.burst_tokens), (Some(100.5), None));
 }
