@@ -60,6 +60,10 @@ pub struct WorkerLoad {
     /// their decode steps read.
     #[serde(default)]
     pub context_tokens: u64,
+    /// The in-flight requests' miss weights summed (`inflight` when every one weighs 1):
+    /// what the goodput policy counts when it predicts that they miss.
+    #[serde(default)]
+    pub miss_weights: f64,
     /// The engine's own report, when one arrived.
     pub engine: Option<EngineLoad>,
 }
@@ -96,6 +100,8 @@ pub struct Booking<'a> {
     pub cached_tokens: usize,
     /// Sequence hashes of the prompt's full blocks.
     pub blocks: &'a [SequenceHash],
+    /// How much its missing an objective weighs (its class's `miss_weight`; 1 without).
+    pub miss_weight: f64,
 }
 
 /// Ledger misuse, reported rather than panicking.
@@ -135,6 +141,8 @@ struct Inflight {
     /// Its worker computes its prompt (else a prefill worker did: its first token is no
     /// sample of this worker's prefill speed).
     prefills_here: bool,
+    /// Its miss weight (in its worker's `miss_weights`).
+    miss_weight: f64,
 }
 
 /// A worker's running sums: time-integrals of its booked batch and KV, and the prefill
@@ -428,6 +436,12 @@ impl LoadLedger {
         w.load.inflight += 1;
         w.load.prefill_tokens += uncached;
         w.load.context_tokens += b.prompt_tokens as u64;
+        let miss_weight = if b.miss_weight.is_finite() {
+            b.miss_weight.max(0.0)
+        } else {
+            1.0
+        };
+        w.load.miss_weights += miss_weight;
         w.refresh_blocks();
         self.requests.insert(
             b.request,
@@ -443,6 +457,7 @@ impl LoadLedger {
                 partial_block,
                 decode_from: None,
                 prefills_here,
+                miss_weight,
             },
         );
         Ok(())
@@ -580,6 +595,11 @@ impl LoadLedger {
         w.partial_blocks -= u64::from(r.partial_block).min(w.partial_blocks);
         w.load.inflight = w.load.inflight.saturating_sub(1);
         w.load.context_tokens = w.load.context_tokens.saturating_sub(r.prompt_tokens);
+        // Exact again when none is left (sums of fractions drift).
+        w.load.miss_weights = match w.load.inflight {
+            0 => 0.0,
+            _ => (w.load.miss_weights - r.miss_weight).max(0.0),
+        };
         w.refresh_blocks();
         let secs = now.since(r.booked_at).as_secs_f64();
         w.service_secs = Some(match w.service_secs {

@@ -572,6 +572,7 @@ impl Router {
             prompt_tokens: prompt.tokens,
             cached_tokens: selection.cached_tokens.saturating_sub(load),
             blocks: &prompt.sequence,
+            miss_weight: self.flows.class(req.flow.class).miss_weight,
         };
         if selection.prefill.is_some() {
             // Its prompt is computed elsewhere ([`Router::dispatch_prefill`]).

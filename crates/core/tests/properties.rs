@@ -331,6 +331,7 @@ proptest! {
                 prompt_tokens: *tokens,
                 cached_tokens: *cached,
                 blocks: &seqs,
+                miss_weight: 1.0,
             }, Time::from_millis(i as u64)).unwrap();
             open.push(i as u64);
             prop_assert_eq!(check_active(&l, &open, &held), Ok(()));

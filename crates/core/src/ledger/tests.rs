@@ -28,6 +28,7 @@ fn book(
             prompt_tokens: tokens,
             cached_tokens: cached,
             blocks,
+            miss_weight: 1.0,
         },
         Time::from_millis(id),
     )
@@ -79,6 +80,7 @@ fn misuse_is_reported() {
         prompt_tokens: 16,
         cached_tokens: 0,
         blocks: &s,
+        miss_weight: 1.0,
     };
     assert_eq!(
         l.book(&dup, Time::ZERO),
@@ -181,6 +183,7 @@ fn decode_speed_is_learned_from_finished_requests_against_their_batch() {
                     prompt_tokens: 64,
                     cached_tokens: 64,
                     blocks: &blocks,
+                    miss_weight: 1.0,
                 },
                 at(t),
             )
@@ -229,6 +232,7 @@ fn a_worker_that_looked_slow_is_measured_again_after_the_others_took_its_share()
                 prompt_tokens: tokens,
                 cached_tokens: 0,
                 blocks: &blocks,
+                miss_weight: 1.0,
             },
             at(t),
         )
@@ -244,6 +248,7 @@ fn a_worker_that_looked_slow_is_measured_again_after_the_others_took_its_share()
             prompt_tokens: 16,
             cached_tokens: 16,
             blocks: &seqs(&[7]),
+            miss_weight: 1.0,
         },
         at(0),
     )
@@ -293,6 +298,7 @@ fn an_idle_worker_avoided_on_its_figures_is_measured_again_soon() {
                 prompt_tokens: 1_000 + 100 * i as usize,
                 cached_tokens: 0,
                 blocks: &seqs(&[i * 100]),
+                miss_weight: 1.0,
             },
             at(1_000 * i),
         )
@@ -313,6 +319,7 @@ fn an_idle_worker_avoided_on_its_figures_is_measured_again_soon() {
                 prompt_tokens: 1_000,
                 cached_tokens: 0,
                 blocks: &seqs(&[i * 100]),
+                miss_weight: 1.0,
             },
             at(1_000 * i),
         )
@@ -329,6 +336,7 @@ fn an_idle_worker_avoided_on_its_figures_is_measured_again_soon() {
             prompt_tokens: 1_000,
             cached_tokens: 0,
             blocks: &seqs(&[100 * 100]),
+            miss_weight: 1.0,
         },
         at(100_000),
     )
@@ -342,6 +350,7 @@ fn an_idle_worker_avoided_on_its_figures_is_measured_again_soon() {
             prompt_tokens: 1_000,
             cached_tokens: 0,
             blocks: &seqs(&[101 * 100]),
+            miss_weight: 1.0,
         },
         at(101_000),
     )
@@ -381,6 +390,7 @@ fn a_worker_chosen_for_split_decodes_keeps_its_prefill_figures() {
                 prompt_tokens: 64,
                 cached_tokens: 0,
                 blocks: &blocks,
+                miss_weight: 1.0,
             };
             l.book_decode(&b, t).unwrap();
         } else {
@@ -391,4 +401,30 @@ fn a_worker_chosen_for_split_decodes_keeps_its_prefill_figures() {
     }
     assert!(fresh(&l), "figures of a worker being chosen are not stale");
     assert_eq!(l.prefill_estimate(WorkerId(1)), learned);
+}
+
+#[test]
+fn miss_weights_are_summed_while_in_flight_and_given_back() {
+    let mut l = ledger();
+    let s = seqs(&[1]);
+    let weighted = |id, w: f64| Booking {
+        request: RequestId(id),
+        worker: WorkerId(1),
+        prompt_tokens: 16,
+        cached_tokens: 0,
+        blocks: &s,
+        miss_weight: w,
+    };
+    for (id, w) in [(1, 10.0), (2, 1.0), (3, 0.3), (4, f64::NAN), (5, -2.0)] {
+        l.book(&weighted(id, w), Time::ZERO).unwrap();
+    }
+    // A weight that is not a number counts 1, a negative one 0.
+    let sum = |l: &LoadLedger| l.load(WorkerId(1)).unwrap().miss_weights;
+    assert!((sum(&l) - 12.3).abs() < 1e-9, "{}", sum(&l));
+    l.finish(RequestId(1), Time::from_millis(5)).unwrap();
+    assert!((sum(&l) - 2.3).abs() < 1e-9, "{}", sum(&l));
+    for id in 2..=5 {
+        l.finish(RequestId(id), Time::from_millis(5)).unwrap();
+    }
+    assert_eq!(sum(&l), 0.0);
 }

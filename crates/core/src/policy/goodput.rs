@@ -12,7 +12,8 @@
 //! Predicted misses: the new request when its first token or its step breaks an objective
 //! (its class's objectives where it has a class that sets them, its miss weighed by the
 //! class's `miss_weight`);
-//! the running requests when the step the request brings pushes theirs past the objective;
+//! the running requests when the step the request brings pushes theirs past the objective
+//! (each weighed by its class's `miss_weight`, as the ledger books it);
 //! at a worker at its batch limit, the next request to arrive there too, when its wait for
 //! a running request to leave breaks the first-token objective (one more request there
 //! lengthens that queue for every later one, the conversations that stay there included).
@@ -169,7 +170,8 @@ impl Goodput {
                     misses += weight;
                 }
                 if step_now <= self.config.tpot_secs && stalled_step > self.config.tpot_secs {
-                    misses += running;
+                    // Each weighed by its class's `miss_weight` (1 without classes).
+                    misses += c.load.miss_weights;
                 }
                 // At the batch limit (this request waits), the next arrival waits behind it.
                 let service = c.service_secs.unwrap_or(ttft + output * step_with);

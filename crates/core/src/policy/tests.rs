@@ -299,6 +299,7 @@ fn goodput_pair(hot_running: u32, cold_running: u32) -> [Candidate; 2] {
         c.decode = decode(0.020, 0.0001);
         c.output_tokens = Some(800.0);
         c.load.inflight = n;
+        c.load.miss_weights = f64::from(n);
         c.load.context_tokens = u64::from(n) * 6_000;
     }
     [hot, cold]
@@ -379,6 +380,22 @@ fn goodput_judges_a_request_by_its_classs_objectives_and_weighs_its_miss() {
 }
 
 #[test]
+fn goodput_weighs_the_running_requests_misses_by_their_classes() {
+    let g = Goodput::default();
+    // 60 running on each, alike: the 20,000-token prompt's prefill (2 s, 5 ms a token of the
+    // 400 they have left) pushes their steps past 60 ms on either worker.
+    let mut cs = goodput_pair(60, 60);
+    cs[0].matched_blocks = 0;
+    let pick = |cs: &[Candidate]| g.select(&input(cs, 20_000, 0)).chosen;
+    // Ten of the first's weigh ten each (an interactive class): the request goes to the
+    // second; the same weights on the second send it to the first.
+    cs[0].load.miss_weights = 150.0;
+    assert_eq!(pick(&cs), 1);
+    (cs[0].load.miss_weights, cs[1].load.miss_weights) = (60.0, 150.0);
+    assert_eq!(pick(&cs), 0);
+}
+
+#[test]
 fn goodput_counts_the_wait_a_full_batch_adds_for_the_next_arrival() {
     // 12,000 tokens, 11,200 cached on the first worker, which runs 64 requests of 40 s: a
     // first token there waits for a running one to leave (a miss), as it misses on the cold
@@ -406,6 +423,7 @@ fn goodput_spreads_from_the_start_before_anything_is_learned() {
     let mut b = cand(2, 0, 0);
     a.load.inflight = 6;
     b.load.inflight = 2;
+    (a.load.miss_weights, b.load.miss_weights) = (6.0, 2.0);
     let cs = [a, b];
     assert_eq!(g.select(&input(&cs, 1_000, 0)).chosen, 1);
     assert!(GoodputConfig {

@@ -120,6 +120,7 @@ impl Router {
                 prompt_tokens: b.prompt_tokens,
                 cached_tokens: b.cached_tokens,
                 blocks: b.blocks,
+                miss_weight: 1.0,
             },
             now,
         )?;

@@ -94,6 +94,7 @@ impl Router {
                 prompt_tokens: req.prompt.tokens,
                 cached_tokens: (prefill.matched_blocks * bs).min(req.prompt.tokens),
                 blocks: &req.prompt.sequence,
+                miss_weight: self.flows.class(req.flow.class).miss_weight,
             },
             now,
         )?;
