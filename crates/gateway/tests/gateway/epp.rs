@@ -475,16 +475,14 @@ async fn the_conformance_headers_select_and_report_the_endpoint_when_asked_to() 
     c.shutdown().await;
 }
 
-/// A stub engine (or routing sidecar) recording the `x-prefiller-host-port` header of each
-/// request it gets.
-async fn sidecar(seen: Arc<Mutex<Vec<Option<String>>>>) -> String {
+/// What a stub engine got: each request's headers and body.
+type Seen = Arc<Mutex<Vec<(axum::http::HeaderMap, axum::body::Bytes)>>>;
+
+/// A stub engine (or routing sidecar) recording each request it gets.
+async fn stub_engine(seen: Seen) -> String {
     use axum::routing::{get, post};
-    let answer = move |headers: axum::http::HeaderMap| {
-        seen.lock().unwrap().push(
-            headers
-                .get("x-prefiller-host-port")
-                .map(|v| v.to_str().unwrap().to_string()),
-        );
+    let answer = move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+        seen.lock().unwrap().push((headers, body));
         async {
             let a = serde_json::json!({"id": "cmpl-s", "object": "chat.completion",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
@@ -500,12 +498,22 @@ async fn sidecar(seen: Arc<Mutex<Vec<Option<String>>>>) -> String {
     .await
 }
 
+/// The `x-prefiller-host-port` header of each request a stub engine got.
+fn prefillers(seen: &Seen) -> Vec<Option<String>> {
+    (seen.lock().unwrap().iter())
+        .map(|(h, _)| {
+            h.get("x-prefiller-host-port")
+                .map(|v| v.to_str().unwrap().to_string())
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_split_request_names_its_prefill_endpoint_for_the_decode_sidecar() {
-    let (p_seen, d_seen) = (Arc::default(), Arc::default());
+    let (p_seen, d_seen): (Seen, Seen) = (Arc::default(), Arc::default());
     let (p_url, d_url) = (
-        sidecar(Arc::clone(&p_seen)).await,
-        sidecar(Arc::clone(&d_seen)).await,
+        stub_engine(Arc::clone(&p_seen)).await,
+        stub_engine(Arc::clone(&d_seen)).await,
     );
     let mut cfg = config(&[], "goodput");
     cfg.workers = vec![
@@ -542,7 +550,7 @@ async fn a_split_request_names_its_prefill_endpoint_for_the_decode_sidecar() {
     assert_eq!(r.status().as_u16(), 200);
     assert_eq!(r.headers()["x-kvroute-worker"], "d");
     let prefiller = p_url.trim_start_matches("http://").to_string();
-    assert_eq!(d_seen.lock().unwrap().as_slice(), &[Some(prefiller)]);
+    assert_eq!(prefillers(&d_seen), [Some(prefiller)]);
     assert!(
         p_seen.lock().unwrap().is_empty(),
         "the sidecar runs the prefill leg"
@@ -582,44 +590,13 @@ async fn the_picker_knows_tenants_by_their_keys_and_refuses_one_over_its_quota()
     a.shutdown().await;
 }
 
-/// What a stub engine saw of one request: the body's `priority` and whether its length was
-/// right (its `Content-Length` the body's, or none: chunked).
-type Seen = Arc<Mutex<Vec<(Option<i64>, bool)>>>;
-
-/// A stub engine recording the `priority` of each request's body.
-async fn priority_engine(seen: Seen) -> String {
-    use axum::routing::{get, post};
-    let answer = move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-        let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-        let length = headers
-            .get("content-length")
-            .and_then(|l| l.to_str().ok()?.parse::<usize>().ok());
-        seen.lock().unwrap().push((
-            v["priority"].as_i64(),
-            length.is_none_or(|l| l == body.len()),
-        ));
-        async {
-            let a = serde_json::json!({"id": "cmpl-p", "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}});
-            ([("content-type", "application/json")], a.to_string())
-        }
-    };
-    kvroute_testkit::serve(
-        axum::Router::new()
-            .route("/v1/chat/completions", post(answer))
-            .route("/health", get(|| async { "ok" })),
-    )
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_picker_sets_the_engines_priority_for_a_worker_marked_as_taking_one() {
     use kvroute_core::flow::{ClassConfig, FlowConfig};
     // Envoy failing closed streams the body through the picker; failing open buffers it.
     for fail_open in [false, true] {
         let seen: Seen = Arc::default();
-        let url = priority_engine(Arc::clone(&seen)).await;
+        let url = stub_engine(Arc::clone(&seen)).await;
         let port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
         let mut cfg = config(&[], "kv");
         cfg.workers = vec![kvroute_gateway::WorkerSpec {
@@ -651,9 +628,21 @@ async fn the_picker_sets_the_engines_priority_for_a_worker_marked_as_taking_one(
         }
         // `high` (engine priority -5, lower = sooner) reaches an engine serving higher
         // values first as 5, its length set to match; the default class sets none.
+        // Its length right: a `Content-Length` of the body's, or none (chunked).
+        let got: Vec<(Option<i64>, bool)> = (seen.lock().unwrap().iter())
+            .map(|(h, body)| {
+                let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+                let length =
+                    (h.get("content-length")).and_then(|l| l.to_str().ok()?.parse::<usize>().ok());
+                (
+                    v["priority"].as_i64(),
+                    length.is_none_or(|l| l == body.len()),
+                )
+            })
+            .collect();
         assert_eq!(
-            seen.lock().unwrap().as_slice(),
-            &[(Some(5), true), (None, true)],
+            got,
+            [(Some(5), true), (None, true)],
             "fail open: {fail_open}"
         );
         drop((envoy, epp));
