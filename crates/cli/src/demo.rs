@@ -391,7 +391,7 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
         });
         workers.push(w);
     }
-    let mut config: GatewayConfig = crate::read_toml(args.config.as_deref())?;
+    let mut config: GatewayConfig = crate::read_config(args.config.as_slice())?;
     config.host = args.host.clone();
     config.port = args.port;
     config.models = vec![args.model.clone()];

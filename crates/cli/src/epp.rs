@@ -57,6 +57,9 @@ impl EppArgs {
 /// Runs the picker until Ctrl-C or SIGTERM.
 pub fn run(args: &EppArgs) -> Result<()> {
     let config = args.config()?;
+    if args.serve.print_config {
+        return crate::serve::print_config(&config);
+    }
     let pre = kvroute_gateway::load_preprocessor(&config)?;
     crate::runtime()?.block_on(async move {
         let bind = |port: u16| {

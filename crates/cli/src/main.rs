@@ -4,6 +4,7 @@
 //! hashes a prompt.
 
 mod bench;
+mod config_layers;
 mod demo;
 mod epp;
 mod loadgen;
@@ -59,6 +60,10 @@ enum Command {
     /// A/B benchmark sweeps (simulated or live) with a Markdown report, plots and a
     /// baseline file.
     Bench(bench::BenchArgs),
+    /// Check config files as `serve` (or `worker`) would layer them with the `KVROUTE__`
+    /// environment variables: print the effective config, every default filled in, or each
+    /// problem with its file, line and key path (exit code 2).
+    CheckConfig(CheckConfigArgs),
     /// List the built-in engine profiles.
     Profiles,
     /// Cut token ids into KV blocks and print the router's block hashes as JSON.
@@ -78,16 +83,47 @@ enum Command {
     },
 }
 
-/// A config tree from a TOML file, or its defaults when there is no file.
-fn read_toml<T: serde::de::DeserializeOwned + Default>(
-    path: Option<&std::path::Path>,
-) -> Result<T> {
-    let Some(path) = path else {
-        return Ok(T::default());
+/// Options of `kvroute check-config`.
+#[derive(clap::Args)]
+struct CheckConfigArgs {
+    /// Whose config: `gateway` (`serve`, `epp`, `demo`) or `worker`.
+    #[arg(long, default_value = "gateway", value_parser = ["gateway", "worker"])]
+    kind: String,
+    /// The files, layered in order (none: the defaults and the environment alone).
+    files: Vec<std::path::PathBuf>,
+}
+
+/// `kvroute check-config`: the effective config on stdout, or the problems on stderr and
+/// exit code 2.
+fn check_config(a: &CheckConfigArgs) -> Result<()> {
+    let env = config_layers::env_overrides();
+    let text = match a.kind.as_str() {
+        "worker" => config_layers::load::<kvroute_worker::WorkerConfig>(&a.files, &env)
+            .map_err(|p| p.to_string())
+            .and_then(|c| c.validate().map(|_| c).map_err(|e| e.to_string()))
+            .and_then(|c| toml::to_string(&c).map_err(|e| e.to_string())),
+        // As `serve` reads it, its keys from the environment too (never printed).
+        _ => config_layers::load::<kvroute_gateway::GatewayConfig>(&a.files, &env)
+            .map_err(|p| p.to_string())
+            .and_then(|c| c.validate().map(|_| c).map_err(|e| e.to_string()))
+            .and_then(|c| toml::to_string(&c).map_err(|e| e.to_string())),
     };
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    toml::from_str(&text).with_context(|| path.display().to_string())
+    match text {
+        Ok(t) => {
+            print!("{t}");
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2)
+        }
+    }
+}
+
+/// The config of `paths` layered in order, then the `KVROUTE__` environment variables
+/// ([`config_layers`]), as a `T` (its defaults where nothing is given).
+fn read_config<T: serde::de::DeserializeOwned>(paths: &[std::path::PathBuf]) -> Result<T> {
+    Ok(config_layers::load(paths, &config_layers::env_overrides())?)
 }
 
 /// A multi-threaded tokio runtime for the server subcommands.
@@ -150,6 +186,7 @@ fn main() -> Result<()> {
         }
         Command::Simulate(a) => simulate::run(&a)?,
         Command::Bench(a) => bench::run(&a)?,
+        Command::CheckConfig(a) => check_config(&a)?,
         Command::Profiles => {
             for name in kvroute_engine::profile::builtin_names() {
                 let p = kvroute_engine::Profile::builtin(&name)?;

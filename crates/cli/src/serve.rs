@@ -10,9 +10,11 @@ use std::path::PathBuf;
 /// Options of `kvroute serve` (each overrides the config file).
 #[derive(Args, Debug, Default)]
 pub struct ServeArgs {
-    /// TOML config file (the `GatewayConfig` tree; see docs/gateway.md).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
+    /// TOML config file (the `GatewayConfig` tree; see docs/gateway.md). Repeat to layer
+    /// several: a later file overrides an earlier one table by table (arrays whole), then
+    /// `KVROUTE__<KEY>__<PATH>` environment variables override keys (docs/operations.md).
+    #[arg(long = "config")]
+    pub config: Vec<PathBuf>,
     /// Address to listen on.
     #[arg(long)]
     pub host: Option<String>,
@@ -77,6 +79,10 @@ pub struct ServeArgs {
     /// The PEM private key of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
+    /// Print the effective config (the files, the environment and these flags, every
+    /// default filled in; keys never) as TOML and exit without serving: a dry run.
+    #[arg(long)]
+    pub print_config: bool,
     /// The NATS event plane (e.g. `nats://127.0.0.1:4222`) for workers whose events are
     /// `nats` (the `[plane]` table's other settings keep their values or defaults).
     #[arg(long)]
@@ -94,7 +100,7 @@ impl ServeArgs {
     /// The config file (if any) with the flags applied, for a caller that applies more
     /// before checking it.
     pub fn unchecked_config(&self) -> Result<GatewayConfig> {
-        let mut c: GatewayConfig = crate::read_toml(self.config.as_deref())?;
+        let mut c: GatewayConfig = crate::read_config(&self.config)?;
         if let Some(h) = &self.host {
             c.host = h.clone();
         }
@@ -177,9 +183,21 @@ pub fn keys_from_env(c: &mut GatewayConfig, var: impl Fn(&str) -> Option<String>
     }
 }
 
+/// Prints `config` as TOML (its keys are never serialized).
+pub fn print_config(config: &GatewayConfig) -> Result<()> {
+    print!(
+        "{}",
+        toml::to_string(config).context("writing the config as TOML")?
+    );
+    Ok(())
+}
+
 /// Runs the gateway until Ctrl-C or SIGTERM.
 pub fn run(args: &ServeArgs) -> Result<()> {
     let config = args.config()?;
+    if args.print_config {
+        return print_config(&config);
+    }
     let pre = kvroute_gateway::load_preprocessor(&config)?;
     crate::runtime()?.block_on(async move {
         let addr = format!("{}:{}", config.host, config.port);

@@ -9,9 +9,10 @@ use std::path::PathBuf;
 /// Options of `kvroute worker` (each overrides the config file).
 #[derive(Args, Debug, Default)]
 pub struct WorkerArgs {
-    /// TOML config file (the `WorkerConfig` fields).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
+    /// TOML config file (the `WorkerConfig` fields). Repeat to layer several (later ones
+    /// override earlier ones), then `KVROUTE__` environment variables (as `kvroute serve`).
+    #[arg(long = "config")]
+    pub config: Vec<PathBuf>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -88,7 +89,7 @@ pub struct WorkerArgs {
 impl WorkerArgs {
     /// The config file (if any) with the flags applied, checked.
     pub fn config(&self) -> Result<WorkerConfig> {
-        let mut c: WorkerConfig = crate::read_toml(self.config.as_deref())?;
+        let mut c: WorkerConfig = crate::read_config(&self.config)?;
         if let Some(p) = &self.profile {
             c.profile = p.clone();
         }

@@ -1,0 +1,135 @@
+//! The config as an operator composes and checks it, run as processes: files layered in
+//! order and `KVROUTE__` variables over them, `check-config` printing the effective config or
+//! every problem with its file, line and key path (exit code 2), and `serve --print-config`
+//! as a dry run whose output reads back as the same config, keys never printed.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvroute-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `kvroute` with `args` and the environment variables `env` (and none of the caller's
+/// `KVROUTE__` ones).
+fn kvroute(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kvroute"));
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("KVROUTE")) {
+        c.env_remove(k);
+    }
+    c.args(args).envs(env.iter().copied()).output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn check_config_prints_the_layered_config_or_every_problem_where_it_is() {
+    let dir = temp_dir("check-config");
+    let base = dir.join("base.toml");
+    let overlay = dir.join("overlay.toml");
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &base,
+        "port = 9000\n[router.admission]\nmode = \"queue\"\nmax_queued_requests = 7\n\n[[workers]]\nurl = \"http://127.0.0.1:8001\"\n",
+    )
+    .unwrap();
+    std::fs::write(&overlay, "[router.admission]\nmode = \"shed\"\n").unwrap();
+    std::fs::write(&bad, "port = 9001\n\n[router.policy]\nkind = \"clever\"\n").unwrap();
+    let (b, o, x) = (
+        base.to_str().unwrap(),
+        overlay.to_str().unwrap(),
+        bad.to_str().unwrap(),
+    );
+    let out = kvroute(
+        &["check-config", b, o],
+        &[("KVROUTE__ROUTER__POLICY__KIND", "kv")],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let effective: toml::Table = toml::from_str(&text(&out.stdout)).unwrap();
+    let admission = &effective["router"]["admission"];
+    assert_eq!(admission["mode"].as_str(), Some("shed"), "the later file's");
+    assert_eq!(admission["max_queued_requests"].as_integer(), Some(7));
+    assert_eq!(effective["router"]["policy"]["kind"].as_str(), Some("kv"));
+    // Every default filled in.
+    assert_eq!(admission["max_queue_wait_secs"].as_float(), Some(30.0));
+    // A problem: its file, line and key path; exit code 2.
+    let out = kvroute(&["check-config", b, x], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{x}:4: router.policy.kind: unknown variant `clever`"
+        )),
+        "{err}"
+    );
+    let out = kvroute(&["check-config", b], &[("KVROUTE__PORT", "high")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("KVROUTE__PORT: port: invalid type"),
+        "{}",
+        text(&out.stderr)
+    );
+    // A config that parses but does not hold together.
+    let out = kvroute(&["check-config", o], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("at least one worker"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn serve_print_config_is_a_dry_run_that_reads_back_and_never_shows_a_key() {
+    let dir = temp_dir("print-config");
+    let file = dir.join("gateway.toml");
+    std::fs::write(
+        &file,
+        "[auth]\napi_keys = [\"sk-in-the-file\"]\n[router.admission]\nmode = \"shed\"\n",
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let out = kvroute(
+        &[
+            "serve",
+            "--config",
+            f,
+            "--worker",
+            "http://127.0.0.1:8001",
+            "--policy",
+            "kv",
+            "--port",
+            "9123",
+            "--print-config",
+        ],
+        &[
+            ("KVROUTE_API_KEYS", "sk-from-the-env"),
+            ("KVROUTE__HOST", "0.0.0.0"),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let printed = text(&out.stdout);
+    assert!(!printed.contains("sk-"), "a key printed:\n{printed}");
+    let c: toml::Table = toml::from_str(&printed).unwrap();
+    assert_eq!(c["port"].as_integer(), Some(9123), "the flag's");
+    assert_eq!(c["host"].as_str(), Some("0.0.0.0"), "the environment's");
+    assert_eq!(
+        c["router"]["admission"]["mode"].as_str(),
+        Some("shed"),
+        "the file's"
+    );
+    assert_eq!(c["router"]["policy"]["kind"].as_str(), Some("kv"));
+    // What it printed is a config that reads back as itself.
+    let again = dir.join("printed.toml");
+    std::fs::write(&again, &printed).unwrap();
+    let out = kvroute(&["check-config", again.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), printed);
+    std::fs::remove_dir_all(&dir).ok();
+}
