@@ -7,6 +7,7 @@ mod bench;
 mod config_layers;
 mod demo;
 mod epp;
+mod help_defaults;
 mod loadgen;
 mod relay;
 mod serve;
@@ -15,7 +16,7 @@ mod ui;
 mod worker;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use demo::DemoCommand;
 use kvroute_core::{BlockSize, BlockedPrompt, Namespace};
 
@@ -158,8 +159,20 @@ pub async fn stop_signal() -> Result<()> {
     Ok(())
 }
 
+/// The command line, its config flags' help naming their defaults ([`help_defaults`]).
+fn parse() -> Cli {
+    use help_defaults::{annotate, defaults_of, GATEWAY_FLAGS, WORKER_FLAGS};
+    let gateway = defaults_of::<kvroute_gateway::GatewayConfig>();
+    let worker = defaults_of::<kvroute_worker::WorkerConfig>();
+    let cmd = Cli::command()
+        .mut_subcommand("serve", |c| annotate(c, &gateway, GATEWAY_FLAGS))
+        .mut_subcommand("epp", |c| annotate(c, &gateway, GATEWAY_FLAGS))
+        .mut_subcommand("worker", |c| annotate(c, &worker, WORKER_FLAGS));
+    Cli::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> Result<()> {
-    match Cli::parse().command {
+    match parse().command {
         Command::Demo(a) => {
             init_logs();
             demo::run(&a)?

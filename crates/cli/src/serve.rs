@@ -30,7 +30,7 @@ pub struct ServeArgs {
     #[arg(long = "worker")]
     pub workers: Vec<String>,
     /// Disaggregated prefill, with prefill workers: auto (per request, whichever way the
-    /// policy predicts better), always, never (`router.disaggregation.mode`; default auto).
+    /// policy predicts better), always, never (`router.disaggregation.mode`).
     #[arg(long)]
     pub disaggregation: Option<kvroute_core::policy::DisaggregationMode>,
     /// Routing policy: round_robin, random, least_loaded, power_of_two, kv, predictive, goodput.

@@ -125,6 +125,21 @@ fn serve_print_config_is_a_dry_run_that_reads_back_and_never_shows_a_key() {
         "the file's"
     );
     assert_eq!(c["router"]["policy"]["kind"].as_str(), Some("kv"));
+    // A flag not given leaves the file's value, whatever default its help names.
+    std::fs::write(&file, "[router.policy]\nkind = \"kv\"\n").unwrap();
+    let out = kvroute(
+        &[
+            "serve",
+            "--config",
+            f,
+            "--worker",
+            "http://127.0.0.1:8001",
+            "--print-config",
+        ],
+        &[],
+    );
+    let c: toml::Table = toml::from_str(&text(&out.stdout)).unwrap();
+    assert_eq!(c["router"]["policy"]["kind"].as_str(), Some("kv"));
     // What it printed is a config that reads back as itself.
     let again = dir.join("printed.toml");
     std::fs::write(&again, &printed).unwrap();
@@ -132,4 +147,52 @@ fn serve_print_config_is_a_dry_run_that_reads_back_and_never_shows_a_key() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), printed);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn help_names_each_config_flags_default_from_the_config_tree() {
+    let out = kvroute(&["serve", "--help"], &[]);
+    let help = text(&out.stdout);
+    // The defaults a config with nothing in it has.
+    let d = kvroute(
+        &[
+            "serve",
+            "--worker",
+            "http://127.0.0.1:8001",
+            "--print-config",
+        ],
+        &[],
+    );
+    let d: toml::Table = toml::from_str(&text(&d.stdout)).unwrap();
+    let policy = d["router"]["policy"]["kind"].as_str().unwrap().to_string();
+    let wait = d["router"]["admission"]["max_queue_wait_secs"].to_string();
+    for (flag, default) in [
+        ("--policy", policy.as_str()),
+        ("--max-queue-wait-secs", wait.as_str()),
+        ("--port", "8000"),
+        ("--tokenizer", "none"),
+    ] {
+        let at = help
+            .find(&format!("{flag} <"))
+            .unwrap_or_else(|| panic!("{flag}"));
+        let next = help[at + 2..]
+            .find("\n      --")
+            .map_or(help.len(), |n| at + 2 + n);
+        assert!(
+            help[at..next].contains(&format!("[default: {default}]")),
+            "{flag}: {}",
+            &help[at..next]
+        );
+    }
+    let w = kvroute(&["check-config", "--kind", "worker"], &[]);
+    let w: toml::Table = toml::from_str(&text(&w.stdout)).unwrap();
+    let profile = format!("[default: {}]", w["profile"].as_str().unwrap());
+    let out = kvroute(&["worker", "--help"], &[]);
+    assert!(
+        text(&out.stdout).contains(&profile),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = kvroute(&["epp", "--help"], &[]);
+    assert!(text(&out.stdout).contains("[default: goodput]"));
 }
