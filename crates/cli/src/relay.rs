@@ -8,6 +8,9 @@ use kvroute_events::{poll_feeds, zmq_feed, PollSubscription, ZmqSubscription};
 use kvroute_plane::{self as plane, PlaneConfig, RelayOptions};
 use kvroute_protocol::kv_events::EventFormat;
 use std::path::PathBuf;
+use std::sync::Arc;
+
+mod probes;
 
 /// Options of `kvroute relay`.
 #[derive(Args, Debug)]
@@ -45,6 +48,13 @@ pub struct RelayArgs {
     /// Seconds between calls to a pull API.
     #[arg(long, default_value_t = 0.2)]
     pub poll_secs: f64,
+    /// Address of the probes' HTTP port (`/live`, `/ready`, `/metrics`); in a Pod,
+    /// `0.0.0.0` so that the kubelet reaches it.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub http_host: String,
+    /// The probes' port (0: any free one, printed).
+    #[arg(long, default_value_t = 9400)]
+    pub http_port: u16,
 }
 
 /// Runs the relay until Ctrl-C.
@@ -124,6 +134,27 @@ pub fn run(args: &RelayArgs) -> Result<()> {
         let conn = plane::connect(&plane, &format!("kvroute-relay {}", args.worker))
             .await
             .with_context(|| format!("connecting to {}", plane.url))?;
+        let status = Arc::new(plane::RelayStatus::default());
+        let addr = format!("{}:{}", args.http_host, args.http_port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("listening on {addr} (--http-host, --http-port)"))?;
+        println!(
+            "kvroute relay probes on http://{}",
+            listener.local_addr().context("the probes' address")?
+        );
+        let app = probes::app(probes::Probes {
+            status: Arc::clone(&status),
+            nats_up: conn.up.clone(),
+            worker: args.worker.clone(),
+        });
+        tokio::spawn(kvroute_runtime::serve(
+            listener,
+            app,
+            Default::default(),
+            None,
+            std::future::pending(),
+        ));
         // A new incarnation per start: the dedup ids of a restarted relay never collide
         // with its predecessor's.
         let incarnation = plane::incarnation();
@@ -138,6 +169,7 @@ pub fn run(args: &RelayArgs) -> Result<()> {
             format: args.event_format,
             plane,
             incarnation,
+            status,
         };
         tokio::select! {
             n = plane::run_relay(conn.client, opts, feed) => println!("the engine's feed ended after {n} items"),

@@ -3,7 +3,8 @@
 //! the events from the plane and sharing their load. Conversations spread over the gateways
 //! hit the cache as through one gateway; every gateway books the same load; a gateway killed
 //! with SIGKILL costs the others nothing and its bookings expire; a gateway started mid-run
-//! routes with a warm index; `nats-server` killed and restarted loses no event.
+//! routes with a warm index; `nats-server` killed and restarted loses no event, and each
+//! relay's probes say so (`/ready` 503 naming NATS while it is away, `/live` 200 throughout).
 
 #[path = "common/server.rs"]
 mod server;
@@ -17,6 +18,8 @@ struct Engine {
     _worker: Server,
     _relay: Server,
     url: String,
+    /// The relay's probes (`/live`, `/ready`, `/metrics`).
+    probes: String,
 }
 
 fn engine(nats: &NatsServer, i: usize) -> Engine {
@@ -38,13 +41,27 @@ fn engine(nats: &NatsServer, i: usize) -> Engine {
         &replay,
         "--nats",
         &nats.url(),
+        "--http-port",
+        "0",
     ]);
+    let probes = relay.value_after("kvroute relay probes on ");
     relay.value_after("kvroute relay: ");
     Engine {
         _worker: worker,
         _relay: relay,
         url,
+        probes,
     }
+}
+
+/// A relay's `/ready` answer: its status and body.
+async fn ready(e: &Engine) -> (u16, serde_json::Value) {
+    let r = client()
+        .get(format!("{}/ready", e.probes))
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
 }
 
 /// A gateway process reading `engines`' events from the plane, sharing its load.
@@ -307,10 +324,43 @@ async fn three_gateways_over_nats_route_as_one() {
     let warm = hit_rate(std::slice::from_ref(&late_url), 0..3).await;
     assert!(warm > 0.5, "the late gateway's hit rate {warm}");
 
+    // Each relay: ready, its engine and NATS connected, its items published.
+    for e in &engines {
+        let (code, body) = ready(e).await;
+        assert_eq!(code, 200, "{body}");
+        let text = get_text(&client(), &format!("{}/metrics", e.probes)).await;
+        let name = e.url.trim_start_matches("http://");
+        let published = sample(
+            &text,
+            &format!("kvroute_relay_published_total{{worker=\"{name}\"}}"),
+        );
+        assert!(published.is_some_and(|n| n > 0.0), "{text}");
+    }
+
     // nats-server killed and restarted while the engines keep storing blocks: no event lost.
     nats.kill();
+    for e in &engines {
+        assert!(
+            eventually(Duration::from_secs(10), async || {
+                let (code, body) = ready(e).await;
+                code == 503 && body["nats"] == "disconnected" && body["engine"] == "connected"
+            })
+            .await,
+            "{:?}",
+            ready(e).await
+        );
+        let live = client().get(format!("{}/live", e.probes)).send().await;
+        assert_eq!(live.unwrap().status().as_u16(), 200);
+    }
     let _ = hit_rate(&urls[..2], 300..303).await;
     nats.restart();
+    for e in &engines {
+        assert!(
+            eventually(Duration::from_secs(20), async || ready(e).await.0 == 200).await,
+            "{:?}",
+            ready(e).await
+        );
+    }
     for u in urls[..2].iter().chain([&late_url]) {
         assert!(
             eventually(Duration::from_secs(20), async || mirrors(u, &engines).await).await,
@@ -388,7 +438,10 @@ async fn a_relay_polls_a_pull_api_of_events_onto_the_plane() {
         "16",
         "--nats",
         &nats.url(),
+        "--http-port",
+        "0",
     ]);
+    let probes = relay.value_after("kvroute relay probes on ");
     relay.value_after("kvroute relay: ");
     let gw = Server::start(&[
         "serve",
@@ -410,6 +463,7 @@ async fn a_relay_polls_a_pull_api_of_events_onto_the_plane() {
         _worker: worker,
         _relay: relay,
         url,
+        probes,
     }];
     assert!(
         eventually(Duration::from_secs(15), async || mirrors(&gw_url, &engine)

@@ -26,7 +26,7 @@ pub use connection::Connection;
 pub use feed::{connect, nats_feed, NatsFeeds};
 pub use load::{start as share_load, LoadShare};
 pub use local_server::{local_server_config, LOCAL_MAX_FILE_STORE, LOCAL_MAX_MEMORY_STORE};
-pub use relay::{run_relay, RelayOptions};
+pub use relay::{run_relay, RelayOptions, RelayStatus};
 pub use snapshot::start as write_snapshots;
 
 pub use kvroute_protocol::plane::subject_token;

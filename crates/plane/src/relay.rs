@@ -14,10 +14,43 @@ use async_nats::jetstream;
 use backon::Retryable;
 use futures_util::StreamExt;
 use kvroute_fleet::backoff;
+use kvroute_fleet::feed::FeedItem;
 use kvroute_fleet::feed::{EventFeed, Replay};
 use kvroute_protocol::kv_events::EventFormat;
 use kvroute_protocol::plane::{self as wire, Envelope, ReplayPage, ReplayRequest, VERSION};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// What a relay is doing, for its probes and metrics (`kvroute relay`'s HTTP port).
+#[derive(Debug, Default)]
+pub struct RelayStatus {
+    engine_connected: AtomicBool,
+    feed_ended: AtomicBool,
+    published: AtomicU64,
+    publish_retries: AtomicU64,
+}
+
+impl RelayStatus {
+    /// Whether the engine's publisher is connected (its feed said so, or sent a batch).
+    pub fn engine_connected(&self) -> bool {
+        self.engine_connected.load(Ordering::Relaxed)
+    }
+
+    /// Whether the engine's feed has ended (the relay then stops).
+    pub fn feed_ended(&self) -> bool {
+        self.feed_ended.load(Ordering::Relaxed)
+    }
+
+    /// Feed items published and acknowledged.
+    pub fn published(&self) -> u64 {
+        self.published.load(Ordering::Relaxed)
+    }
+
+    /// Publishes tried again (not acknowledged at first).
+    pub fn publish_retries(&self) -> u64 {
+        self.publish_retries.load(Ordering::Relaxed)
+    }
+}
 
 /// What a relay publishes and how.
 #[derive(Clone, Debug)]
@@ -30,6 +63,8 @@ pub struct RelayOptions {
     pub plane: PlaneConfig,
     /// The relay's incarnation (distinct for every start: the dedup ids depend on it).
     pub incarnation: u64,
+    /// What it is doing, kept up to date.
+    pub status: Arc<RelayStatus>,
 }
 
 /// Publishes `feed` until it ends, answering replay requests meanwhile. Returns how many
@@ -42,7 +77,15 @@ pub async fn run_relay(client: async_nats::Client, opts: RelayOptions, mut feed:
     let service = tokio::spawn(serve_replay(client.clone(), opts.clone(), replay));
     let subject = opts.plane.events_subject(&opts.worker);
     let mut n = 0u64;
+    let status = &opts.status;
     while let Some(item) = feed.items.recv().await {
+        match &item {
+            FeedItem::Connected | FeedItem::Batch(_) => {
+                status.engine_connected.store(true, Ordering::Relaxed)
+            }
+            FeedItem::Disconnected => status.engine_connected.store(false, Ordering::Relaxed),
+            _ => {}
+        }
         let e = Envelope {
             v: VERSION,
             worker: opts.worker.clone(),
@@ -50,9 +93,12 @@ pub async fn run_relay(client: async_nats::Client, opts: RelayOptions, mut feed:
             n,
             item: items::to_wire(&item, opts.format),
         };
-        publish(&js, &subject, &e).await;
+        publish(&js, &subject, &e, status).await;
+        status.published.fetch_add(1, Ordering::Relaxed);
         n += 1;
     }
+    status.engine_connected.store(false, Ordering::Relaxed);
+    status.feed_ended.store(true, Ordering::Relaxed);
     service.abort();
     tracing::info!(worker = %opts.worker, published = n, "relay: the engine's feed ended");
     n
@@ -86,7 +132,7 @@ pub(super) async fn ensure_stream(js: &jetstream::Context, plane: &PlaneConfig) 
 
 /// Publishes one envelope, retrying with the same dedup id until it is acknowledged (after
 /// pauses of [`backoff::publish`]).
-async fn publish(js: &jetstream::Context, subject: &str, e: &Envelope) {
+async fn publish(js: &jetstream::Context, subject: &str, e: &Envelope, status: &RelayStatus) {
     let bytes: bytes::Bytes = e.encode().into();
     let id = e.dedup_id();
     let id = id.as_str();
@@ -108,6 +154,7 @@ async fn publish(js: &jetstream::Context, subject: &str, e: &Envelope) {
     .retry(backoff::publish())
     .notify(|err: &String, _| {
         tries += 1;
+        status.publish_retries.fetch_add(1, Ordering::Relaxed);
         if tries == 1 || tries.is_power_of_two() {
             tracing::warn!(subject, n = e.n, tries, error = %err, "event plane: publish not acknowledged; trying again");
         }

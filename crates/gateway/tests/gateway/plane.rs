@@ -46,6 +46,7 @@ async fn relay(
             format: EventFormat::Vllm,
             plane,
             incarnation,
+            status: Default::default(),
         },
         feed,
     ))
