@@ -436,6 +436,10 @@ pub struct HealthConfig {
     pub timeout_secs: f64,
     /// Consecutive failed checks that take a worker out.
     pub failures_to_remove: u32,
+    /// `/ready` answers 200 while no engine is up (its body says how many are): the gateway
+    /// stays in its Service and answers requests 503 with `Retry-After` itself, instead of
+    /// clients getting connection errors. False: 503 until an engine is up.
+    pub ready_without_engines: bool,
 }
 
 impl Default for HealthConfig {
@@ -444,6 +448,7 @@ impl Default for HealthConfig {
             interval_secs: 2.0,
             timeout_secs: 2.0,
             failures_to_remove: 2,
+            ready_without_engines: true,
         }
     }
 }

@@ -25,7 +25,7 @@ use std::sync::Arc;
 pub fn routes(gw: Arc<Gateway>, policy: &Arc<AccessPolicy>) -> Router {
     let open = Router::new()
         .route("/health", get(health))
-        .route("/ready", get(health))
+        .route("/ready", get(ready))
         .route("/live", get(live))
         .route("/metrics", get(metrics));
     let api = Router::new()
@@ -151,6 +151,23 @@ async fn health(State(gw): State<Arc<Gateway>>) -> Response {
         "workers": gw.registry.len(),
     });
     let status = if up > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+/// Readiness: the gateway serves (200), its engines reported apart; 503 while none is up
+/// only when `health.ready_without_engines` is off.
+async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
+    let up = gw.registry.up_count();
+    let ready = up > 0 || gw.config.health.ready_without_engines;
+    let body = serde_json::json!({
+        "ready": ready,
+        "engines": {"up": up, "total": gw.registry.len()},
+    });
+    let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

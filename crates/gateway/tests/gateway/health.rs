@@ -107,10 +107,12 @@ async fn with_no_worker_left_the_answer_is_503_and_health_says_so() {
         .await
     );
     a.shutdown().await;
+    // `/health` says none is up; `/ready` stays 200 (the gateway answers for itself) and
+    // reports the engines apart.
     assert!(
         eventually(10, async || {
             client()
-                .get(format!("{url}/ready"))
+                .get(format!("{url}/health"))
                 .send()
                 .await
                 .unwrap()
@@ -118,6 +120,14 @@ async fn with_no_worker_left_the_answer_is_503_and_health_says_so() {
                 == 503
         })
         .await
+    );
+    let r = client().get(format!("{url}/ready")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        body["engines"],
+        serde_json::json!({"up": 0, "total": 2}),
+        "{body}"
     );
     let (status, _, body) = post(
         &url,
@@ -129,6 +139,33 @@ async fn with_no_worker_left_the_answer_is_503_and_health_says_so() {
     assert_eq!(body["error"]["code"], "no_healthy_workers");
     let live = client().get(format!("{url}/live")).send().await.unwrap();
     assert_eq!(live.status(), 200);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_ready_without_engines_ready_is_503_until_an_engine_is_up() {
+    let mut cfg = config(&[], "kv");
+    cfg.workers.push(WorkerSpec {
+        url: {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", l.local_addr().unwrap())
+        },
+        name: Some("ghost".into()),
+        ..WorkerSpec::default()
+    });
+    cfg.health.ready_without_engines = false;
+    let gw = gateway_with_feeds(cfg, Default::default()).await;
+    let url = gw.url();
+    // Taken out after its failed checks.
+    let ready = async || {
+        let r = client().get(format!("{url}/ready")).send().await.unwrap();
+        (
+            r.status().as_u16(),
+            r.json::<serde_json::Value>().await.unwrap(),
+        )
+    };
+    assert!(eventually(10, async || ready().await.0 == 503).await);
+    assert_eq!(ready().await.1["ready"], false);
     gw.shutdown().await;
 }
 
