@@ -12,7 +12,8 @@
 #    and kvroute's own wiring (its TOML config against the engines, relays, NATS, the
 #    InferencePool and the picker); when a kvroute binary is at hand (KVROUTE_BIN, else the
 #    newest of target/release/kvroute and target/debug/kvroute; this script never builds
-#    one), every gateway and picker container is also started once with its config.
+#    one), every gateway and picker container's command is also dry-run with its config
+#    (`--print-config`).
 # Usage: bash scripts/manifests.sh [DIR]   (DIR: a copy of deploy/kubernetes to check instead)
 # Without kubectl (KUBECTL names none, and none in target/tools-venv): prints SKIPPED and
 # succeeds, unless KVROUTE_REQUIRE_KUBECTL=1 (CI sets it).
@@ -55,9 +56,9 @@ fi
 run_args=()
 if [ -n "$bin" ] && [ -x "$bin" ]; then
   run_args=(--kvroute "$bin")
-  echo "configs started with $bin"
+  echo "configs dry-run with $bin"
 else
-  echo "no kvroute binary (KVROUTE_BIN, target/*/kvroute): gateway configs not started, only read"
+  echo "no kvroute binary (KVROUTE_BIN, target/*/kvroute): gateway configs not dry-run, only read"
 fi
 
 # The custom kinds (Kind:group) whose missing schema is expected: check_manifests.py checks them.
@@ -122,17 +123,17 @@ for dir in "${dirs[@]}"; do
   if ! "$python" "$checker" "${check_args[@]}" "${run_args[@]}" "$out" >"$tmp/$name.chk" 2>&1; then
     bad=1
   fi
-  sed 's/^/  /' "$tmp/$name.chk" | grep -v '^  *started: ' || true
+  sed 's/^/  /' "$tmp/$name.chk" | grep -v '^  *checked: ' || true
   kinds=none
   if [ ${#skipped[@]} -gt 0 ]; then
     kinds=$(printf '%s\n' "${skipped[@]}" | sort | uniq -c | awk '{printf "%s%s x%s", sep, $2, $1; sep=", "}')
   fi
   started="not run (no binary)"
   if [ ${#run_args[@]} -gt 0 ]; then
-    started=$(grep -c 'started: ' "$tmp/$name.chk" || true)
+    started=$(grep -c 'checked: ' "$tmp/$name.chk" || true)
   fi
   if [ "$bad" = 0 ]; then
-    echo "ok   $name: $objects objects, $valid valid against Kubernetes $k8s_version, not in the schemas (checked offline): $kinds; cross-checks passed; configs started: $started"
+    echo "ok   $name: $objects objects, $valid valid against Kubernetes $k8s_version, not in the schemas (checked offline): $kinds; cross-checks passed; configs dry-run: $started"
   else
     echo "FAIL $name"
     failed+=("$name")
