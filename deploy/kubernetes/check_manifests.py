@@ -538,20 +538,36 @@ def engine_facts(r, owner, pod):
     return None, None, None
 
 
+def merge_tables(base, over):
+    """`over` laid over `base` as kvroute layers its config files: tables key by key, other
+    values replaced."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge_tables(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def gateway_config(r, owner, pod, c):
-    path = arg_value(c.get("args") or [], "--config")
-    if not path:
+    """The container's config files (every --config, layered in order) as one dict, and each
+    file's (path, text)."""
+    args = c.get("args") or []
+    paths = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]
+    if not paths:
         r.error(owner, f"container {c.get('name')}: no --config")
         return None, None
-    text = mounted_file(r, owner, pod, c, path)
-    if text is None:
-        r.error(owner, f"container {c.get('name')}: --config {path} is no key of a mounted ConfigMap in this render")
-        return None, None
-    try:
-        return tomllib.loads(text), text
-    except tomllib.TOMLDecodeError as e:
-        r.error(owner, f"container {c.get('name')}: --config {path} is not TOML: {e}")
-        return None, None
+    merged, files = {}, []
+    for path in paths:
+        text = mounted_file(r, owner, pod, c, path)
+        if text is None:
+            r.error(owner, f"container {c.get('name')}: --config {path} is no key of a mounted ConfigMap in this render")
+            return None, None
+        try:
+            merged = merge_tables(merged, tomllib.loads(text))
+        except tomllib.TOMLDecodeError as e:
+            r.error(owner, f"container {c.get('name')}: --config {path} is not TOML: {e}")
+            return None, None
+        files.append((path, text))
+    return merged, files
 
 
 def resolve(c, owner, word):
@@ -704,22 +720,26 @@ def run_configs(r, binary):
             cmd = kvroute_command(c)
             if cmd not in ("serve", "epp"):
                 continue
-            cfg, text = gateway_config(r, owner, pod, c)
+            cfg, files = gateway_config(r, owner, pod, c)
             if cfg is None:
                 continue
             tok = cfg.get("tokenizer")
             note = ""
-            if tok and tok != "builtin" and not os.path.isdir(tok):
-                text = re.sub(r'(?m)^tokenizer\s*=.*$', 'tokenizer = "builtin"', text)
+            absent = tok and tok != "builtin" and not os.path.isdir(tok)
+            if absent:
                 note = f" (tokenizer {tok} absent here: builtin)"
-            path = os.path.join(tmp, f"{n}.toml")
-            n += 1
-            with open(path, "w") as f:
-                f.write(text)
+            local = {}
+            for mounted, text in files:
+                if absent:
+                    text = re.sub(r'(?m)^tokenizer\s*=.*$', 'tokenizer = "builtin"', text)
+                local[mounted] = os.path.join(tmp, f"{n}.toml")
+                n += 1
+                with open(local[mounted], "w") as f:
+                    f.write(text)
             args = [resolve(c, owner, a) for a in c.get("args") or []]
             for i, a in enumerate(args[:-1]):
                 if a == "--config":
-                    args[i + 1] = path
+                    args[i + 1] = local.get(args[i + 1], args[i + 1])
             env = dict(os.environ, RUST_LOG="error", RUST_BACKTRACE="0", KUBECONFIG=os.devnull)
             env = {k: v for k, v in env.items() if not k.startswith("KVROUTE__")}
             for e in c.get("env") or []:
