@@ -32,6 +32,12 @@ pub const ROLE_ANNOTATION: &str = "kvroute.io/role";
 /// The label llm-d's guides put on model server Pods for their role (same values).
 pub const ROLE_LABEL: &str = "llm-d.ai/role";
 
+/// The annotation (or label) giving a Pod's KV cache capacity in blocks (over the source's
+/// `kv_blocks`; what the engine's metrics say wins over both).
+pub const KV_BLOCKS_ANNOTATION: &str = "kvroute.io/kv-blocks";
+/// The annotation (or label) giving a Pod's batch limit (over the source's `max_batch`).
+pub const MAX_BATCH_ANNOTATION: &str = "kvroute.io/max-batch";
+
 pub use kvroute_fleet::config::KubernetesSource;
 
 /// Whether the Pod takes traffic: Ready, not terminating.
@@ -98,6 +104,27 @@ pub fn worker_of(pod: &Pod, src: &KubernetesSource) -> Option<WorkerSpec> {
             return None;
         }
     };
+    // Capacity of this Pod: its annotation, else its label, else the source's.
+    let capacity = |key: &str| -> Option<u64> {
+        let label = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(key))
+            .cloned();
+        let v = note(key).or(label)?;
+        match v.trim().parse::<u64>() {
+            Ok(n) if n > 0 => Some(n),
+            _ => {
+                tracing::warn!(pod = %name, key, value = %v, "Kubernetes discovery: not a positive whole number; the source's value is used");
+                None
+            }
+        }
+    };
+    let kv_blocks = capacity(KV_BLOCKS_ANNOTATION).or(src.kv_blocks);
+    let max_batch = capacity(MAX_BATCH_ANNOTATION)
+        .and_then(|n| u32::try_from(n).ok())
+        .or(src.max_batch);
     let events = note(EVENTS_ANNOTATION).or_else(|| endpoint(&src.events_port_name));
     let replay = note(REPLAY_ANNOTATION).or_else(|| endpoint(&src.replay_port_name));
     let spec = WorkerSpec {
@@ -111,8 +138,8 @@ pub fn worker_of(pod: &Pod, src: &KubernetesSource) -> Option<WorkerSpec> {
         }),
         events,
         dp_size: src.dp_size,
-        kv_blocks: src.kv_blocks,
-        max_batch: src.max_batch,
+        kv_blocks,
+        max_batch,
         role,
         ..WorkerSpec::default()
     };
@@ -331,6 +358,28 @@ mod tests {
         let mut bad = vllm_pod("x", "10.0.0.1", "True");
         bad["metadata"]["annotations"] = serde_json::json!({"kvroute.io/port": "http"});
         assert!(worker_of(&pod(bad), &source()).is_none());
+    }
+
+    #[test]
+    fn a_pods_capacity_comes_from_its_annotations_or_labels_over_the_sources() {
+        let src = KubernetesSource {
+            kv_blocks: Some(1_000),
+            max_batch: Some(64),
+            ..source()
+        };
+        let plain = worker_of(&pod(vllm_pod("a", "10.0.0.1", "True")), &src).unwrap();
+        assert_eq!((plain.kv_blocks, plain.max_batch), (Some(1_000), Some(64)));
+        let mut p = vllm_pod("b", "10.0.0.2", "True");
+        p["metadata"]["annotations"] = serde_json::json!({"kvroute.io/kv-blocks": "12083"});
+        p["metadata"]["labels"]["kvroute.io/max-batch"] = serde_json::json!("128");
+        let w = worker_of(&pod(p), &src).unwrap();
+        assert_eq!((w.kv_blocks, w.max_batch), (Some(12_083), Some(128)));
+        // A value that is no positive whole number: the source's, the Pod still served.
+        let mut bad = vllm_pod("c", "10.0.0.3", "True");
+        bad["metadata"]["annotations"] =
+            serde_json::json!({"kvroute.io/kv-blocks": "lots", "kvroute.io/max-batch": "0"});
+        let w = worker_of(&pod(bad), &src).unwrap();
+        assert_eq!((w.kv_blocks, w.max_batch), (Some(1_000), Some(64)));
     }
 
     #[test]
