@@ -500,6 +500,7 @@ pub fn run(a: &SimulateArgs) -> Result<()> {
                     let mut cell = cell_json(policy, fleet, level, &r, wall);
                     if let Some((t, _)) = tenants {
                         cell["tenants"] = t;
+                        cell["classes"] = tenants::classes_json(&r);
                     }
                     println!("{cell}");
                 } else {

@@ -201,6 +201,21 @@ pub struct SimResult {
     /// Per tenant of a [`Workload::Tenants`] load, in its order, the summary of its own
     /// measured requests against its class's objectives (empty for other loads).
     pub tenants: Vec<TenantResult>,
+    /// Per class the tenants' requests resolve to (in the order the classes first appear
+    /// among the tenants), the summary of all its measured requests against its objectives
+    /// (empty for other loads).
+    pub classes: Vec<ClassResult>,
+}
+
+/// One class's part of a run: every tenant's requests of that class together.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClassResult {
+    /// The class (as resolved: the default class's name for requests naming none).
+    pub class: String,
+    /// The tenants whose requests it holds.
+    pub tenants: Vec<String>,
+    /// Their requests' summary (goodput against the class's objectives).
+    pub summary: Summary,
 }
 
 /// One tenant's part of a run.

@@ -191,8 +191,10 @@ fn simulate_with(
         _ => sim.now.since(start),
     };
     let tenants = flow::tenant_results(cfg, &sources, &sim.source, &sim.records, warm, span);
+    let classes = flow::class_results(cfg, &sources, &sim.source, &sim.records, warm, span);
     Ok(SimResult {
         tenants,
+        classes,
         summary: Summary::from_records_with_slo(measured(), span, cfg.slo.as_ref()),
         sim_seconds: span.as_secs_f64(),
         engines: sim.engines.iter().map(|e| e.metrics()).collect(),

@@ -384,7 +384,40 @@ pub(crate) fn run_cell(
             }),
         );
     }
+    if together.classes.len() > 1 || together.classes.iter().any(|c| c.tenants.len() > 1) {
+        rows.push('\n');
+        rows.push_str(&TABLE_HEAD.replacen("| tenant | class |", "| class | tenants |", 1));
+        for c in &together.classes {
+            rows.push_str(&row(&c.class, &c.tenants.join(", "), &c.summary, None));
+        }
+    }
     Ok((together, serde_json::Value::Object(tenants), rows))
+}
+
+/// The run's classes (every tenant's requests of a class together): by class, its tenants,
+/// sent, completed, refused by reason, goodput against its objectives and its latencies.
+pub(crate) fn classes_json(r: &SimResult) -> serde_json::Value {
+    let by: serde_json::Map<String, serde_json::Value> = (r.classes.iter())
+        .map(|c| {
+            let s = &c.summary;
+            let entry = json!({
+                "tenants": c.tenants,
+                "sent": s.sent,
+                "completed": s.completed,
+                "failed": s.failed,
+                "refused": s.rejected_by_reason,
+                "goodput": {
+                    "per_s": s.goodput.as_ref().and_then(|g| g.per_s),
+                    "met": s.goodput.as_ref().map(|g| g.met),
+                },
+                "output_tokens_per_s": s.output_tokens_per_s,
+                "ttft_ms": {"p50": s.ttft_ms.p50, "p95": s.ttft_ms.p95, "p99": s.ttft_ms.p99},
+                "tpot_ms": {"p50": s.tpot_ms.p50, "p95": s.tpot_ms.p95},
+            });
+            (c.class.clone(), entry)
+        })
+        .collect();
+    serde_json::Value::Object(by)
 }
 
 #[cfg(test)]

@@ -55,6 +55,52 @@ pub(super) fn tenant_results(
         .collect()
 }
 
+/// Per class the tenants' requests resolve to (in first appearance), the summary of its
+/// requests that arrived at or after `warm`, against its objectives.
+pub(super) fn class_results(
+    cfg: &SimConfig,
+    sources: &[Source],
+    source: &[u16],
+    records: &[RequestRecord],
+    warm: Time,
+    span: Duration,
+) -> Vec<crate::ClassResult> {
+    if sources.iter().all(|s| s.tenant.is_empty()) {
+        return Vec::new();
+    }
+    let flows = cfg.router.admission.flow.compile();
+    let flow = source_flows(&flows, sources);
+    let mut classes: Vec<kvroute_core::flow::ClassIx> = Vec::new();
+    for f in &flow {
+        if !classes.contains(&f.class) {
+            classes.push(f.class);
+        }
+    }
+    classes
+        .into_iter()
+        .map(|ix| {
+            let class = flows.class(ix);
+            let run = cfg.slo.clone().unwrap_or_default();
+            let slo = Slo {
+                ttft_ms: class.ttft_secs.map(|v| v * 1e3).or(run.ttft_ms),
+                tpot_ms: class.tpot_secs.map(|v| v * 1e3).or(run.tpot_ms),
+            };
+            let of_class = |i: usize| flow[i].class == ix;
+            let mine = (records.iter().zip(source))
+                .filter(|(r, s)| of_class(usize::from(**s)) && r.arrival >= warm)
+                .map(|(r, _)| r);
+            crate::ClassResult {
+                class: class.name.clone(),
+                tenants: (0..sources.len())
+                    .filter(|&i| of_class(i))
+                    .map(|i| sources[i].tenant.clone())
+                    .collect(),
+                summary: Summary::from_records_with_slo(mine, span, Some(&slo)),
+            }
+        })
+        .collect()
+}
+
 /// Each source's flow under `flows`.
 pub(super) fn source_flows(flows: &Flows, sources: &[Source]) -> Vec<Flow> {
     fn name(s: &str) -> Option<&str> {

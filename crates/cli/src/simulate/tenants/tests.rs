@@ -40,6 +40,18 @@ fn the_builtin_spec_runs_on_a_small_fleet_with_every_tenant_reported() {
     assert!(limited("flood") > 0);
     assert_eq!((limited("interactive"), limited("batch")), (0, 0));
     assert_eq!(r.tenants.len(), 3);
+    // By class: each tenant's class (the flood's is the default class, `standard`).
+    let classes = classes_json(&r);
+    let names: Vec<&str> = classes
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(names, ["batch", "interactive", "standard"]);
+    assert_eq!(classes["standard"]["tenants"], serde_json::json!(["flood"]));
+    assert_eq!(classes["batch"]["sent"], json["batch"]["sent"]);
+    assert!(rows.contains("| class | tenants |"), "{rows}");
 }
 
 #[test]

@@ -136,3 +136,30 @@ fn a_tenants_load_names_each_tenant_once() {
     let e = simulate(&config(), twice).unwrap_err().to_string();
     assert!(e.contains("two loads"), "{e}");
 }
+
+#[test]
+fn classes_sum_their_tenants_requests_under_the_resolved_class() {
+    let r = simulate(&config(), tenants()).unwrap();
+    // `other` names no known class: its requests are the default class's (`low`), with
+    // `limited`'s.
+    let names: Vec<(&str, Vec<&str>)> = (r.classes.iter())
+        .map(|c| {
+            let t = c.tenants.iter().map(String::as_str).collect();
+            (c.class.as_str(), t)
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [("high", vec!["chat"]), ("low", vec!["limited", "other"])]
+    );
+    let sent = |t: &str| {
+        r.tenants
+            .iter()
+            .find(|x| x.tenant == t)
+            .unwrap()
+            .summary
+            .sent
+    };
+    assert_eq!(r.classes[0].summary.sent, sent("chat"));
+    assert_eq!(r.classes[1].summary.sent, sent("limited") + sent("other"));
+}
