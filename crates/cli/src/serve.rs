@@ -206,9 +206,75 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .with_context(|| format!("listening on {addr}"))?;
         let handle = kvroute_gateway::spawn(config, pre, listener, BTreeMap::new()).await?;
         println!("kvroute gateway on {}", handle.url());
-        crate::stop_signal().await?;
+        tokio::select! {
+            r = crate::stop_signal() => r?,
+            () = reloads(args, &handle) => {}
+        }
         println!("stopping");
         handle.shutdown().await;
         Ok(())
     })
+}
+
+/// How often the config files are looked at for a change.
+const CONFIG_POLL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Each config file's modification time and length (None: not readable now).
+fn stamps(paths: &[PathBuf]) -> Vec<Option<(std::time::SystemTime, u64)>> {
+    paths
+        .iter()
+        .map(|p| {
+            let m = std::fs::metadata(p).ok()?;
+            Some((m.modified().ok()?, m.len()))
+        })
+        .collect()
+}
+
+/// Reloads the config (the files, the environment and the flags, as at the start) on SIGHUP
+/// and when a config file changes, until the gateway stops; never returns.
+async fn reloads(args: &ServeArgs, handle: &kvroute_gateway::GatewayHandle) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup())
+        .map_err(|e| tracing::warn!(error = %e, "no reload on SIGHUP: cannot listen for it"))
+        .ok();
+    let mut tick = tokio::time::interval(CONFIG_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen = stamps(&args.config);
+    loop {
+        let why = tokio::select! {
+            Some(()) = async {
+                match &mut hup {
+                    Some(h) => h.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => "SIGHUP",
+            _ = tick.tick() => {
+                let now = stamps(&args.config);
+                if now == seen {
+                    continue;
+                }
+                seen = now;
+                "a config file changed"
+            }
+        };
+        let outcome = match args.config() {
+            // (A config that does not hold together is counted by `reload`.)
+            Ok(config) => handle.reload(config).map_err(|e| e.to_string()),
+            Err(e) => {
+                let e = format!("{e:#}");
+                handle.reload_refused(&e);
+                Err(e)
+            }
+        };
+        match outcome {
+            Ok(r) => println!(
+                "kvroute config reloaded ({why}): applied {:?}; after a restart: {:?}",
+                r.applied, r.restart
+            ),
+            Err(e) => println!(
+                "kvroute config reload refused ({why}): {}",
+                e.replace('\n', "; ")
+            ),
+        }
+    }
 }

@@ -196,3 +196,89 @@ fn help_names_each_config_flags_default_from_the_config_tree() {
     let out = kvroute(&["epp", "--help"], &[]);
     assert!(text(&out.stdout).contains("[default: goodput]"));
 }
+
+#[path = "common/server.rs"]
+mod server;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_reloads_workers_and_models_on_sighup_and_a_changed_file_and_keeps_a_bad_one_out() {
+    use server::Server;
+    let dir = temp_dir("reload");
+    let file = dir.join("gateway.toml");
+    let (w1, spec1) = server::zmq_worker("r1");
+    let (w2, spec2) = server::zmq_worker("r2");
+    let url = |spec: &str| spec.split('=').next().unwrap().to_string();
+    let (u1, u2) = (url(&spec1), url(&spec2));
+    let workers = |urls: &[&str]| -> String {
+        urls.iter()
+            .map(|u| format!("[[workers]]\nurl = \"{u}\"\n"))
+            .collect()
+    };
+    std::fs::write(&file, workers(&[&u1])).unwrap();
+    let gw = Server::start(&["serve", "--config", file.to_str().unwrap(), "--port", "0"]);
+    let base = gw.value_after("kvroute gateway on ");
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let names = async || -> Vec<String> {
+        let v: serde_json::Value = client
+            .get(format!("{base}/debug/workers"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let mut n: Vec<String> = (v["workers"].as_array().unwrap().iter())
+            .map(|w| w["worker"]["url"].as_str().unwrap().to_string())
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names().await, [u1.clone()]);
+    // SIGHUP: a second worker joins, a model name is set.
+    std::fs::write(
+        &file,
+        format!("models = [\"m-reloaded\"]\n{}", workers(&[&u1, &u2])),
+    )
+    .unwrap();
+    gw.signal("HUP");
+    assert_eq!(
+        gw.value_after("kvroute config reloaded (SIGHUP): applied "),
+        "[\"models\","
+    );
+    let mut both = vec![u1.clone(), u2.clone()];
+    both.sort();
+    assert_eq!(names().await, both);
+    let models: serde_json::Value = client
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "m-reloaded", "{models}");
+    // A file that does not read: refused whole, the fleet as it was.
+    std::fs::write(&file, "[[workers]]\nurl = \n").unwrap();
+    gw.signal("HUP");
+    gw.value_after("kvroute config reload refused (SIGHUP)");
+    assert_eq!(names().await, both);
+    // Changed on disk (no signal): the first worker leaves; the block size waits for a
+    // restart and is named.
+    std::fs::write(
+        &file,
+        format!("[router]\nblock_size = 32\n{}", workers(&[&u2])),
+    )
+    .unwrap();
+    assert_eq!(
+        gw.value_after("after a restart: "),
+        "[\"router.block_size\"]"
+    );
+    assert_eq!(names().await, [u2.clone()]);
+    let text = kvroute_testkit::get_text(&client, &format!("{base}/metrics")).await;
+    for (result, n) in [("applied", 1.0), ("invalid", 1.0), ("partial", 1.0)] {
+        let series = format!("kvroute_config_reloads_total{{result=\"{result}\"}}");
+        assert_eq!(kvroute_testkit::sample(&text, &series), Some(n), "{series}");
+    }
+    drop((gw, w1, w2));
+    std::fs::remove_dir_all(&dir).ok();
+}

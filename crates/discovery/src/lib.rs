@@ -33,18 +33,24 @@ pub fn parse_file(text: &str) -> Result<Vec<WorkerSpec>, ConfigError> {
     Ok(f.workers)
 }
 
-/// Runs the configured sources until the gateway stops: the `configured` workers plus what
-/// the file and the DNS names give, every `interval_secs`.
-pub async fn run(fleet: Arc<Fleet>, configured: Vec<WorkerSpec>) {
+/// Runs the configured sources until the gateway stops: the `configured` workers (as the
+/// config has them now: a reload changes them) plus what the file and the DNS names give,
+/// every `interval_secs` and at once when the configured ones change.
+pub async fn run(fleet: Arc<Fleet>, mut configured: tokio::sync::watch::Receiver<Vec<WorkerSpec>>) {
     let cfg = fleet.config().discovery.clone();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(cfg.interval_secs));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reloads = true;
     let mut last_file: Option<Vec<WorkerSpec>> = None;
     let mut last_dns: BTreeMap<String, Vec<WorkerSpec>> = BTreeMap::new();
     let mut applied: Option<Vec<WorkerSpec>> = None;
     let pods = cfg.kubernetes.clone().map(kubernetes::watch_pods);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            // Without a sender no reload comes: the ticks alone.
+            changed = configured.changed(), if reloads => reloads = changed.is_ok(),
+        }
         if let Some(path) = &cfg.file {
             match read_file(path, cfg.max_file_bytes).await {
                 Ok(specs) => last_file = Some(specs),
@@ -76,7 +82,7 @@ pub async fn run(fleet: Arc<Fleet>, configured: Vec<WorkerSpec>) {
             // A source not read yet: reconciling without it would take its engines out.
             continue;
         }
-        let mut desired = configured.clone();
+        let mut desired = configured.borrow().clone();
         desired.extend(last_file.iter().flatten().cloned());
         desired.extend(last_dns.values().flatten().cloned());
         desired.extend(from_pods.flatten().into_iter().flatten());

@@ -1,6 +1,7 @@
 //! The gateway's settings: one struct tree, read from a TOML file, then overridden by the
 //! command line, then checked by [`GatewayConfig::validate`]. Defaults are written once, here.
 
+mod diff;
 mod engine_priority;
 mod event_plane;
 mod flow_headers;
@@ -11,6 +12,7 @@ mod worker_sources;
 
 pub use ranks::expand as expand_ranks;
 
+pub use diff::changed_keys;
 pub use engine_priority::EnginePriority;
 pub use event_plane::{is_server_address, PlaneConfig, PlaneConfigError};
 pub use flow_headers::FlowHeaders;

@@ -20,6 +20,8 @@ pub struct Metrics {
     /// Requests refused, by tenant, class and reason (tenants and classes are the
     /// configured ones and the defaults: a bounded set).
     pub flow_refused: IntCounterVec,
+    /// Config reloads, by result (`applied`, `partial`, `unchanged`, `invalid`).
+    pub config_reloads: IntCounterVec,
     /// Prompt tokens per request.
     pub input_tokens: Histogram,
     /// Cached prompt tokens per request, as the engine reported them.
@@ -181,6 +183,11 @@ impl Metrics {
                 "kvroute_flow_refused_total",
                 "Requests refused, by tenant, class and reason (docs/flow-control.md).",
                 &["tenant", "class", "reason"],
+            )?,
+            config_reloads: counter_vec(
+                "kvroute_config_reloads_total",
+                "Config reloads (SIGHUP, a changed file), by result: applied, partial (some changed settings wait for a restart), unchanged, invalid (refused whole).",
+                &["result"],
             )?,
             input_tokens: histogram(
                 "kvroute_input_tokens",

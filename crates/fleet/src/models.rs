@@ -11,7 +11,7 @@ pub const MAX_LEARNED_NAMES: usize = 1024;
 /// The served model and adapter names.
 pub struct Models {
     /// Names were configured: the workers' lists add none.
-    configured: bool,
+    configured: std::sync::atomic::AtomicBool,
     models: RwLock<Vec<String>>,
     adapters: RwLock<Vec<String>>,
 }
@@ -20,7 +20,7 @@ impl Models {
     /// The names configured (`models`, `lora_adapters`); an empty `models` is learned.
     pub fn new(models: Vec<String>, adapters: Vec<String>) -> Self {
         Self {
-            configured: !models.is_empty(),
+            configured: std::sync::atomic::AtomicBool::new(!models.is_empty()),
             models: RwLock::new(models),
             adapters: RwLock::new(adapters),
         }
@@ -58,6 +58,15 @@ impl Models {
         is(adapter).then_some(adapter)
     }
 
+    /// The names configured anew (a reload): `models` (empty: learned from the workers
+    /// again) and `adapters` (the workers' own are learned again).
+    pub fn reconfigure(&self, models: Vec<String>, adapters: Vec<String>) {
+        self.configured
+            .store(!models.is_empty(), std::sync::atomic::Ordering::Relaxed);
+        *self.models.write() = models;
+        *self.adapters.write() = adapters;
+    }
+
     /// Adds the model names a worker listed (when none were configured) and the LoRA
     /// adapters among them (entries with a parent model).
     pub fn learn(&self, cards: &[ModelCard]) {
@@ -69,7 +78,7 @@ impl Models {
                 }
             }
         };
-        if !self.configured {
+        if !self.configured.load(std::sync::atomic::Ordering::Relaxed) {
             learn(&self.models, &mut cards.iter().map(|c| &c.id));
         }
         learn(

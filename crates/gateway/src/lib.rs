@@ -14,6 +14,7 @@ mod error;
 mod explanation;
 mod gateway;
 mod proxy;
+mod reload;
 mod routing;
 
 pub use error::GatewayError;
@@ -26,6 +27,7 @@ pub use kvroute_fleet::feed::{EventFeed, FeedItem, Replay};
 pub use kvroute_fleet::headers::{
     DP_RANK_HEADER, MIGRATE_HEADER, PREDICTED_CACHED_HEADER, REQUEST_ID_HEADER, WORKER_HEADER,
 };
+pub use reload::{ReloadReport, LIVE_KEYS};
 
 use kvroute_core::Router;
 use kvroute_fleet::{clock, health, membership, metrics, tasks};
@@ -85,6 +87,7 @@ pub fn load_preprocessor(config: &GatewayConfig) -> Result<Preprocessor, StartEr
 pub struct GatewayHandle {
     addr: SocketAddr,
     state: Arc<Gateway>,
+    reloads: reload::Reloads,
     tasks: tasks::Tasks,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<JoinHandle<()>>,
@@ -164,6 +167,7 @@ pub async fn spawn(
     mut feeds: BTreeMap<usize, EventFeed>,
 ) -> Result<GatewayHandle, StartError> {
     config.validate()?;
+    let given = config.clone();
     let configured = config.workers.clone();
     let mut config = config.with_ranks_expanded();
     config.validate()?;
@@ -225,9 +229,13 @@ pub async fn spawn(
         _ => {}
     };
     membership::start_events(&gw.fleet, &gw.registry.all(), &mut feeds)?;
-    if gw.config.discovery.enabled() {
-        tasks.spawn(kvroute_discovery::run(gw.fleet.clone(), configured));
-    }
+    let configured = if gw.config.discovery.enabled() {
+        let (tx, rx) = tokio::sync::watch::channel(configured);
+        tasks.spawn(kvroute_discovery::run(gw.fleet.clone(), rx));
+        Some(tx)
+    } else {
+        None
+    };
     tasks.spawn(health::run(gw.health.clone()));
     tasks.spawn(prune(gw.clone()));
     tasks.spawn(routing::queue::drive(gw.clone()));
@@ -254,6 +262,7 @@ pub async fn spawn(
     Ok(GatewayHandle {
         addr,
         state: gw,
+        reloads: reload::Reloads::new(given, configured),
         tasks,
         shutdown: Some(tx),
         server: Some(server),

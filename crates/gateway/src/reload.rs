@@ -1,0 +1,128 @@
+//! A changed config applied to a running gateway (`kvroute serve` on SIGHUP or a changed
+//! config file): the workers (joining and leaving as discovery makes them), the model and
+//! adapter names. Every other changed setting is named as waiting for a restart; an invalid
+//! config is refused whole, the running one kept. Counted in
+//! `kvroute_config_reloads_total{result}`.
+
+use crate::GatewayHandle;
+use kvroute_fleet::config::{changed_keys, ConfigError, GatewayConfig, WorkerSpec};
+use kvroute_fleet::membership;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+/// The settings a reload applies (key paths, and what is under them).
+pub const LIVE_KEYS: &[&str] = &["workers", "models", "lora_adapters"];
+
+/// What a reload did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// Changed settings applied (key paths).
+    pub applied: Vec<String>,
+    /// Changed settings that take effect only after a restart.
+    pub restart: Vec<String>,
+    /// Workers that joined (named; with discovery on, its next pass reports them instead).
+    pub joined: Vec<String>,
+    /// Workers that left.
+    pub left: Vec<String>,
+    /// Workers that could not join, and why.
+    pub failed: Vec<(String, String)>,
+}
+
+/// The reload state of a running gateway.
+pub(crate) struct Reloads {
+    /// The config as given at the start (ranks not expanded): what restart-only settings
+    /// still are.
+    started: GatewayConfig,
+    /// The config as last given (as started, then as last reloaded).
+    last: Mutex<GatewayConfig>,
+    /// The configured workers, for the discovery task (None: no discovery, the fleet is
+    /// reconciled at once).
+    configured: Option<watch::Sender<Vec<WorkerSpec>>>,
+}
+
+impl Reloads {
+    /// The state of a gateway started with `config`; `configured` feeds its discovery task.
+    pub(crate) fn new(
+        config: GatewayConfig,
+        configured: Option<watch::Sender<Vec<WorkerSpec>>>,
+    ) -> Self {
+        Self {
+            started: config.clone(),
+            last: Mutex::new(config),
+            configured,
+        }
+    }
+}
+
+fn live(key: &str) -> bool {
+    LIVE_KEYS
+        .iter()
+        .any(|k| key == *k || key.starts_with(&format!("{k}.")))
+}
+
+impl GatewayHandle {
+    /// Applies `new` (checked first; refused whole when invalid, the running config kept):
+    /// the workers and model names; the other changed settings are named in the report as
+    /// waiting for a restart.
+    pub fn reload(&self, new: GatewayConfig) -> Result<ReloadReport, ConfigError> {
+        let gw = &self.state;
+        if let Err(e) = new.validate() {
+            self.reload_refused(&e.to_string());
+            return Err(e);
+        }
+        let mut last = self.reloads.last.lock();
+        let changed = changed_keys(&last, &new);
+        let mut report = ReloadReport::default();
+        // Against the config started with: a restart-only setting differs until a restart.
+        report.restart = changed_keys(&self.reloads.started, &new)
+            .into_iter()
+            .filter(|k| !live(k))
+            .collect();
+        report.applied = changed.into_iter().filter(|k| live(k)).collect();
+        if report.applied.iter().any(|k| k == "workers") {
+            match &self.reloads.configured {
+                Some(tx) => {
+                    tx.send_replace(new.workers.clone());
+                }
+                None => {
+                    let c = membership::reconcile(&gw.fleet, &new.workers);
+                    (report.joined, report.left, report.failed) = (c.added, c.removed, c.failed);
+                }
+            }
+        }
+        if report
+            .applied
+            .iter()
+            .any(|k| k == "models" || k == "lora_adapters")
+        {
+            gw.models
+                .reconfigure(new.models.clone(), new.lora_adapters.clone());
+        }
+        let result = match (report.applied.is_empty(), report.restart.is_empty()) {
+            (_, false) => "partial",
+            (false, true) => "applied",
+            (true, true) => "unchanged",
+        };
+        gw.metrics.config_reloads.with_label_values(&[result]).inc();
+        tracing::info!(applied = ?report.applied, joined = ?report.joined, left = ?report.left, "config reloaded");
+        if !report.restart.is_empty() {
+            tracing::warn!(settings = ?report.restart, "config reloaded: these changed settings take effect only after a restart");
+        }
+        for (w, why) in &report.failed {
+            tracing::warn!(worker = %w, error = %why, "config reloaded: a worker could not join");
+        }
+        *last = new;
+        Ok(report)
+    }
+
+    /// Counts and logs a reload refused before it reached the gateway (the config did not
+    /// read); the running config stays.
+    pub fn reload_refused(&self, why: &str) {
+        self.state
+            .metrics
+            .config_reloads
+            .with_label_values(&["invalid"])
+            .inc();
+        tracing::error!(error = %why, "config reload refused: the running config stays");
+    }
+}
