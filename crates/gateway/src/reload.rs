@@ -70,15 +70,17 @@ impl GatewayHandle {
             self.reload_refused(&e.to_string());
             return Err(e);
         }
-        let mut last = self.reloads.last.lock();
-        let changed = changed_keys(&last, &new);
-        let mut report = ReloadReport::default();
-        // Against the config started with: a restart-only setting differs until a restart.
-        report.restart = changed_keys(&self.reloads.started, &new)
-            .into_iter()
-            .filter(|k| !live(k))
-            .collect();
-        report.applied = changed.into_iter().filter(|k| live(k)).collect();
+        let changed = changed_keys(&self.reloads.last.lock(), &new);
+        let mut report = ReloadReport {
+            applied: changed.into_iter().filter(|k| live(k)).collect(),
+            // Against the config started with: a restart-only setting differs until a
+            // restart.
+            restart: changed_keys(&self.reloads.started, &new)
+                .into_iter()
+                .filter(|k| !live(k))
+                .collect(),
+            ..ReloadReport::default()
+        };
         if report.applied.iter().any(|k| k == "workers") {
             match &self.reloads.configured {
                 Some(tx) => {
@@ -111,7 +113,7 @@ impl GatewayHandle {
         for (w, why) in &report.failed {
             tracing::warn!(worker = %w, error = %why, "config reloaded: a worker could not join");
         }
-        *last = new;
+        *self.reloads.last.lock() = new;
         Ok(report)
     }
 
