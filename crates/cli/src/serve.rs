@@ -205,10 +205,16 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("listening on {addr}"))?;
         let handle = kvroute_gateway::spawn(config, pre, listener, BTreeMap::new()).await?;
+        // Listening for SIGHUP before saying it serves: a SIGHUP before it would end it.
+        let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .map_err(|e| tracing::warn!(error = %e, "no reload on SIGHUP: cannot listen for it"))
+            .ok();
+        // The files as they were read (a change from here on is seen).
+        let seen = stamps(&args.config);
         println!("kvroute gateway on {}", handle.url());
         tokio::select! {
             r = crate::stop_signal() => r?,
-            () = reloads(args, &handle) => {}
+            () = reloads(args, &handle, hup, seen) => {}
         }
         println!("stopping");
         handle.shutdown().await;
@@ -232,14 +238,14 @@ fn stamps(paths: &[PathBuf]) -> Vec<Option<(std::time::SystemTime, u64)>> {
 
 /// Reloads the config (the files, the environment and the flags, as at the start) on SIGHUP
 /// and when a config file changes, until the gateway stops; never returns.
-async fn reloads(args: &ServeArgs, handle: &kvroute_gateway::GatewayHandle) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = signal(SignalKind::hangup())
-        .map_err(|e| tracing::warn!(error = %e, "no reload on SIGHUP: cannot listen for it"))
-        .ok();
+async fn reloads(
+    args: &ServeArgs,
+    handle: &kvroute_gateway::GatewayHandle,
+    mut hup: Option<tokio::signal::unix::Signal>,
+    mut seen: Vec<Option<(std::time::SystemTime, u64)>>,
+) {
     let mut tick = tokio::time::interval(CONFIG_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut seen = stamps(&args.config);
     loop {
         let why = tokio::select! {
             Some(()) = async {

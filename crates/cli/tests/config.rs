@@ -201,7 +201,8 @@ fn help_names_each_config_flags_default_from_the_config_tree() {
 mod server;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serve_reloads_workers_and_models_on_sighup_and_a_changed_file_and_keeps_a_bad_one_out() {
+async fn serve_reloads_on_sighup_and_a_changed_file_applies_workers_and_models_and_keeps_a_bad_one_out(
+) {
     use server::Server;
     let dir = temp_dir("reload");
     let file = dir.join("gateway.toml");
@@ -233,16 +234,21 @@ async fn serve_reloads_workers_and_models_on_sighup_and_a_changed_file_and_keeps
         n.sort();
         n
     };
-    assert_eq!(names().await, [u1.clone()]);
-    // SIGHUP: a second worker joins, a model name is set.
+    assert_eq!(names().await, std::slice::from_ref(&u1));
+    // SIGHUP reads the config again (nothing changed here).
+    gw.signal("HUP");
+    assert_eq!(
+        gw.value_after("kvroute config reloaded (SIGHUP): applied "),
+        "[];"
+    );
+    // A changed file (seen within 2 s): a second worker joins, a model name is set.
     std::fs::write(
         &file,
         format!("models = [\"m-reloaded\"]\n{}", workers(&[&u1, &u2])),
     )
     .unwrap();
-    gw.signal("HUP");
     assert_eq!(
-        gw.value_after("kvroute config reloaded (SIGHUP): applied "),
+        gw.value_after("kvroute config reloaded (a config file changed): applied "),
         "[\"models\","
     );
     let mut both = vec![u1.clone(), u2.clone()];
@@ -259,11 +265,9 @@ async fn serve_reloads_workers_and_models_on_sighup_and_a_changed_file_and_keeps
     assert_eq!(models["data"][0]["id"], "m-reloaded", "{models}");
     // A file that does not read: refused whole, the fleet as it was.
     std::fs::write(&file, "[[workers]]\nurl = \n").unwrap();
-    gw.signal("HUP");
-    gw.value_after("kvroute config reload refused (SIGHUP)");
+    gw.value_after("kvroute config reload refused (a config file changed)");
     assert_eq!(names().await, both);
-    // Changed on disk (no signal): the first worker leaves; the block size waits for a
-    // restart and is named.
+    // The first worker leaves; the block size waits for a restart and is named.
     std::fs::write(
         &file,
         format!("[router]\nblock_size = 32\n{}", workers(&[&u2])),
@@ -273,9 +277,14 @@ async fn serve_reloads_workers_and_models_on_sighup_and_a_changed_file_and_keeps
         gw.value_after("after a restart: "),
         "[\"router.block_size\"]"
     );
-    assert_eq!(names().await, [u2.clone()]);
+    assert_eq!(names().await, std::slice::from_ref(&u2));
     let text = kvroute_testkit::get_text(&client, &format!("{base}/metrics")).await;
-    for (result, n) in [("applied", 1.0), ("invalid", 1.0), ("partial", 1.0)] {
+    for (result, n) in [
+        ("unchanged", 1.0),
+        ("applied", 1.0),
+        ("invalid", 1.0),
+        ("partial", 1.0),
+    ] {
         let series = format!("kvroute_config_reloads_total{{result=\"{result}\"}}");
         assert_eq!(kvroute_testkit::sample(&text, &series), Some(n), "{series}");
     }
