@@ -267,15 +267,22 @@ async fn serve_reloads_on_sighup_and_a_changed_file_applies_workers_and_models_a
     std::fs::write(&file, "[[workers]]\nurl = \n").unwrap();
     gw.value_after("kvroute config reload refused (a config file changed)");
     assert_eq!(names().await, both);
-    // The first worker leaves; the block size waits for a restart and is named.
+    // The first worker leaves and a busy threshold changes, both applied; the block size
+    // waits for a restart and is named.
     std::fs::write(
         &file,
-        format!("[router]\nblock_size = 32\n{}", workers(&[&u2])),
+        format!(
+            "[router]\nblock_size = 32\n[router.admission]\nbusy_prefill_tokens = 9000\n{}",
+            workers(&[&u2])
+        ),
     )
     .unwrap();
-    assert_eq!(
-        gw.value_after("after a restart: "),
-        "[\"router.block_size\"]"
+    let line = gw.line_with("kvroute config reloaded (a config file changed)");
+    assert!(
+        line.ends_with(
+            "applied [\"models\", \"router.admission.busy_prefill_tokens\", \"workers\"]; after a restart: [\"router.block_size\"]"
+        ),
+        "{line}"
     );
     assert_eq!(names().await, std::slice::from_ref(&u2));
     let text = kvroute_testkit::get_text(&client, &format!("{base}/metrics")).await;

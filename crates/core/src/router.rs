@@ -14,6 +14,7 @@ mod explain;
 mod hold;
 mod miss;
 mod peers;
+mod reconfigure;
 mod roles;
 mod sessions;
 

@@ -1,8 +1,9 @@
 //! A changed config applied to a running gateway (`kvroute serve` on SIGHUP or a changed
 //! config file): the workers (joining and leaving as discovery makes them), the model and
-//! adapter names. Every other changed setting is named as waiting for a restart; an invalid
-//! config is refused whole, the running one kept. Counted in
-//! `kvroute_config_reloads_total{result}`.
+//! adapter names, admission's mode and busy thresholds and the policy's parameters (the
+//! router's [`kvroute_core::Router::reconfigure`]). Every other changed setting is named as
+//! waiting for a restart; an invalid config is refused whole, the running one kept. Counted
+//! in `kvroute_config_reloads_total{result}`.
 
 use crate::GatewayHandle;
 use kvroute_fleet::config::{changed_keys, ConfigError, GatewayConfig, WorkerSpec};
@@ -10,8 +11,22 @@ use kvroute_fleet::membership;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-/// The settings a reload applies (key paths, and what is under them).
-pub const LIVE_KEYS: &[&str] = &["workers", "models", "lora_adapters"];
+/// The settings a reload applies (key paths, and what is under them): the workers, the
+/// model names, admission's mode and busy thresholds, the policy's parameters.
+pub const LIVE_KEYS: &[&str] = &[
+    "workers",
+    "models",
+    "lora_adapters",
+    "router.admission.mode",
+    "router.admission.busy_prefill_tokens",
+    "router.admission.busy_prefill_fraction",
+    "router.admission.busy_active_blocks",
+    "router.admission.busy_active_fraction",
+    "router.admission.busy_batch_fraction",
+    "router.policy.kv",
+    "router.policy.predictive",
+    "router.policy.goodput",
+];
 
 /// What a reload did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -81,6 +96,27 @@ impl GatewayHandle {
                 .collect(),
             ..ReloadReport::default()
         };
+        if (report.applied.iter()).any(|k| k.starts_with("router.")) {
+            // The queue's caps and the flow settings stay the running ones (restart-only),
+            // as does the policy's kind.
+            let run = &self.reloads.started.router;
+            let admission = kvroute_core::AdmissionConfig {
+                max_queue_wait_secs: run.admission.max_queue_wait_secs,
+                max_queued_requests: run.admission.max_queued_requests,
+                max_queued_tokens: run.admission.max_queued_tokens,
+                flow: run.admission.flow.clone(),
+                ..new.router.admission.clone()
+            };
+            let policy = kvroute_core::policy::PolicyConfig {
+                kind: run.policy.kind,
+                ..new.router.policy.clone()
+            };
+            if let Err(e) = gw.table.update(|r| r.reconfigure(&admission, &policy)) {
+                let e = ConfigError(e.to_string());
+                self.reload_refused(&e.to_string());
+                return Err(e);
+            }
+        }
         if report.applied.iter().any(|k| k == "workers") {
             match &self.reloads.configured {
                 Some(tx) => {

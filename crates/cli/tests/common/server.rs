@@ -52,6 +52,19 @@ impl Server {
         }
     }
 
+    /// The first line holding `prefix` (within 30 s), whole.
+    pub fn line_with(&self, prefix: &str) -> String {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("no line with {prefix:?}"));
+            if line.contains(prefix) {
+                return line;
+            }
+        }
+    }
+
     /// Sends SIGINT and returns whether it exited successfully within 20 s.
     pub fn interrupt(mut self) -> bool {
         let pid = self.child.id().to_string();
