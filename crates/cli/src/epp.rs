@@ -75,13 +75,17 @@ pub fn run(args: &EppArgs) -> Result<()> {
         let health = bind(config.epp.health_port).await?;
         let handle = kvroute_gateway::spawn(config, pre, http, BTreeMap::new()).await?;
         let epp = kvroute_gateway::epp::spawn(handle.state().clone(), grpc, health).await?;
+        let reload = crate::serve::Reloader::new(&args.serve.config);
         println!(
             "kvroute endpoint picker: ext_proc on {}, health on {}, metrics on {}/metrics",
             epp.addr,
             epp.health_addr,
             handle.url()
         );
-        crate::stop_signal().await?;
+        tokio::select! {
+            r = crate::stop_signal() => r?,
+            () = reload.run(&handle, || args.config()) => {}
+        }
         println!("stopping");
         epp.stop();
         epp.wait().await;

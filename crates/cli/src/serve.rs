@@ -205,16 +205,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("listening on {addr}"))?;
         let handle = kvroute_gateway::spawn(config, pre, listener, BTreeMap::new()).await?;
-        // Listening for SIGHUP before saying it serves: a SIGHUP before it would end it.
-        let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .map_err(|e| tracing::warn!(error = %e, "no reload on SIGHUP: cannot listen for it"))
-            .ok();
-        // The files as they were read (a change from here on is seen).
-        let seen = stamps(&args.config);
+        let reload = Reloader::new(&args.config);
         println!("kvroute gateway on {}", handle.url());
         tokio::select! {
             r = crate::stop_signal() => r?,
-            () = reloads(args, &handle, hup, seen) => {}
+            () = reload.run(&handle, || args.config()) => {}
         }
         println!("stopping");
         handle.shutdown().await;
@@ -236,51 +231,79 @@ fn stamps(paths: &[PathBuf]) -> Vec<Option<(std::time::SystemTime, u64)>> {
         .collect()
 }
 
-/// Reloads the config (the files, the environment and the flags, as at the start) on SIGHUP
-/// and when a config file changes, until the gateway stops; never returns.
-async fn reloads(
-    args: &ServeArgs,
-    handle: &kvroute_gateway::GatewayHandle,
-    mut hup: Option<tokio::signal::unix::Signal>,
-    mut seen: Vec<Option<(std::time::SystemTime, u64)>>,
-) {
-    let mut tick = tokio::time::interval(CONFIG_POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let why = tokio::select! {
-            Some(()) = async {
-                match &mut hup {
-                    Some(h) => h.recv().await,
-                    None => std::future::pending().await,
-                }
-            } => "SIGHUP",
-            _ = tick.tick() => {
-                let now = stamps(&args.config);
-                if now == seen {
-                    continue;
-                }
-                seen = now;
-                "a config file changed"
-            }
-        };
-        let outcome = match args.config() {
-            // (A config that does not hold together is counted by `reload`.)
-            Ok(config) => handle.reload(config).map_err(|e| e.to_string()),
-            Err(e) => {
-                let e = format!("{e:#}");
-                handle.reload_refused(&e);
-                Err(e)
-            }
-        };
-        match outcome {
-            Ok(r) => println!(
-                "kvroute config reloaded ({why}): applied {:?}; after a restart: {:?}",
-                r.applied, r.restart
-            ),
-            Err(e) => println!(
-                "kvroute config reload refused ({why}): {}",
-                e.replace('\n', "; ")
-            ),
+/// What a running server reloads its config on: SIGHUP and a change of its config files.
+/// Made before the server says it serves (a SIGHUP before it would end the process; a
+/// change from then on is seen).
+pub(crate) struct Reloader {
+    files: Vec<PathBuf>,
+    hup: Option<tokio::signal::unix::Signal>,
+    seen: Vec<Option<(std::time::SystemTime, u64)>>,
+}
+
+impl Reloader {
+    /// Listens for SIGHUP and notes `files` as they are now.
+    pub(crate) fn new(files: &[PathBuf]) -> Self {
+        let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .map_err(|e| tracing::warn!(error = %e, "no reload on SIGHUP: cannot listen for it"))
+            .ok();
+        Self {
+            files: files.to_vec(),
+            hup,
+            seen: stamps(files),
         }
+    }
+
+    /// Reloads `handle`'s config from `config` (the files, the environment and the flags,
+    /// as at the start) on SIGHUP and when a file changes, until the server stops; never
+    /// returns.
+    pub(crate) async fn run(
+        mut self,
+        handle: &kvroute_gateway::GatewayHandle,
+        config: impl Fn() -> Result<GatewayConfig>,
+    ) {
+        let mut tick = tokio::time::interval(CONFIG_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let why = tokio::select! {
+                Some(()) = async {
+                    match &mut self.hup {
+                        Some(h) => h.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => "SIGHUP",
+                _ = tick.tick() => {
+                    let now = stamps(&self.files);
+                    if now == self.seen {
+                        continue;
+                    }
+                    self.seen = now;
+                    "a config file changed"
+                }
+            };
+            reload_once(handle, config(), why);
+        }
+    }
+}
+
+/// One reload of `handle` from `config` (read for `why`), said on stdout.
+fn reload_once(handle: &kvroute_gateway::GatewayHandle, config: Result<GatewayConfig>, why: &str) {
+    let outcome = match config {
+        // (A config that does not hold together is counted by `reload`.)
+        Ok(config) => handle.reload(config).map_err(|e| e.to_string()),
+        Err(e) => {
+            let e = format!("{e:#}");
+            handle.reload_refused(&e);
+            Err(e)
+        }
+    };
+    match outcome {
+        Ok(r) => println!(
+            "kvroute config reloaded ({why}): applied {:?}; after a restart: {:?}",
+            r.applied, r.restart
+        ),
+        Err(e) => println!(
+            "kvroute config reload refused ({why}): {}",
+            e.replace('\n', "; ")
+        ),
     }
 }

@@ -298,3 +298,35 @@ async fn serve_reloads_on_sighup_and_a_changed_file_applies_workers_and_models_a
     drop((gw, w1, w2));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn the_endpoint_picker_reloads_too() {
+    use server::Server;
+    let dir = temp_dir("epp-reload");
+    let file = dir.join("gateway.toml");
+    let (w1, spec1) = server::zmq_worker("e1");
+    let u1 = spec1.split('=').next().unwrap().to_string();
+    std::fs::write(&file, format!("[[workers]]\nurl = \"{u1}\"\n")).unwrap();
+    let f = file.to_str().unwrap();
+    let epp = Server::start(&[
+        "epp",
+        "--config",
+        f,
+        "--port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--grpc-health-port",
+        "0",
+    ]);
+    epp.value_after("kvroute endpoint picker: ");
+    std::fs::write(
+        &file,
+        format!("models = [\"picked\"]\n[[workers]]\nurl = \"{u1}\"\n"),
+    )
+    .unwrap();
+    let line = epp.line_with("kvroute config reloaded (a config file changed)");
+    assert!(line.contains("applied [\"models\"]"), "{line}");
+    drop((epp, w1));
+    std::fs::remove_dir_all(&dir).ok();
+}
