@@ -78,6 +78,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if !(1..=MAX_REPEATS).contains(&a.repeats) || !(1..=MAX_REPEATS).contains(&a.snapshots) {
         bail!("--repeats and --snapshots must be within 1..={MAX_REPEATS}");
     }
+    if a.target.is_some() && matches!(prepared.load, SimLoad::Tenants(_)) {
+        bail!(
+            "a tenants load runs on fleets bench starts (with the spec's flow settings): drive an endpoint with `kvroute loadgen --tenants FILE` instead of --target"
+        );
+    }
     if a.target.is_some() && a.sim {
         bail!("--target drives a live endpoint: it cannot go with --sim");
     }

@@ -1,7 +1,8 @@
 //! Config that composes: any number of TOML files (later ones override earlier ones, table by
 //! table; an array or a value is replaced whole), then environment variables named
-//! `KVROUTE__` + the key path with `__` between its parts (`KVROUTE__ROUTER__ADMISSION__MODE=queue`;
-//! parts lower-cased; the value read as a TOML value, else as a string), for containers. Every
+//! `KVROUTE__` (a simulated worker's: `KVROUTE_WORKER__`) + the key path with `__` between its
+//! parts (`KVROUTE__ROUTER__ADMISSION__MODE=queue`; parts lower-cased; the value read as a
+//! TOML value, else as a string; an inline table merged as a file's), for containers. Every
 //! problem is reported with where it is: the file and line (or the variable) and the key path.
 //! The one reader of config files for every subcommand (`serve`, `worker`, `demo`,
 //! `check-config`).
@@ -59,18 +60,41 @@ impl fmt::Display for Problems {
 
 impl std::error::Error for Problems {}
 
-/// The environment's overrides: its variables named [`ENV_PREFIX`]...
-pub(crate) fn env_overrides() -> Vec<(String, String)> {
-    std::env::vars()
-        .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+/// The prefix of the environment variables that override a simulated worker's config keys
+/// (its tree is another one: a gateway's variables must not reach it).
+pub(crate) const WORKER_ENV_PREFIX: &str = "KVROUTE_WORKER__";
+
+/// The environment's overrides: its variables named `prefix`... (a value that is not UTF-8
+/// is kept, marked, to be refused by name).
+pub(crate) fn env_overrides(prefix: &str) -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| {
+            let k = k.into_string().ok()?;
+            k.starts_with(prefix).then(|| {
+                let v = v.into_string().unwrap_or_else(|_| NOT_UTF8.to_string());
+                (k, v)
+            })
+        })
         .collect()
 }
+
+/// The value given for a variable whose value is not UTF-8 (refused by its name).
+const NOT_UTF8: &str = "\u{0}not UTF-8";
 
 /// `paths` layered in order, then `env` (name, value) overrides, as a `T`; every problem
 /// found (each file is also read alone, so that a mistake is named with its line).
 pub(crate) fn load<T: DeserializeOwned>(
     paths: &[PathBuf],
     env: &[(String, String)],
+) -> Result<T, Problems> {
+    load_with(paths, env, ENV_PREFIX)
+}
+
+/// [`load`] for a tree whose variables are named `prefix`...
+pub(crate) fn load_with<T: DeserializeOwned>(
+    paths: &[PathBuf],
+    env: &[(String, String)],
+    prefix: &str,
 ) -> Result<T, Problems> {
     let mut problems = Vec::new();
     if paths.len() > MAX_FILES {
@@ -92,10 +116,12 @@ pub(crate) fn load<T: DeserializeOwned>(
     }
     // In name order, whatever the environment's: a key set whole and a part of it set too
     // (`KVROUTE__PORT`, `KVROUTE__PORT__X`) is a problem either way round.
-    let mut env: Vec<&(String, String)> = env.iter().collect();
+    let mut env: Vec<&(String, String)> = (env.iter())
+        .filter(|(name, _)| name.starts_with(prefix))
+        .collect();
     env.sort();
     for (name, value) in env.iter().copied() {
-        if let Err(message) = set_from_env(&mut merged, name, value) {
+        if let Err(message) = set_from_env(&mut merged, prefix, name, value) {
             problems.push(Problem {
                 source: Some(name.clone()),
                 ..problem(None, message)
@@ -111,7 +137,12 @@ pub(crate) fn load<T: DeserializeOwned>(
         let source = env
             .iter()
             .copied()
-            .find(|(name, _)| env_path(name).is_some_and(|p| path.starts_with(&p.join("."))))
+            .find(|(name, _)| {
+                env_path(prefix, name).is_some_and(|p| {
+                    let p = p.join(".");
+                    path == p || path.starts_with(&format!("{p}."))
+                })
+            })
             .map(|(name, _)| name.clone());
         Problems(vec![Problem {
             source,
@@ -184,16 +215,25 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
 }
 
 /// The key path a variable names (`KVROUTE__ROUTER__POLICY__KIND` -> router, policy, kind).
-fn env_path(name: &str) -> Option<Vec<String>> {
-    let rest = name.strip_prefix(ENV_PREFIX)?;
+fn env_path(prefix: &str, name: &str) -> Option<Vec<String>> {
+    let rest = name.strip_prefix(prefix)?;
     let parts: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
     (parts.len() <= MAX_DEPTH && parts.iter().all(|p| !p.is_empty())).then_some(parts)
 }
 
-/// Sets the key `name` names to `value` (a TOML value, else a string).
-fn set_from_env(table: &mut toml::Table, name: &str, value: &str) -> Result<(), String> {
-    let parts = env_path(name).ok_or_else(|| {
-        format!("not a key path: {ENV_PREFIX} then 1 to {MAX_DEPTH} non-empty parts between `__`")
+/// Sets the key `name` names to `value` (a TOML value, else a string; a table is merged
+/// into the files' as a file's would be).
+fn set_from_env(
+    table: &mut toml::Table,
+    prefix: &str,
+    name: &str,
+    value: &str,
+) -> Result<(), String> {
+    if value == NOT_UTF8 {
+        return Err("its value is not UTF-8".into());
+    }
+    let parts = env_path(prefix, name).ok_or_else(|| {
+        format!("not a key path: {prefix} then 1 to {MAX_DEPTH} non-empty parts between `__`")
     })?;
     let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
         .ok()
@@ -210,7 +250,12 @@ fn set_from_env(table: &mut toml::Table, name: &str, value: &str) -> Result<(), 
             _ => return Err(format!("{} is not a table", parts[..=i].join("."))),
         };
     }
-    at.insert(last.clone(), parsed);
+    match (at.get_mut(last), parsed) {
+        (Some(toml::Value::Table(base)), toml::Value::Table(over)) => merge(base, over),
+        (_, v) => {
+            at.insert(last.clone(), v);
+        }
+    }
     Ok(())
 }
 

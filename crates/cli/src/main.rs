@@ -97,17 +97,24 @@ struct CheckConfigArgs {
 /// `kvroute check-config`: the effective config on stdout, or the problems on stderr and
 /// exit code 2.
 fn check_config(a: &CheckConfigArgs) -> Result<()> {
-    let env = config_layers::env_overrides();
+    use config_layers::{env_overrides, ENV_PREFIX, WORKER_ENV_PREFIX};
     let text = match a.kind.as_str() {
-        "worker" => config_layers::load::<kvroute_worker::WorkerConfig>(&a.files, &env)
-            .map_err(|p| p.to_string())
-            .and_then(|c| c.validate().map(|_| c).map_err(|e| e.to_string()))
-            .and_then(|c| toml::to_string(&c).map_err(|e| e.to_string())),
+        "worker" => config_layers::load_with::<kvroute_worker::WorkerConfig>(
+            &a.files,
+            &env_overrides(WORKER_ENV_PREFIX),
+            WORKER_ENV_PREFIX,
+        )
+        .map_err(|p| p.to_string())
+        .and_then(|c| c.validate().map(|_| c).map_err(|e| e.to_string()))
+        .and_then(|c| toml::to_string(&c).map_err(|e| e.to_string())),
         // As `serve` reads it, its keys from the environment too (never printed).
-        _ => config_layers::load::<kvroute_gateway::GatewayConfig>(&a.files, &env)
-            .map_err(|p| p.to_string())
-            .and_then(|c| c.validate().map(|_| c).map_err(|e| e.to_string()))
-            .and_then(|c| toml::to_string(&c).map_err(|e| e.to_string())),
+        _ => config_layers::load::<kvroute_gateway::GatewayConfig>(
+            &a.files,
+            &env_overrides(ENV_PREFIX),
+        )
+        .map_err(|p| p.to_string())
+        .and_then(|c| c.validate().map(|_| c).map_err(|e| e.to_string()))
+        .and_then(|c| toml::to_string(&c).map_err(|e| e.to_string())),
     };
     match text {
         Ok(t) => {
@@ -124,7 +131,21 @@ fn check_config(a: &CheckConfigArgs) -> Result<()> {
 /// The config of `paths` layered in order, then the `KVROUTE__` environment variables
 /// ([`config_layers`]), as a `T` (its defaults where nothing is given).
 fn read_config<T: serde::de::DeserializeOwned>(paths: &[std::path::PathBuf]) -> Result<T> {
-    Ok(config_layers::load(paths, &config_layers::env_overrides())?)
+    let prefix = config_layers::ENV_PREFIX;
+    Ok(config_layers::load(
+        paths,
+        &config_layers::env_overrides(prefix),
+    )?)
+}
+
+/// [`read_config`] for a simulated worker (its variables: `KVROUTE_WORKER__`).
+fn read_worker_config<T: serde::de::DeserializeOwned>(paths: &[std::path::PathBuf]) -> Result<T> {
+    let prefix = config_layers::WORKER_ENV_PREFIX;
+    Ok(config_layers::load_with(
+        paths,
+        &config_layers::env_overrides(prefix),
+        prefix,
+    )?)
 }
 
 /// A multi-threaded tokio runtime for the server subcommands.

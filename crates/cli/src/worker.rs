@@ -10,7 +10,7 @@ use std::path::PathBuf;
 #[derive(Args, Debug, Default)]
 pub struct WorkerArgs {
     /// TOML config file (the `WorkerConfig` fields). Repeat to layer several (later ones
-    /// override earlier ones), then `KVROUTE__` environment variables (as `kvroute serve`).
+    /// override earlier ones), then `KVROUTE_WORKER__<KEY>` environment variables.
     #[arg(long = "config")]
     pub config: Vec<PathBuf>,
     /// Address to listen on.
@@ -89,7 +89,7 @@ pub struct WorkerArgs {
 impl WorkerArgs {
     /// The config file (if any) with the flags applied, checked.
     pub fn config(&self) -> Result<WorkerConfig> {
-        let mut c: WorkerConfig = crate::read_config(&self.config)?;
+        let mut c: WorkerConfig = crate::read_worker_config(&self.config)?;
         if let Some(p) = &self.profile {
             c.profile = p.clone();
         }

@@ -33,7 +33,8 @@ pub const ROLE_ANNOTATION: &str = "kvroute.io/role";
 pub const ROLE_LABEL: &str = "llm-d.ai/role";
 
 /// The annotation (or label) giving a Pod's KV cache capacity in blocks (over the source's
-/// `kv_blocks`; what the engine's metrics say wins over both).
+/// `kv_blocks`; a capacity given is used as it is: the engine's metrics are read only for a
+/// worker given none).
 pub const KV_BLOCKS_ANNOTATION: &str = "kvroute.io/kv-blocks";
 /// The annotation (or label) giving a Pod's batch limit (over the source's `max_batch`).
 pub const MAX_BATCH_ANNOTATION: &str = "kvroute.io/max-batch";

@@ -61,28 +61,35 @@ impl Models {
     /// The names configured anew (a reload): `models` (empty: learned from the workers
     /// again) and `adapters` (the workers' own are learned again).
     pub fn reconfigure(&self, models: Vec<String>, adapters: Vec<String>) {
-        self.configured
-            .store(!models.is_empty(), std::sync::atomic::Ordering::Relaxed);
-        *self.models.write() = models;
+        {
+            // The flag with the list, under its lock (`learn` reads the flag under it too).
+            let mut m = self.models.write();
+            self.configured
+                .store(!models.is_empty(), std::sync::atomic::Ordering::Relaxed);
+            *m = models;
+        }
         *self.adapters.write() = adapters;
     }
 
     /// Adds the model names a worker listed (when none were configured) and the LoRA
     /// adapters among them (entries with a parent model).
     pub fn learn(&self, cards: &[ModelCard]) {
-        let learn = |list: &RwLock<Vec<String>>, names: &mut dyn Iterator<Item = &String>| {
-            let mut list = list.write();
+        let add = |list: &mut Vec<String>, names: &mut dyn Iterator<Item = &String>| {
             for n in names {
                 if !list.contains(n) && list.len() < MAX_LEARNED_NAMES {
                     list.push(n.clone());
                 }
             }
         };
-        if !self.configured.load(std::sync::atomic::Ordering::Relaxed) {
-            learn(&self.models, &mut cards.iter().map(|c| &c.id));
+        {
+            // The flag read under the list's lock: a reload sets both under it.
+            let mut models = self.models.write();
+            if !self.configured.load(std::sync::atomic::Ordering::Relaxed) {
+                add(&mut models, &mut cards.iter().map(|c| &c.id));
+            }
         }
-        learn(
-            &self.adapters,
+        add(
+            &mut self.adapters.write(),
             &mut cards
                 .iter()
                 .filter(|c| c.parent.as_ref().is_some_and(|p| *p != c.id))

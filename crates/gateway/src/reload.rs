@@ -149,7 +149,12 @@ impl GatewayHandle {
         for (w, why) in &report.failed {
             tracing::warn!(worker = %w, error = %why, "config reloaded: a worker could not join");
         }
-        *self.reloads.last.lock() = new;
+        let mut applied = new;
+        if !report.failed.is_empty() {
+            // Not all joined: the next reload reconciles again, even with the same list.
+            applied.workers.clear();
+        }
+        *self.reloads.last.lock() = applied;
         Ok(report)
     }
 

@@ -133,6 +133,12 @@ impl FlowHistory {
         while self.readings.len() >= MAX_READINGS {
             self.readings.pop_front();
         }
+        // A baseline much older than the window (nobody read the fleet meanwhile) would
+        // stretch "the last minute": none then, until the next reading.
+        let stale = |at: Instant| now.saturating_duration_since(at) > WINDOW + WINDOW / 2;
+        if self.readings.front().is_some_and(|(at, _)| stale(*at)) {
+            self.readings.clear();
+        }
         let base = self.readings.front().map(|(_, r)| r.clone());
         self.readings.push_back((now, reading.clone()));
         figures(base.as_ref(), &reading)

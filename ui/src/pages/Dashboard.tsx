@@ -293,7 +293,9 @@ export function addClassPoints(
   fleets: FleetsAnswer,
   t: number,
 ): Record<string, Point[]> {
+  // Lines already drawn keep their history (a read that gave no classes adds a gap).
   const next: Record<string, Point[]> = {};
+  for (const [key, points] of Object.entries(h)) next[key] = [...points.slice(-(HISTORY - 1)), { t, v: null }];
   for (const a of fleets.arms) {
     const classes = a.fleet.classes ?? [];
     if (classes.length < 2) continue;
@@ -369,7 +371,9 @@ export function Dashboard(props: { stats: LiveStats | null; config: DashboardCon
   const [classTtft, setClassTtft] = useState<Record<string, Point[]>>({});
   useEffect(() => {
     if (!fleets) return;
-    setClassTtft((h) => addClassPoints(h, fleets, lastTime.current ?? Date.now()));
+    // On the load's clock while it reports (its charts' x axis), else the browser's.
+    const t = stats?.running && lastTime.current !== null ? lastTime.current : Date.now();
+    setClassTtft((h) => addClassPoints(h, fleets, t));
   }, [fleets]);
   const setConcurrency = useCallback((n: number) => {
     void control("/api/concurrency", { concurrency: n });

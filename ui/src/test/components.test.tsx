@@ -306,6 +306,9 @@ describe("flow control on the dashboard", () => {
     h = addClassPoints(h, answer([["goodput", fleet(two, [])]]), 2000);
     expect(h["goodput · interactive"]).toEqual([{ t: 1000, v: 120 }, { t: 2000, v: 120 }]);
     expect(h["goodput · batch"]).toEqual([{ t: 1000, v: null }, { t: 2000, v: null }]);
+    // A read without classes keeps the lines, with a gap.
+    h = addClassPoints(h, answer([["goodput", fleet([], [])]]), 3000);
+    expect(h["goodput · interactive"]).toEqual([{ t: 1000, v: 120 }, { t: 2000, v: 120 }, { t: 3000, v: null }]);
   });
   it("lists refusals by tenant, the most first, and nothing when there are none", () => {
     const { container, rerender } = render(<Refusals fleets={answer([["goodput", fleet([], [])]])} />);

@@ -127,3 +127,38 @@ fn a_bad_variable_is_named() {
         "{e}"
     );
 }
+
+#[test]
+fn a_table_from_a_variable_merges_and_a_bad_value_is_named() {
+    let paths = files(
+        "env-table",
+        &["[router.admission]\nmax_queued_requests = 7\n"],
+    );
+    let c: GatewayConfig = load(
+        &paths,
+        &env(&[("KVROUTE__ROUTER__ADMISSION", "{ mode = \"shed\" }")]),
+    )
+    .unwrap();
+    assert_eq!(c.router.admission.mode, kvroute_core::AdmissionMode::Shed);
+    assert_eq!(
+        c.router.admission.max_queued_requests, 7,
+        "merged, not replaced"
+    );
+    let e = load::<GatewayConfig>(&[], &env(&[("KVROUTE__PORT", NOT_UTF8)])).unwrap_err();
+    assert_eq!(e.to_string(), "KVROUTE__PORT: its value is not UTF-8");
+    // Blame goes by whole parts: KVROUTE__PORT does not set `port_x`.
+    assert!(env_path(ENV_PREFIX, "KVROUTE__PORT").is_some());
+}
+
+#[test]
+fn a_workers_variables_are_its_own() {
+    // A gateway's variable is not a worker's (whose tree has no `router`), nor the reverse.
+    let gateway_var = env(&[("KVROUTE__ROUTER__ADMISSION__MODE", "queue")]);
+    let w: kvroute_worker::WorkerConfig = load_with(&[], &gateway_var, WORKER_ENV_PREFIX).unwrap();
+    assert_eq!(w, kvroute_worker::WorkerConfig::default());
+    let worker_var = env(&[("KVROUTE_WORKER__MODEL", "m")]);
+    let w: kvroute_worker::WorkerConfig = load_with(&[], &worker_var, WORKER_ENV_PREFIX).unwrap();
+    assert_eq!(w.model, "m");
+    let g: GatewayConfig = load(&[], &worker_var).unwrap();
+    assert_eq!(g, GatewayConfig::default());
+}

@@ -4,11 +4,35 @@
 
 use super::GatewayConfig;
 
-/// The key paths whose values differ between `old` and `new`, sorted.
+/// The key paths whose values differ between `old` and `new`, sorted. Keys (never
+/// serialized) are compared apart and named by where they are: `auth.api_keys`,
+/// `auth.admin_key`, `upstream.api_key`, `workers` (a worker's), the tenants'
+/// (`router.admission.flow`).
 pub fn changed_keys(old: &GatewayConfig, new: &GatewayConfig) -> Vec<String> {
     let tree = |c: &GatewayConfig| toml::Table::try_from(c).unwrap_or_default();
     let mut out = Vec::new();
     walk("", &tree(old), &tree(new), &mut out);
+    let secrets = [
+        ("auth.api_keys", old.auth.api_keys != new.auth.api_keys),
+        ("auth.admin_key", old.auth.admin_key != new.auth.admin_key),
+        (
+            "upstream.api_key",
+            old.upstream.api_key != new.upstream.api_key,
+        ),
+        ("workers", old.workers != new.workers),
+        (
+            "router.admission.flow",
+            old.router.admission.flow != new.router.admission.flow,
+        ),
+    ];
+    for (key, differs) in secrets {
+        let named = out
+            .iter()
+            .any(|k| k == key || k.starts_with(&format!("{key}.")));
+        if differs && !named {
+            out.push(key.to_string());
+        }
+    }
     out.sort();
     out
 }
@@ -51,9 +75,12 @@ mod tests {
                 "tokenizer"
             ]
         );
-        // Keys never count (nor show).
+        // A key's change is named by where it is, never shown.
         new = old.clone();
         new.auth.api_keys = vec![super::super::Secret("sk-x".into())];
-        assert!(changed_keys(&old, &new).is_empty());
+        assert_eq!(changed_keys(&old, &new), ["auth.api_keys"]);
+        new = old.clone();
+        new.upstream.api_key = Some(super::super::Secret("sk-y".into()));
+        assert_eq!(changed_keys(&old, &new), ["upstream.api_key"]);
     }
 }

@@ -370,8 +370,10 @@ impl Session {
         // given back so (Envoy sends a streamed body on chunked) or replaced when Envoy
         // buffered it (its length set to match).
         let class = gw.flows.class(prep.identity.flow.class);
-        let new_body = match (worker.spec.priority, class.engine_priority) {
-            (Some(order), Some(p)) => crate::proxy::with_priority(&self.body, order.value(p)),
+        // Not for a split request: the decode endpoint's sidecar sends the same body to the
+        // prefill worker, which may not take the field.
+        let new_body = match (worker.spec.priority, class.engine_priority, &sel.prefill) {
+            (Some(order), Some(p), None) => crate::proxy::with_priority(&self.body, order.value(p)),
             _ => None,
         };
         if let Some(b) = &new_body {

@@ -65,6 +65,13 @@ fn figures_cover_the_growth_over_the_window() {
     let f = h.read(t0 + Duration::from_secs(100), &text([2, 4, 14, 14], 10));
     assert_eq!(f.classes[0].requests, 0.0, "{f:?}");
     assert_eq!(f.refusals[0].window, 0.0);
+    // Ten minutes unread: no window until the next reading (not ten minutes as one).
+    let f = h.read(t0 + Duration::from_secs(700), &text([2, 4, 40, 40], 30));
+    assert_eq!(
+        (f.classes[0].requests, f.classes[0].ttft_p95_ms),
+        (0.0, None)
+    );
+    assert_eq!(f.refusals[0].window, 0.0);
 }
 
 #[test]
