@@ -547,11 +547,31 @@ def merge_tables(base, over):
     return out
 
 
+def env_overrides(cfg, c):
+    """`cfg` with the container's `KVROUTE__KEY__PATH` variables laid over it, as kvroute lays
+    them (name order; a TOML value, else a string; a table merged)."""
+    for e in sorted(c.get("env") or [], key=lambda e: e.get("name", "")):
+        name = e.get("name", "")
+        if not name.startswith("KVROUTE__") or "value" not in e:
+            continue
+        parts = [p.lower() for p in name[len("KVROUTE__"):].split("__")]
+        try:
+            value = tomllib.loads(f"v = {e['value']}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = str(e["value"])
+        at = cfg
+        for p in parts[:-1]:
+            at = at.setdefault(p, {}) if isinstance(at.get(p, {}), dict) else {}
+        at[parts[-1]] = merge_tables(at[parts[-1]], value) if isinstance(value, dict) and isinstance(at.get(parts[-1]), dict) else value
+    return cfg
+
+
 def gateway_config(r, owner, pod, c):
-    """The container's config files (every --config, layered in order) as one dict, and each
-    file's (path, text)."""
+    """The container's config files (every --config, layered in order) and its `KVROUTE__`
+    variables as one dict, and each file's (path, text)."""
     args = c.get("args") or []
     paths = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"]
+    paths += [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
     if not paths:
         r.error(owner, f"container {c.get('name')}: no --config")
         return None, None
@@ -567,7 +587,7 @@ def gateway_config(r, owner, pod, c):
             r.error(owner, f"container {c.get('name')}: --config {path} is not TOML: {e}")
             return None, None
         files.append((path, text))
-    return merged, files
+    return env_overrides(merged, c), files
 
 
 def resolve(c, owner, word):
@@ -737,9 +757,12 @@ def run_configs(r, binary):
                 with open(local[mounted], "w") as f:
                     f.write(text)
             args = [resolve(c, owner, a) for a in c.get("args") or []]
-            for i, a in enumerate(args[:-1]):
-                if a == "--config":
+            for i, a in enumerate(args):
+                if a == "--config" and i + 1 < len(args):
                     args[i + 1] = local.get(args[i + 1], args[i + 1])
+                elif a.startswith("--config="):
+                    mounted = a.split("=", 1)[1]
+                    args[i] = "--config=" + local.get(mounted, mounted)
             env = dict(os.environ, RUST_LOG="error", RUST_BACKTRACE="0", KUBECONFIG=os.devnull)
             env = {k: v for k, v in env.items() if not k.startswith("KVROUTE__")}
             for e in c.get("env") or []:
