@@ -272,7 +272,7 @@ async fn serve_reloads_on_sighup_and_a_changed_file_applies_workers_and_models_a
     std::fs::write(
         &file,
         format!(
-            "[router]\nblock_size = 32\n[router.admission]\nbusy_prefill_tokens = 9000\n{}",
+            "[router]\nblock_size = 32\n[router.admission]\nbusy_prefill_tokens = 9000\nmax_queued_requests = 5\n{}",
             workers(&[&u2])
         ),
     )
@@ -280,7 +280,7 @@ async fn serve_reloads_on_sighup_and_a_changed_file_applies_workers_and_models_a
     let line = gw.line_with("kvroute config reloaded (a config file changed)");
     assert!(
         line.ends_with(
-            "applied [\"models\", \"router.admission.busy_prefill_tokens\", \"workers\"]; after a restart: [\"router.block_size\"]"
+            "applied [\"models\", \"router.admission.busy_prefill_tokens\", \"router.admission.max_queued_requests\", \"workers\"]; after a restart: [\"router.block_size\"]"
         ),
         "{line}"
     );

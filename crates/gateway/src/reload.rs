@@ -1,7 +1,8 @@
 //! A changed config applied to a running gateway (`kvroute serve` on SIGHUP or a changed
 //! config file): the workers (joining and leaving as discovery makes them), the model and
-//! adapter names, admission's mode and busy thresholds and the policy's parameters (the
-//! router's [`kvroute_core::Router::reconfigure`]). Every other changed setting is named as
+//! adapter names, admission's mode, busy thresholds and queue caps and the policy's
+//! parameters (the router's [`kvroute_core::Router::reconfigure`]; the gateway's queue reads
+//! its caps from the router). Every other changed setting is named as
 //! waiting for a restart; an invalid config is refused whole, the running one kept. Counted
 //! in `kvroute_config_reloads_total{result}`.
 
@@ -18,6 +19,9 @@ pub const LIVE_KEYS: &[&str] = &[
     "models",
     "lora_adapters",
     "router.admission.mode",
+    "router.admission.max_queue_wait_secs",
+    "router.admission.max_queued_requests",
+    "router.admission.max_queued_tokens",
     "router.admission.busy_prefill_tokens",
     "router.admission.busy_prefill_fraction",
     "router.admission.busy_active_blocks",
@@ -97,13 +101,10 @@ impl GatewayHandle {
             ..ReloadReport::default()
         };
         if (report.applied.iter()).any(|k| k.starts_with("router.")) {
-            // The queue's caps and the flow settings stay the running ones (restart-only),
-            // as does the policy's kind.
+            // The flow settings stay the running ones (restart-only), as does the policy's
+            // kind.
             let run = &self.reloads.started.router;
             let admission = kvroute_core::AdmissionConfig {
-                max_queue_wait_secs: run.admission.max_queue_wait_secs,
-                max_queued_requests: run.admission.max_queued_requests,
-                max_queued_tokens: run.admission.max_queued_tokens,
                 flow: run.admission.flow.clone(),
                 ..new.router.admission.clone()
             };

@@ -145,7 +145,9 @@ pub async fn admit(
                 // queue is empty): it must learn this one when it comes first (an objective
                 // shorter than the queue's wait can).
                 let before = q.next_deadline();
-                match queue::enqueue(gw, q, &request, &prep.identity, explain) {
+                // The router's admission settings: a reload changes them there.
+                let admission = &r.config().admission;
+                match queue::enqueue(gw, q, admission, &request, &prep.identity, explain) {
                     Ok(waiting) => {
                         let wake = before.is_none_or(|b| q.next_deadline() < Some(b));
                         (Err(waiting), wake)

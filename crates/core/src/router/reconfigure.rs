@@ -1,5 +1,6 @@
 //! Settings a running router takes anew (a gateway's config reload): admission's thresholds,
-//! queue caps and mode, and the routing policy's parameters. Not the policy's kind (a
+//! queue caps and mode (the gateway's queue reads them from here), and the routing policy's
+//! parameters. Not the policy's kind (a
 //! gateway's metrics are labelled with it), the flow settings (the tenants' limits and the
 //! queue's fairness counters are state kept per tenant) or anything fixed at the start
 //! (block size, capacities): those wait for a restart.

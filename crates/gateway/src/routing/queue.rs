@@ -37,6 +37,7 @@ impl Drop for Place {
 pub fn enqueue(
     gw: &Arc<Gateway>,
     queue: &mut kvroute_core::AdmissionQueue<Waiter>,
+    admission: &kvroute_core::AdmissionConfig,
     request: &RouteRequest<'_>,
     identity: &super::flow::Identity,
     explain: bool,
@@ -48,7 +49,6 @@ pub fn enqueue(
         explain,
         tx,
     };
-    let admission = &gw.config.router.admission;
     let tokens = request.prompt.tokens as u64;
     let ask = kvroute_core::Ask {
         eligible: request.eligible.clone(),
