@@ -272,7 +272,7 @@ async fn serve_reloads_on_sighup_and_a_changed_file_applies_workers_and_models_a
     std::fs::write(
         &file,
         format!(
-            "[router]\nblock_size = 32\n[router.admission]\nbusy_prefill_tokens = 9000\nmax_queued_requests = 5\n{}",
+            "[limits]\nmax_prompt_tokens = 8\n[router]\nblock_size = 32\n[router.admission]\nbusy_prefill_tokens = 9000\nmax_queued_requests = 5\n{}",
             workers(&[&u2])
         ),
     )
@@ -280,11 +280,24 @@ async fn serve_reloads_on_sighup_and_a_changed_file_applies_workers_and_models_a
     let line = gw.line_with("kvroute config reloaded (a config file changed)");
     assert!(
         line.ends_with(
-            "applied [\"models\", \"router.admission.busy_prefill_tokens\", \"router.admission.max_queued_requests\", \"workers\"]; after a restart: [\"router.block_size\"]"
+            "applied [\"limits.max_prompt_tokens\", \"models\", \"router.admission.busy_prefill_tokens\", \"router.admission.max_queued_requests\", \"workers\"]; after a restart: [\"router.block_size\"]"
         ),
         "{line}"
     );
     assert_eq!(names().await, std::slice::from_ref(&u2));
+    // The prompt limit read per request: a long prompt is refused now.
+    let r = client
+        .post(format!("{base}/v1/completions"))
+        .json(&serde_json::json!({"model": "kvroute-sim", "prompt": "one two three four five six seven eight nine ten eleven twelve", "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let body = r.text().await.unwrap();
+    assert!(
+        (400..500).contains(&status) && body.contains("8"),
+        "{status} {body}"
+    );
     let text = kvroute_testkit::get_text(&client, &format!("{base}/metrics")).await;
     for (result, n) in [
         ("unchanged", 1.0),

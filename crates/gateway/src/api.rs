@@ -65,13 +65,13 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
         let body = read_body(
             &headers,
             req.into_body(),
-            gw.config.limits.max_body_bytes,
+            gw.config().limits.max_body_bytes,
             gw.body_read_timeout(),
         )
         .await
         .map_err(unknown)?;
-        let (_, view) =
-            parse_request(endpoint, &body, gw.config.limits.max_prompt_tokens).map_err(unknown)?;
+        let (_, view) = parse_request(endpoint, &body, gw.config().limits.max_prompt_tokens)
+            .map_err(unknown)?;
         if !gw.models.serves(&view.model) {
             // Counted under one label: a client's names must not grow the metric's series.
             return Err((
@@ -80,7 +80,7 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
             ));
         }
         let session = headers.get("x-session-id").and_then(|v| v.to_str().ok());
-        let identity = identify(&gw.flows, &gw.config.flow_headers, &headers, &view)
+        let identity = identify(&gw.flows, &gw.config().flow_headers, &headers, &view)
             .map_err(|e| (e.into(), view.model.clone()))?;
         let mut prep = prepare(&gw, &view, session)
             .await
@@ -95,7 +95,7 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
             started,
             explain: crate::explanation::asked(&headers),
             authorization: headers.get(header::AUTHORIZATION).cloned(),
-            migrate: gw.config.upstream.migration_limit > 0 && !migration_off(&headers),
+            migrate: gw.config().upstream.migration_limit > 0 && !migration_off(&headers),
             engine_priority: gw.flows.class(identity.flow.class).engine_priority,
         };
         forward(&gw, Arc::new(call), Arc::new(prep), permit)
@@ -162,7 +162,7 @@ async fn health(State(gw): State<Arc<Gateway>>) -> Response {
 /// only when `health.ready_without_engines` is off.
 async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
     let up = gw.registry.up_count();
-    let ready = up > 0 || gw.config.health.ready_without_engines;
+    let ready = up > 0 || gw.config().health.ready_without_engines;
     let body = serde_json::json!({
         "ready": ready,
         "engines": {"up": up, "total": gw.registry.len()},
@@ -248,7 +248,7 @@ async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
 /// it has `messages`).
 async fn debug_explain(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let result = async {
-        let limit = gw.config.limits.max_body_bytes;
+        let limit = gw.config().limits.max_body_bytes;
         let (parts, body) = req.into_parts();
         let body = read_body(&parts.headers, body, limit, gw.body_read_timeout())
             .await
@@ -261,7 +261,7 @@ async fn debug_explain(State(gw): State<Arc<Gateway>>, req: Request) -> Response
         } else {
             Endpoint::Completions
         };
-        let (_, view) = parse_request(endpoint, &body, gw.config.limits.max_prompt_tokens)?;
+        let (_, view) = parse_request(endpoint, &body, gw.config().limits.max_prompt_tokens)?;
         let prep = prepare(&gw, &view, None).await?;
         // The queue's size first, its lock let go: the router's is never held while the
         // queue's is taken (admission takes them the other way round).

@@ -22,8 +22,9 @@ use std::sync::Arc;
 
 /// Shared by every handler and background task.
 pub struct Gateway {
-    /// The settings.
-    pub(crate) config: Arc<GatewayConfig>,
+    /// The settings (a reload swaps them: read them through [`Gateway::config`], once per
+    /// use).
+    config: parking_lot::RwLock<Arc<GatewayConfig>>,
     /// The router and the requests waiting for a free worker.
     pub(crate) table: Arc<RoutingTable<Waiter>>,
     /// Booking on the table: request ids, the in-flight count, load shared with replicas.
@@ -131,7 +132,7 @@ impl Gateway {
         Self {
             policy: config.router.policy.kind.as_str(),
             flows,
-            config,
+            config: parking_lot::RwLock::new(config),
             table,
             bookings,
             registry,
@@ -159,12 +160,18 @@ impl Gateway {
 
     /// How long a client may take to send a request body.
     pub fn body_read_timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_secs_f64(self.config.limits.body_read_timeout_secs)
+        std::time::Duration::from_secs_f64(self.config().limits.body_read_timeout_secs)
     }
 
-    /// The settings it runs with (workers' data-parallel ranks expanded).
-    pub fn config(&self) -> &GatewayConfig {
-        &self.config
+    /// The settings it runs with now (workers' data-parallel ranks expanded; a reload
+    /// swaps the ones it can apply).
+    pub fn config(&self) -> Arc<GatewayConfig> {
+        self.config.read().clone()
+    }
+
+    /// Swaps the settings (a reload).
+    pub(crate) fn set_config(&self, config: Arc<GatewayConfig>) {
+        *self.config.write() = config;
     }
 
     /// The workers now.

@@ -211,8 +211,15 @@ pub async fn spawn(
         clock::Clock::starting_now(),
     ));
     let tasks = tasks::Tasks::new();
-    match &gw.config.plane {
-        Some(p) if p.share_load || gw.config.workers.iter().any(WorkerSpec::events_from_plane) => {
+    match &gw.config().plane {
+        Some(p)
+            if p.share_load
+                || gw
+                    .config()
+                    .workers
+                    .iter()
+                    .any(WorkerSpec::events_from_plane) =>
+        {
             let conn = kvroute_plane::connect(p, "kvroute-gateway")
                 .await
                 .map_err(|e| StartError::Plane(format!("connecting to {}: {e}", p.url)))?;
@@ -229,7 +236,7 @@ pub async fn spawn(
         _ => {}
     };
     membership::start_events(&gw.fleet, &gw.registry.all(), &mut feeds)?;
-    let configured = if gw.config.discovery.enabled() {
+    let configured = if gw.config().discovery.enabled() {
         let (tx, rx) = tokio::sync::watch::channel(configured);
         tasks.spawn(kvroute_discovery::run(gw.fleet.clone(), rx));
         Some(tx)
@@ -241,24 +248,24 @@ pub async fn spawn(
     tasks.spawn(routing::queue::drive(gw.clone()));
     let addr = listener.local_addr()?;
     let loopback = addr.ip().is_loopback();
-    if !loopback && gw.config.auth.api_keys.is_empty() {
+    if !loopback && gw.config().auth.api_keys.is_empty() {
         tracing::warn!(%addr, "no API keys: the OpenAI API is open to anyone who reaches this address (auth.api_keys or KVROUTE_API_KEYS)");
     }
-    if !loopback && gw.config.auth.admin_key.is_none() {
+    if !loopback && gw.config().auth.admin_key.is_none() {
         tracing::info!(%addr, "/debug/reset is off: no admin key and not on loopback");
     }
-    let policy = std::sync::Arc::new(gw.config.access_policy(loopback));
+    let policy = std::sync::Arc::new(gw.config().access_policy(loopback));
     let app = api::routes(gw.clone(), &policy);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let limits = gw.config.serve_limits();
-    let tls = load_tls(&gw.config.tls)?;
+    let limits = gw.config().serve_limits();
+    let tls = load_tls(&gw.config().tls)?;
     let server = tokio::spawn(async move {
         kvroute_runtime::serve(listener, app, limits, tls, async move {
             let _ = rx.await;
         })
         .await
     });
-    tracing::info!(%addr, tls = gw.config.tls.enabled(), policy = gw.policy, preprocessor = %gw.preprocessor.describe(), workers = gw.config.workers.len(), "gateway listening");
+    tracing::info!(%addr, tls = gw.config().tls.enabled(), policy = gw.policy, preprocessor = %gw.preprocessor.describe(), workers = gw.config().workers.len(), "gateway listening");
     Ok(GatewayHandle {
         addr,
         state: gw,

@@ -81,7 +81,7 @@ pub async fn forward(
     // answers it; a retry carries it on.
     let mut permit = Some(permit);
     let mut eligible = kvroute_core::Eligible::Any;
-    let attempts = if gw.config.upstream.retry { 2 } else { 1 };
+    let attempts = if gw.config().upstream.retry { 2 } else { 1 };
     let mut last_error = None;
     for attempt in 0..attempts {
         let (sel, mut guard, explanation) =
@@ -236,7 +236,7 @@ async fn send(
         req = req.header(kvroute_fleet::headers::DP_RANK_HEADER, rank);
     }
     req = match &call.authorization {
-        Some(client) if gw.config.upstream.forward_authorization => {
+        Some(client) if gw.config().upstream.forward_authorization => {
             req.header(header::AUTHORIZATION, client)
         }
         _ => kvroute_fleet::upstream::with_key(req, gw.upstream.key_for(&w.spec)),
@@ -246,7 +246,7 @@ async fn send(
         _ => body,
     };
     let req = req.body(body).send();
-    let timeout = Duration::from_secs_f64(gw.config.upstream.first_byte_timeout_secs);
+    let timeout = Duration::from_secs_f64(gw.config().upstream.first_byte_timeout_secs);
     match tokio::time::timeout(timeout, req).await {
         Ok(Ok(resp)) => Ok(resp),
         Ok(Err(e)) => Err(GatewayError::Upstream {
@@ -290,7 +290,7 @@ async fn start_reading(
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
     let body = if call.view.stream && status.is_success() {
         let mut rest = resp.bytes_stream().boxed();
-        let timeout = Duration::from_secs_f64(gw.config.upstream.first_byte_timeout_secs);
+        let timeout = Duration::from_secs_f64(gw.config().upstream.first_byte_timeout_secs);
         match tokio::time::timeout(timeout, rest.next()).await {
             Ok(Some(Ok(first))) => ReadBody::Stream { first, rest },
             Ok(None) => ReadBody::Stream {
@@ -383,7 +383,7 @@ fn answer(
 
 /// Reads a whole answer, bounded; on failure returns an error body and a code.
 async fn read_body(gw: &Gateway, mut resp: reqwest::Response) -> (Option<&'static str>, Bytes) {
-    let limit = gw.config.limits.max_response_bytes;
+    let limit = gw.config().limits.max_response_bytes;
     let idle = gw.upstream.idle_timeout();
     let mut buf = Vec::new();
     loop {
@@ -447,7 +447,7 @@ pub(crate) fn finish(
                     cached: details.cached_tokens,
                     gateway_prompt: prediction.prompt_tokens,
                     engine_prompt: u.prompt_tokens,
-                    block_size: gw.config.router.block_size as u64,
+                    block_size: gw.config().router.block_size as u64,
                 },
             );
             let approximate = gw.registry.get(prediction.worker).is_some_and(|w| {

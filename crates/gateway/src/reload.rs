@@ -30,6 +30,16 @@ pub const LIVE_KEYS: &[&str] = &[
     "router.policy.kv",
     "router.policy.predictive",
     "router.policy.goodput",
+    "limits.max_prompt_tokens",
+    "limits.max_response_bytes",
+    "upstream.retry",
+    "upstream.forward_authorization",
+    "upstream.first_byte_timeout_secs",
+    "upstream.migration_limit",
+    "flow_headers",
+    "health.ready_without_engines",
+    "epp.subset_hint",
+    "epp.conformance_headers",
 ];
 
 /// What a reload did.
@@ -118,6 +128,29 @@ impl GatewayHandle {
                 return Err(e);
             }
         }
+        // The settings read per request, swapped in the gateway's config.
+        let mut live = (*gw.config()).clone();
+        live.limits.max_prompt_tokens = new.limits.max_prompt_tokens;
+        live.limits.max_response_bytes = new.limits.max_response_bytes;
+        live.upstream.retry = new.upstream.retry;
+        live.upstream.forward_authorization = new.upstream.forward_authorization;
+        live.upstream.first_byte_timeout_secs = new.upstream.first_byte_timeout_secs;
+        live.upstream.migration_limit = new.upstream.migration_limit;
+        live.flow_headers = new.flow_headers.clone();
+        live.health.ready_without_engines = new.health.ready_without_engines;
+        live.epp.subset_hint = new.epp.subset_hint;
+        live.epp.conformance_headers = new.epp.conformance_headers;
+        live.models.clone_from(&new.models);
+        live.lora_adapters.clone_from(&new.lora_adapters);
+        live.router.admission = kvroute_core::AdmissionConfig {
+            flow: live.router.admission.flow.clone(),
+            ..new.router.admission.clone()
+        };
+        live.router.policy = kvroute_core::policy::PolicyConfig {
+            kind: live.router.policy.kind,
+            ..new.router.policy.clone()
+        };
+        gw.set_config(std::sync::Arc::new(live));
         if report.applied.iter().any(|k| k == "workers") {
             match &self.reloads.configured {
                 Some(tx) => {

@@ -37,7 +37,7 @@ pub async fn prepare(
         .preprocessor
         .prompt_tokens_pooled(view.input.clone())
         .await?;
-    let limit = gw.config.limits.max_prompt_tokens;
+    let limit = gw.config().limits.max_prompt_tokens;
     if tokens.len() > limit {
         return Err(ApiError::prompt_too_long(tokens.len(), limit).into());
     }

@@ -53,7 +53,7 @@ pub(super) async fn run(
     prep: &Prepared,
     remote: &RemotePrefill,
 ) -> Handoff {
-    if gw.config.upstream.kv_transfer == KvTransfer::Sglang {
+    if gw.config().upstream.kv_transfer == KvTransfer::Sglang {
         return sglang(gw, call, prep, remote);
     }
     let name = super::worker_name(gw, remote.worker);
@@ -174,7 +174,7 @@ async fn leg(
     prep: &Prepared,
     remote: &RemotePrefill,
 ) -> Result<Option<Bytes>, String> {
-    let trtllm = gw.config.upstream.kv_transfer == KvTransfer::Trtllm;
+    let trtllm = gw.config().upstream.kv_transfer == KvTransfer::Trtllm;
     let body = if trtllm {
         context_body(&call.body)
     } else {

@@ -46,7 +46,7 @@ pub(super) fn relay(
     );
     let migration = if call.migrate {
         Ok(Migration {
-            left: gw.config.upstream.migration_limit,
+            left: gw.config().upstream.migration_limit,
             streamed: Streamed::new(),
             carried: 0,
             continued: false,
