@@ -190,8 +190,7 @@ fn simulate_with(
         _ if sim.cut => Time(cfg.max_sim_time).since(start),
         _ => sim.now.since(start),
     };
-    let tenants = flow::tenant_results(cfg, &sources, &sim.source, &sim.records, warm, span);
-    let classes = flow::class_results(cfg, &sources, &sim.source, &sim.records, warm, span);
+    let (tenants, classes) = flow::results(cfg, &sources, &sim.source, &sim.records, warm, span);
     Ok(SimResult {
         tenants,
         classes,

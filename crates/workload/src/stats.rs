@@ -141,6 +141,14 @@ pub struct Slo {
 }
 
 impl Slo {
+    /// A class's objectives (seconds, each where it sets one) over this run-wide one.
+    pub fn with_class(&self, ttft_secs: Option<f64>, tpot_secs: Option<f64>) -> Slo {
+        Slo {
+            ttft_ms: ttft_secs.map(|v| v * 1e3).or(self.ttft_ms),
+            tpot_ms: tpot_secs.map(|v| v * 1e3).or(self.tpot_ms),
+        }
+    }
+
     /// Whether a record meets the objective (it must have completed with a first token).
     pub fn met_by(&self, r: &RequestRecord) -> bool {
         let Some(ttft) = r.ttft() else {

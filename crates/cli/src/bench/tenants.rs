@@ -150,10 +150,7 @@ fn live_rows(
     let mut json = serde_json::Map::new();
     for (l, r) in spec.loads.iter().zip(results) {
         let class = flows.class(flows.class_ix(Some(l.class.as_str()).filter(|c| !c.is_empty())));
-        let objective = Slo {
-            ttft_ms: class.ttft_secs.map(|t| t * 1e3).or(slo.ttft_ms),
-            tpot_ms: class.tpot_secs.map(|t| t * 1e3).or(slo.tpot_ms),
-        };
+        let objective = slo.with_class(class.ttft_secs, class.tpot_secs);
         let measured: Vec<RequestRecord> = (r.records.iter())
             .filter(|r| r.arrival.0 >= warm)
             .cloned()

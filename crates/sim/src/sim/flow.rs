@@ -4,12 +4,12 @@
 
 use super::{Sim, Waiting};
 use crate::driver::Source;
-use crate::{SimConfig, TenantResult};
+use crate::{ClassResult, SimConfig, TenantResult};
 use kvroute_core::admission::queue::Ask;
 use kvroute_core::flow::limits::Permit;
-use kvroute_core::flow::{Flow, Flows};
+use kvroute_core::flow::{ClassIx, Flow, Flows};
 use kvroute_core::{Eligible, RejectReason, RequestId, Time};
-use kvroute_workload::{RequestRecord, Slo, Summary};
+use kvroute_workload::{RequestRecord, Summary};
 use std::time::Duration;
 
 /// A request's flow and what it holds of its tenant's limits.
@@ -18,87 +18,59 @@ pub(super) struct RequestFlow {
     pub permit: Option<Permit>,
 }
 
-/// Per tenant (source) of a tenants load, the summary of its requests that arrived at or
-/// after `warm`, against its class's objectives (the run's where its class sets none).
-pub(super) fn tenant_results(
+/// Per tenant (source) of a tenants load, and per class its requests resolve to (in first
+/// appearance), the summary of the requests that arrived at or after `warm`, against the
+/// class's objectives (the run's where its class sets none).
+pub(super) fn results(
     cfg: &SimConfig,
     sources: &[Source],
     source: &[u16],
     records: &[RequestRecord],
     warm: Time,
     span: Duration,
-) -> Vec<TenantResult> {
+) -> (Vec<TenantResult>, Vec<ClassResult>) {
     if sources.iter().all(|s| s.tenant.is_empty()) {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     }
     let flows = cfg.router.admission.flow.compile();
     let flow = source_flows(&flows, sources);
-    sources
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            let class = flows.class(flow[i].class);
-            let run = cfg.slo.clone().unwrap_or_default();
-            let slo = Slo {
-                ttft_ms: class.ttft_secs.map(|v| v * 1e3).or(run.ttft_ms),
-                tpot_ms: class.tpot_secs.map(|v| v * 1e3).or(run.tpot_ms),
-            };
-            let mine = (records.iter().zip(source))
-                .filter(|(r, s)| usize::from(**s) == i && r.arrival >= warm)
-                .map(|(r, _)| r);
-            TenantResult {
-                tenant: s.tenant.clone(),
-                class: s.class.clone(),
-                summary: Summary::from_records_with_slo(mine, span, Some(&slo)),
-            }
+    let run = cfg.slo.clone().unwrap_or_default();
+    // The summary of the measured requests of the sources `of` picks, against `class`'s.
+    let summary = |class: ClassIx, of: &dyn Fn(usize) -> bool| {
+        let c = flows.class(class);
+        let slo = run.with_class(c.ttft_secs, c.tpot_secs);
+        let mine = (records.iter().zip(source))
+            .filter(|(r, s)| of(usize::from(**s)) && r.arrival >= warm)
+            .map(|(r, _)| r);
+        Summary::from_records_with_slo(mine, span, Some(&slo))
+    };
+    let tenants = (sources.iter().enumerate())
+        .map(|(i, s)| TenantResult {
+            tenant: s.tenant.clone(),
+            class: s.class.clone(),
+            summary: summary(flow[i].class, &|j| j == i),
         })
-        .collect()
-}
-
-/// Per class the tenants' requests resolve to (in first appearance), the summary of its
-/// requests that arrived at or after `warm`, against its objectives.
-pub(super) fn class_results(
-    cfg: &SimConfig,
-    sources: &[Source],
-    source: &[u16],
-    records: &[RequestRecord],
-    warm: Time,
-    span: Duration,
-) -> Vec<crate::ClassResult> {
-    if sources.iter().all(|s| s.tenant.is_empty()) {
-        return Vec::new();
-    }
-    let flows = cfg.router.admission.flow.compile();
-    let flow = source_flows(&flows, sources);
-    let mut classes: Vec<kvroute_core::flow::ClassIx> = Vec::new();
+        .collect();
+    let mut order: Vec<ClassIx> = Vec::new();
     for f in &flow {
-        if !classes.contains(&f.class) {
-            classes.push(f.class);
+        if !order.contains(&f.class) {
+            order.push(f.class);
         }
     }
-    classes
-        .into_iter()
+    let classes = (order.into_iter())
         .map(|ix| {
-            let class = flows.class(ix);
-            let run = cfg.slo.clone().unwrap_or_default();
-            let slo = Slo {
-                ttft_ms: class.ttft_secs.map(|v| v * 1e3).or(run.ttft_ms),
-                tpot_ms: class.tpot_secs.map(|v| v * 1e3).or(run.tpot_ms),
-            };
             let of_class = |i: usize| flow[i].class == ix;
-            let mine = (records.iter().zip(source))
-                .filter(|(r, s)| of_class(usize::from(**s)) && r.arrival >= warm)
-                .map(|(r, _)| r);
-            crate::ClassResult {
-                class: class.name.clone(),
+            ClassResult {
+                class: flows.class(ix).name.clone(),
                 tenants: (0..sources.len())
                     .filter(|&i| of_class(i))
                     .map(|i| sources[i].tenant.clone())
                     .collect(),
-                summary: Summary::from_records_with_slo(mine, span, Some(&slo)),
+                summary: summary(ix, &of_class),
             }
         })
-        .collect()
+        .collect();
+    (tenants, classes)
 }
 
 /// Each source's flow under `flows`.
