@@ -220,14 +220,7 @@ async fn serve_reloads_on_sighup_and_a_changed_file_applies_workers_and_models_a
     let base = gw.value_after("kvroute gateway on ");
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let names = async || -> Vec<String> {
-        let v: serde_json::Value = client
-            .get(format!("{base}/debug/workers"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v = kvroute_testkit::get_json(&client, &format!("{base}/debug/workers")).await;
         let mut n: Vec<String> = (v["workers"].as_array().unwrap().iter())
             .map(|w| w["worker"]["url"].as_str().unwrap().to_string())
             .collect();
@@ -254,14 +247,7 @@ async fn serve_reloads_on_sighup_and_a_changed_file_applies_workers_and_models_a
     let mut both = vec![u1.clone(), u2.clone()];
     both.sort();
     assert_eq!(names().await, both);
-    let models: serde_json::Value = client
-        .get(format!("{base}/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models = kvroute_testkit::get_json(&client, &format!("{base}/v1/models")).await;
     assert_eq!(models["data"][0]["id"], "m-reloaded", "{models}");
     // A file that does not read: refused whole, the fleet as it was.
     std::fs::write(&file, "[[workers]]\nurl = \n").unwrap();

@@ -85,19 +85,21 @@ async fn a_killed_worker_is_taken_out_and_requests_keep_succeeding() {
     a.shutdown().await;
 }
 
+/// A worker `ghost` at a port nothing listens on (bound then released).
+fn ghost() -> WorkerSpec {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    WorkerSpec {
+        url: format!("http://{}", l.local_addr().unwrap()),
+        name: Some("ghost".into()),
+        ..WorkerSpec::default()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_no_worker_left_the_answer_is_503_and_health_says_so() {
     let a = worker("a").await;
     let mut cfg = config(&[&a], "kv");
-    cfg.workers.push(WorkerSpec {
-        // A port nothing listens on: bound then released.
-        url: {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            format!("http://{}", l.local_addr().unwrap())
-        },
-        name: Some("ghost".into()),
-        ..WorkerSpec::default()
-    });
+    cfg.workers.push(ghost());
     let gw = gateway(&[&a], cfg).await;
     let url = gw.url();
     assert!(
@@ -145,14 +147,7 @@ async fn with_no_worker_left_the_answer_is_503_and_health_says_so() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_ready_without_engines_ready_is_503_until_an_engine_is_up() {
     let mut cfg = config(&[], "kv");
-    cfg.workers.push(WorkerSpec {
-        url: {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            format!("http://{}", l.local_addr().unwrap())
-        },
-        name: Some("ghost".into()),
-        ..WorkerSpec::default()
-    });
+    cfg.workers.push(ghost());
     cfg.health.ready_without_engines = false;
     let gw = gateway_with_feeds(cfg, Default::default()).await;
     let url = gw.url();
