@@ -46,13 +46,13 @@ tokens) of the reported figure. Scenarios:
   i. priority classes: one engine started with `--scheduling-policy priority` and
      `--max-num-seqs 2` (so that requests wait in its own queue), marked in the gateway as
      taking `priority` (`,priority=lower_first`), admission off (`--admission none`: the
-     order is the engine's); eight `low` requests (class header, engine priority 10, 240
-     tokens each) sent together, then, once two of them stream (the engine busy at whatever
+     order is the engine's; health checks lenient: the busy engine answers them late);
+     eight `low` requests (class header, engine priority 10, 240 tokens each) sent together, then, once one of them streams (the engine busy at whatever
      speed this machine runs it), three `high` ones (engine priority 0, 48 tokens), and the
      same with the three sent as `low` (the control): the high class's mean time to first
      token stays below the low class's and below the control's, and every request is
      answered. When the lows ahead had all started before the three came (no queue to jump),
-     both runs are repeated, at most 3 attempts.
+     both runs are repeated, at most 5 attempts.
 
 Each scenario prints its figures and PASS or FAIL; the last line is `N passed, M failed`, and
 the exit code is non-zero when any failed. Every process started here is stopped at the end,
@@ -1167,7 +1167,7 @@ class Run:
                 bad.append((status, h.get("x-kvroute-worker")))
         r.check(not bad, f"with the prefill engine killed, 3 requests served by the decode engine ({bad})")
 
-    def scenario_i(self, r, lows=8, highs=3, max_tokens=48, low_tokens=240, attempts=3):
+    def scenario_i(self, r, lows=8, highs=3, max_tokens=48, low_tokens=240, attempts=5):
         for p in (self.gw, *self.pd):
             if p is not None and p.alive():
                 p.stop(grace=3.0)
@@ -1180,8 +1180,11 @@ class Run:
         r.info(f"engine with --scheduling-policy priority started in {E.wait_ready():.1f} s")
         config = os.path.join(logs, "gateway-prio.toml")
         with open(config, "w") as f:
+            # An engine this busy on two cores answers its health checks late: the gateway
+            # keeps it (this scenario is about the order, not about health).
             f.write('[[router.admission.flow.classes]]\nname = "high"\nband = 1\nengine_priority = 0\n'
-                    '[[router.admission.flow.classes]]\nname = "low"\nengine_priority = 10\n')
+                    '[[router.admission.flow.classes]]\nname = "low"\nengine_priority = 10\n'
+                    '[health]\ntimeout_secs = 10.0\nfailures_to_remove = 30\n')
         self.gw = eng.Gateway(self.args.kvroute, [E], self.args.model,
                               os.path.join(logs, "gateway-prio.log"),
                               extra_args=["--config", config, "--admission", "none"])
@@ -1195,7 +1198,7 @@ class Run:
 
         def run(high_class):
             """The lows (long answers: the engine runs two at a time, the rest wait in its
-            queue), then, once two of them stream (the engine busy, whatever its speed), three
+            queue), then, once one of them streams (the engine busy, whatever its speed), three
             more of class `high_class`; the later ones' and the lows' times to first token (s),
             the failures, and how many lows got their first token after the later ones were
             sent (the setup: the engine's queue held lows when they came)."""
@@ -1206,8 +1209,7 @@ class Run:
                        for i in range(lows)]
             for th in threads:
                 th.start()
-            for _ in range(2):
-                streaming.acquire(timeout=60.0)
+            streaming.acquire(timeout=60.0)
             sent = time.time() - t0
             more = [threading.Thread(target=one, args=(results, "high", high_class, i, max_tokens, None))
                     for i in range(highs)]
@@ -1264,7 +1266,7 @@ class Run:
         r.info(f"time to first token, ms: high {ms(ttft['high'])}; low {ms(ttft['low'])}")
         r.check(mean(ttft["high"]) < mean(ttft["low"]),
                 f"the high class's mean time to first token {mean(ttft['high']) * 1000:.0f} ms is below the "
-                f"low class's {mean(ttft['low']) * 1000:.0f} ms (sent once two lows streamed, into the "
+                f"low class's {mean(ttft['low']) * 1000:.0f} ms (sent once a low streamed, into the "
                 f"engine's queue)")
         r.check(mean(ttft["high"]) < mean(same["high"]),
                 f"and below the same three's sent as low: {mean(same['high']) * 1000:.0f} ms")
