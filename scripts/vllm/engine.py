@@ -197,8 +197,10 @@ class Engine(Proc):
     """One vLLM OpenAI API server with prefix caching and ZMQ KV events."""
 
     def __init__(self, name, model_dir, python, cpu, log_path, ports=None, extra_args=(), role=None,
-                 priority=None):
+                 priority=None, env=None):
         super().__init__(name, log_path)
+        # More environment variables for it.
+        self.extra_env = dict(env or {})
         # Which `priority` values it serves first, told to the gateway (`,priority=`).
         self.priority = priority
         self.model_dir = model_dir
@@ -280,6 +282,7 @@ class Engine(Proc):
             "TOKENIZERS_PARALLELISM": "false",
             "PYTHONWARNINGS": "ignore",
         })
+        env.update(self.extra_env)
         return env
 
     def start(self):
