@@ -414,6 +414,7 @@ fn demo_args(a: &BenchArgs, fleet: Fleet, policy: PolicyKind, config: Option<Pat
         policy,
         tokenizer: "builtin".into(),
         model: a.model.clone(),
+        pools: 1,
         tokenizer_cache_mib: None,
         tokenizer_threads: None,
         replay_buffer_mib: None,

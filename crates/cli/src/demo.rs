@@ -14,6 +14,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use kvroute_core::policy::GoodputConfig;
 use kvroute_core::{AdmissionMode, PolicyKind, WorkerRole};
+use kvroute_gateway::config::PoolConfig;
 use kvroute_gateway::{EventFeed, GatewayConfig, Replay, WorkerSpec};
 use kvroute_preprocess::Preprocessor;
 use kvroute_protocol::kv_events::EventBatch;
@@ -25,6 +26,8 @@ use std::sync::Arc;
 pub const DEMO_PROFILE: &str = "demo";
 /// Workers in each of the demo's fleets.
 pub const DEMO_WORKERS: usize = 3;
+/// The most models (`--pools`) a demo gateway serves.
+pub const MAX_DEMO_POOLS: usize = 4;
 
 /// Options of `kvroute demo`.
 #[derive(Args, Debug, Clone)]
@@ -70,6 +73,11 @@ pub struct DemoArgs {
     /// The served model name.
     #[arg(long, default_value = "kvroute-sim")]
     pub model: String,
+    /// Models served by each gateway, one pool each on its own `--workers` workers: the
+    /// first is `--model` with `--tokenizer`, the next `MODEL-2`, ... (every second one with
+    /// the `builtin-small` tokenizer and twice the block size: pools that differ).
+    #[arg(long, default_value_t = 1)]
+    pub pools: usize,
     /// MiB of tokenized prompt pieces the tokenizer keeps (default 64).
     #[arg(long)]
     pub tokenizer_cache_mib: Option<usize>,
@@ -184,13 +192,9 @@ pub fn demo_chat_like(
     Ok(base.sized_like(shape, ratio))
 }
 
-/// The tokenizer `builtin` or in a directory.
+/// The tokenizer `builtin`, `builtin-small` or in a directory.
 pub fn preprocessor(spec: &str) -> Result<Preprocessor> {
-    Ok(match spec {
-        "builtin" => Preprocessor::builtin(),
-        dir => Preprocessor::from_dir(std::path::Path::new(dir))
-            .with_context(|| format!("tokenizer {dir}"))?,
-    })
+    Preprocessor::from_spec(spec).with_context(|| format!("tokenizer {spec}"))
 }
 
 /// A worker's replay buffer seen through the gateway's replay interface.
@@ -331,73 +335,132 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
             kvroute_preprocess::DEFAULT_TOKENIZE_QUEUE,
         )?);
     }
+    anyhow::ensure!(
+        (1..=MAX_DEMO_POOLS).contains(&args.pools),
+        "--pools must be within 1..={MAX_DEMO_POOLS}"
+    );
+    anyhow::ensure!(
+        args.pools == 1 || args.prefill_workers.is_none(),
+        "--pools serves several models on workers that do both: not with --prefill-workers"
+    );
     let mut workers = Vec::new();
-    let mut specs = Vec::new();
-    let mut feeds: Vec<BTreeMap<usize, EventFeed>> =
-        (0..args.gateways).map(|_| BTreeMap::new()).collect();
-    let mut block_size = 0;
+    // Each pool's: model, tokenizer, preprocessor, block size, workers; each gateway's
+    // feeds by pool.
+    let mut pools = Vec::new();
+    let mut feeds: Vec<Vec<BTreeMap<usize, EventFeed>>> = (0..args.gateways)
+        .map(|_| (0..args.pools).map(|_| BTreeMap::new()).collect())
+        .collect();
     let roles = roles(args)?;
-    for (i, &role) in roles.iter().enumerate() {
-        let worker_name = match role {
-            WorkerRole::Both => format!("worker-{}", i + 1),
-            WorkerRole::Prefill => format!("prefill-{}", i + 1),
-            WorkerRole::Decode => {
-                format!("decode-{}", i + 1 - args.prefill_workers.unwrap_or(0))
+    for p in 0..args.pools {
+        // Every second pool differs: the byte tokenizer and twice the block size.
+        let other = p % 2 == 1;
+        let (model, tokenizer) = match p {
+            0 => (args.model.clone(), args.tokenizer.clone()),
+            _ => (
+                format!("{}-{}", args.model, p + 1),
+                if other {
+                    "builtin-small".into()
+                } else {
+                    args.tokenizer.clone()
+                },
+            ),
+        };
+        let pool_pre = if tokenizer == args.tokenizer {
+            pre.clone()
+        } else {
+            preprocessor(&tokenizer)?.with_pool(pre.pool()?.clone())
+        };
+        let mut specs = Vec::new();
+        let mut block_size = 0;
+        for (i, &role) in roles.iter().enumerate() {
+            let n = p * roles.len() + i;
+            let prefix = if p == 0 {
+                String::new()
+            } else {
+                format!("m{}-", p + 1)
+            };
+            let worker_name = match role {
+                WorkerRole::Both => format!("{prefix}worker-{}", i + 1),
+                WorkerRole::Prefill => format!("prefill-{}", i + 1),
+                WorkerRole::Decode => {
+                    format!("decode-{}", i + 1 - args.prefill_workers.unwrap_or(0))
+                }
+            };
+            let mut cfg = WorkerConfig {
+                model: model.clone(),
+                profile: args.profile.clone(),
+                speedup: args.speedup,
+                worker_name,
+                role,
+                ..WorkerConfig::default()
+            };
+            if let Some(mib) = args.replay_buffer_mib {
+                cfg.replay_buffer_bytes = mib.saturating_mul(1 << 20);
             }
-        };
-        let mut cfg = WorkerConfig {
-            model: args.model.clone(),
-            profile: args.profile.clone(),
-            speedup: args.speedup,
-            worker_name,
-            role,
-            ..WorkerConfig::default()
-        };
-        if let Some(mib) = args.replay_buffer_mib {
-            cfg.replay_buffer_bytes = mib.saturating_mul(1 << 20);
+            if other {
+                cfg.block_size = Some(cfg.engine_config()?.block_size * 2);
+            }
+            let engine = cfg.engine_config()?;
+            block_size = engine.block_size;
+            let port = match args.worker_port {
+                0 => 0,
+                port => u16::try_from(usize::from(port) + n).map_err(|_| {
+                    anyhow::anyhow!(
+                        "--worker-port {port} leaves no room for {} workers",
+                        args.workers * args.pools
+                    )
+                })?,
+            };
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+                .await
+                .with_context(|| format!("listening on 127.0.0.1:{port} for worker {}", n + 1))?;
+            let w = kvroute_worker::spawn(cfg, pool_pre.clone(), listener, None).await?;
+            for f in &mut feeds {
+                f[p].insert(
+                    i,
+                    EventFeed::from_broadcast(
+                        w.subscribe(),
+                        Some(Box::new(BufferReplay(w.replay_source()))),
+                    ),
+                );
+            }
+            specs.push(WorkerSpec {
+                url: w.url(),
+                name: Some(w.name().to_string()),
+                kv_blocks: Some(engine.num_gpu_blocks as u64),
+                max_batch: u32::try_from(engine.max_num_seqs).ok(),
+                role,
+                ..WorkerSpec::default()
+            });
+            workers.push(w);
         }
-        let engine = cfg.engine_config()?;
-        block_size = engine.block_size;
-        let port = match args.worker_port {
-            0 => 0,
-            p => u16::try_from(usize::from(p) + i).map_err(|_| {
-                anyhow::anyhow!(
-                    "--worker-port {p} leaves no room for {} workers",
-                    args.workers
-                )
-            })?,
-        };
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-            .await
-            .with_context(|| format!("listening on 127.0.0.1:{port} for worker {}", i + 1))?;
-        let w = kvroute_worker::spawn(cfg, pre.clone(), listener, None).await?;
-        for (g, f) in feeds.iter_mut().enumerate().take(args.gateways) {
-            let _ = g;
-            f.insert(
-                i,
-                EventFeed::from_broadcast(
-                    w.subscribe(),
-                    Some(Box::new(BufferReplay(w.replay_source()))),
-                ),
-            );
-        }
-        specs.push(WorkerSpec {
-            url: w.url(),
-            name: Some(w.name().to_string()),
-            kv_blocks: Some(engine.num_gpu_blocks as u64),
-            max_batch: u32::try_from(engine.max_num_seqs).ok(),
-            role,
-            ..WorkerSpec::default()
-        });
-        workers.push(w);
+        pools.push((model, tokenizer, pool_pre, block_size, specs));
     }
     let mut config: GatewayConfig = crate::read_config(args.config.as_slice())?;
     config.host = args.host.clone();
     config.port = args.port;
-    config.models = vec![args.model.clone()];
-    config.tokenizer = Some(args.tokenizer.clone());
-    config.workers = specs;
-    config.router.block_size = block_size;
+    let (model, tokenizer, _, block_size, specs) = &pools[0];
+    config.models = vec![model.clone()];
+    config.tokenizer = Some(tokenizer.clone());
+    config.workers.clone_from(specs);
+    config.router.block_size = *block_size;
+    if args.pools > 1 {
+        config.pools = pools
+            .iter()
+            .map(|(model, tokenizer, _, block_size, specs)| PoolConfig {
+                models: vec![model.clone()],
+                tokenizer: Some(tokenizer.clone()),
+                router: Some(toml::Table::from_iter([(
+                    "block_size".to_string(),
+                    toml::Value::Integer(i64::try_from(*block_size).unwrap_or(i64::MAX)),
+                )])),
+                workers: specs.clone(),
+                ..PoolConfig::default()
+            })
+            .collect();
+        config.models.clear();
+        config.workers.clear();
+    }
     config.router.policy.kind = args.policy;
     config.router.policy.goodput = args.objectives.clone();
     if let Some(mode) = args.admission {
@@ -434,7 +497,15 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("listening on {addr} (another demo running? try --port)"))?;
-        gateways.push(kvroute_gateway::spawn(config.clone(), pre.clone(), listener, feeds).await?);
+        let starts = pools
+            .iter()
+            .zip(feeds)
+            .map(|((_, _, pre, _, _), feeds)| kvroute_gateway::PoolStart {
+                preprocessor: pre.clone(),
+                feeds,
+            })
+            .collect();
+        gateways.push(kvroute_gateway::spawn_pools(config.clone(), starts, listener).await?);
     }
     let gateway = gateways.remove(0);
     Ok(Fleet {
@@ -482,7 +553,7 @@ fn baseline_args(args: &DemoArgs, policy: PolicyKind) -> Result<DemoArgs> {
         policy,
         arm: Some(policy.as_str().into()),
         port: shift(args.port, args.gateways, "--port")?,
-        worker_port: shift(args.worker_port, args.workers, "--worker-port")?,
+        worker_port: shift(args.worker_port, args.workers * args.pools, "--worker-port")?,
         ..args.clone()
     })
 }

@@ -60,6 +60,12 @@ pub fn run(args: &EppArgs) -> Result<()> {
     if args.serve.print_config {
         return crate::serve::print_config(&config);
     }
+    if config.has_pools() {
+        anyhow::bail!(
+            "the endpoint picker serves one pool (an InferencePool): give it one pool's \
+             settings at the top level, not [[pools]]"
+        );
+    }
     let pre = kvroute_gateway::load_preprocessor(&config)?;
     crate::runtime()?.block_on(async move {
         let bind = |port: u16| {

@@ -198,13 +198,23 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     if args.print_config {
         return print_config(&config);
     }
-    let pre = kvroute_gateway::load_preprocessor(&config)?;
+    // Each pool's tokenizer (one pool without `[[pools]]`).
+    let starts = config
+        .pools()?
+        .iter()
+        .map(|p| {
+            Ok(kvroute_gateway::PoolStart {
+                preprocessor: kvroute_gateway::load_preprocessor(&p.config)?,
+                feeds: BTreeMap::new(),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     crate::runtime()?.block_on(async move {
         let addr = format!("{}:{}", config.host, config.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("listening on {addr}"))?;
-        let handle = kvroute_gateway::spawn(config, pre, listener, BTreeMap::new()).await?;
+        let handle = kvroute_gateway::spawn_pools(config, starts, listener).await?;
         let reload = Reloader::new(&args.config);
         println!("kvroute gateway on {}", handle.url());
         tokio::select! {

@@ -50,7 +50,8 @@ pub struct WorkerArgs {
     /// The worker's name in logs.
     #[arg(long)]
     pub name: Option<String>,
-    /// Tokenizer directory (tokenizer.json + tokenizer_config.json) or `builtin`; use the
+    /// Tokenizer directory (tokenizer.json + tokenizer_config.json), `builtin` or
+    /// `builtin-small`; use the
     /// gateway's, so both cut prompts into the same tokens.
     #[arg(long, default_value = "builtin")]
     pub tokenizer: String,

@@ -253,3 +253,68 @@ async fn the_demo_takes_a_gateway_config_and_an_admission_mode() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `kvroute demo --pools 2`: each gateway serves two models, each on its own workers with
+/// its own tokenizer and block size; a request's `model` picks the pool; a pool count out
+/// of range is said in words.
+#[tokio::test]
+async fn the_demo_serves_several_models() {
+    let demo = Server::start(&[
+        "demo",
+        "--port",
+        "0",
+        "--no-ui",
+        "--workers",
+        "1",
+        "--pools",
+        "2",
+        "--baseline-policy",
+        "none",
+        "--speedup",
+        "20",
+    ]);
+    let url = demo.value_after("gateway ");
+    let client = reqwest::Client::new();
+    let models = get_json(&client, &format!("{url}/v1/models")).await;
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["kvroute-sim", "kvroute-sim-2"], "{models}");
+    for (model, worker, block) in [
+        ("kvroute-sim", "worker-1", 16),
+        ("kvroute-sim-2", "m2-worker-1", 32),
+    ] {
+        let r = client
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&serde_json::json!({"model": model, "max_tokens": 4,
+                "messages": [{"role": "user", "content": "Hello!"}]}))
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-kvroute-worker"], worker);
+        let v = get_json(&client, &format!("{url}/debug/workers?model={model}")).await;
+        assert_eq!(v["workers"][0]["worker"]["name"], worker, "{v}");
+        assert_eq!(v["workers"].as_array().map(Vec::len), Some(1));
+        let explain = client
+            .post(format!("{url}/debug/explain"))
+            .json(&serde_json::json!({"model": model, "prompt": "Hello there"}))
+            .send()
+            .await
+            .unwrap();
+        let e: serde_json::Value = explain.json().await.unwrap();
+        assert_eq!(e["block_size"], block, "{e}");
+    }
+    assert!(demo.interrupt(), "the demo did not stop cleanly");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(["demo", "--port", "0", "--no-ui", "--pools", "9"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("--pools must be within 1..=4"), "{err}");
+}

@@ -6,6 +6,7 @@ mod engine_priority;
 mod event_plane;
 mod flow_headers;
 mod picker;
+mod pools;
 mod prediction_loop;
 mod ranks;
 mod worker_sources;
@@ -21,6 +22,7 @@ use kvroute_core::{RouterConfig, WorkerCapacity};
 use kvroute_protocol::openai::Endpoint;
 pub use kvroute_runtime::Secret;
 pub use picker::EppConfig;
+pub use pools::{Pool, PoolConfig, MAX_POOLS};
 pub use prediction_loop::AccuracyConfig;
 use serde::{Deserialize, Serialize};
 pub use worker_sources::{url_host, DiscoveryConfig, DnsSource, KubernetesSource};
@@ -39,8 +41,9 @@ pub struct GatewayConfig {
     /// namespace, so it matches only blocks the engines stored for the adapter. Adapters the
     /// workers list at `/v1/models` (entries with a `parent`) are added to these.
     pub lora_adapters: Vec<String>,
-    /// Tokenizer directory (`tokenizer.json` + `tokenizer_config.json`), or `builtin` for the
-    /// small tokenizer shipped with kvroute. None: approximate mode (routing on byte chunks of
+    /// Tokenizer directory (`tokenizer.json` + `tokenizer_config.json`), `builtin` for the
+    /// small tokenizer shipped with kvroute (`builtin-small`: it with its first 256 merges
+    /// only). None: approximate mode (routing on byte chunks of
     /// the rendered prompt, without KV events).
     pub tokenizer: Option<String>,
     /// The routing core: block size, policy, admission, seed.
@@ -73,6 +76,9 @@ pub struct GatewayConfig {
     /// The headers naming a request's tenant, class and objective (the tenants and classes
     /// themselves are `router.admission.flow`'s).
     pub flow_headers: FlowHeaders,
+    /// Several models behind one listener, one pool each (see [`PoolConfig`]); empty: the
+    /// top level describes the one pool.
+    pub pools: Vec<PoolConfig>,
 }
 
 /// TLS for the listener: off unless both files are given.
@@ -141,6 +147,7 @@ impl Default for GatewayConfig {
             discovery: DiscoveryConfig::default(),
             epp: EppConfig::default(),
             flow_headers: FlowHeaders::default(),
+            pools: Vec::new(),
         }
     }
 }
@@ -603,6 +610,9 @@ impl GatewayConfig {
 
     /// Checks the settings.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.has_pools() {
+            return self.pools().map(|_| ());
+        }
         if self.max_batch == Some(0) {
             return Err(ConfigError("max_batch must be >= 1".into()));
         }

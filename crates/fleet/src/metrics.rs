@@ -441,12 +441,49 @@ impl Metrics {
 
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
-            tracing::error!(error = %e, "encoding metrics failed");
-        }
-        String::from_utf8(buf).unwrap_or_default()
+        render(vec![self.gather(None)])
     }
+
+    /// Every metric's samples; with `model`, each series without a `model` label gets
+    /// `model="<model>"` (one pool's of a gateway serving several).
+    pub fn gather(&self, model: Option<&str>) -> Vec<prometheus::proto::MetricFamily> {
+        let mut families = self.registry.gather();
+        let Some(model) = model else {
+            return families;
+        };
+        for f in &mut families {
+            for m in f.mut_metric() {
+                if m.get_label().iter().all(|l| l.name() != "model") {
+                    let mut labels = m.take_label();
+                    let mut pair = prometheus::proto::LabelPair::default();
+                    pair.set_name("model".into());
+                    pair.set_value(model.into());
+                    labels.insert(0, pair);
+                    m.set_label(labels);
+                }
+            }
+        }
+        families
+    }
+}
+
+/// The text exposition of several registries' metrics (each pool's), a metric's series
+/// from all of them under one name.
+pub fn render(sets: Vec<Vec<prometheus::proto::MetricFamily>>) -> String {
+    let mut merged: Vec<prometheus::proto::MetricFamily> = Vec::new();
+    for set in sets {
+        for mut f in set {
+            match merged.iter_mut().find(|m| m.name() == f.name()) {
+                Some(m) => m.mut_metric().extend(f.take_metric()),
+                None => merged.push(f),
+            }
+        }
+    }
+    let mut buf = Vec::new();
+    if let Err(e) = TextEncoder::new().encode(&merged, &mut buf) {
+        tracing::error!(error = %e, "encoding metrics failed");
+    }
+    String::from_utf8(buf).unwrap_or_default()
 }
 
 /// Removes the series of `v` whose `worker` label is `name`.

@@ -3,6 +3,7 @@
 
 use crate::error::{error_response, GatewayError};
 use crate::gateway::Gateway;
+use crate::pools::Pools;
 use crate::proxy::{forward, Call};
 use crate::routing::flow::identify;
 use crate::routing::prepare;
@@ -22,7 +23,7 @@ use std::sync::Arc;
 /// The gateway's routes, each behind what it needs under `policy`: health, readiness,
 /// liveness and metrics for anyone; the OpenAI API and the read-only debug views behind the
 /// API keys; `/debug/reset` behind the admin key.
-pub fn routes(gw: Arc<Gateway>, policy: &Arc<AccessPolicy>) -> Router {
+pub fn routes(pools: Arc<Pools>, policy: &Arc<AccessPolicy>) -> Router {
     let open = Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
@@ -40,7 +41,7 @@ pub fn routes(gw: Arc<Gateway>, policy: &Arc<AccessPolicy>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::disable())
-        .with_state(gw)
+        .with_state(pools)
 }
 
 fn request_id(gw: &Gateway, headers: &HeaderMap) -> String {
@@ -48,18 +49,22 @@ fn request_id(gw: &Gateway, headers: &HeaderMap) -> String {
         .request_id(headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()))
 }
 
-async fn chat(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    openai(gw, Endpoint::Chat, req).await
+async fn chat(State(pools): State<Arc<Pools>>, req: Request) -> Response {
+    openai(pools, Endpoint::Chat, req).await
 }
 
-async fn completions(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    openai(gw, Endpoint::Completions, req).await
+async fn completions(State(pools): State<Arc<Pools>>, req: Request) -> Response {
+    openai(pools, Endpoint::Completions, req).await
 }
 
-async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response {
-    let started = gw.now();
+/// A request read and checked, its pool found by its `model` (the shared limits are the
+/// first pool's: every pool has the same), then served by that pool.
+async fn openai(pools: Arc<Pools>, endpoint: Endpoint, req: Request) -> Response {
+    let front = pools.first();
+    let started = front.now();
     let headers = req.headers().clone();
-    let id = request_id(&gw, &headers);
+    let id = request_id(front, &headers);
+    let mut gw = front.clone();
     let result = async {
         let unknown = |e: ApiError| (GatewayError::Api(e), String::new());
         let body = read_body(
@@ -72,13 +77,14 @@ async fn openai(gw: Arc<Gateway>, endpoint: Endpoint, req: Request) -> Response 
         .map_err(unknown)?;
         let (_, view) = parse_request(endpoint, &body, gw.config().limits.max_prompt_tokens)
             .map_err(unknown)?;
-        if !gw.models.serves(&view.model) {
+        let Some(pool) = pools.for_model(&view.model) else {
             // Counted under one label: a client's names must not grow the metric's series.
             return Err((
                 ApiError::model_not_found(&view.model).into(),
                 "unknown".into(),
             ));
-        }
+        };
+        gw = pool.clone();
         let session = headers.get("x-session-id").and_then(|v| v.to_str().ok());
         let identity = identify(&gw.flows, &gw.config().flow_headers, &headers, &view)
             .map_err(|e| (e.into(), view.model.clone()))?;
@@ -131,26 +137,55 @@ fn migration_off(headers: &HeaderMap) -> bool {
         })
 }
 
-async fn models(State(gw): State<Arc<Gateway>>) -> Response {
+async fn models(State(pools): State<Arc<Pools>>) -> Response {
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let (models, adapters) = (gw.models.names(), gw.models.adapters());
-    let base = (models.len() == 1).then(|| models[0].as_str());
-    Json(ModelList::with_adapters(
-        &models, base, &adapters, created, "kvroute",
-    ))
-    .into_response()
+    let mut list: Option<ModelList> = None;
+    for (_, gw) in pools.all() {
+        let (models, adapters) = (gw.models.names(), gw.models.adapters());
+        let base = (models.len() == 1).then(|| models[0].as_str());
+        let pool = ModelList::with_adapters(&models, base, &adapters, created, "kvroute");
+        match &mut list {
+            Some(l) => l.data.extend(pool.data),
+            None => list = Some(pool),
+        }
+    }
+    Json(list).into_response()
 }
 
-async fn health(State(gw): State<Arc<Gateway>>) -> Response {
-    let up = gw.registry.up_count();
-    let body = serde_json::json!({
-        "status": if up > 0 { "ok" } else { "no_healthy_workers" },
-        "workers_up": up,
-        "workers": gw.registry.len(),
+/// Each pool's engines up and known, `(name, up, total)`.
+fn engines(pools: &Pools) -> Vec<(&str, usize, usize)> {
+    pools
+        .all()
+        .map(|(n, gw)| (n, gw.registry.up_count(), gw.registry.len()))
+        .collect()
+}
+
+/// Each pool's engines, when several are served: `{"<pool>": {"up": .., "total": ..}}`.
+fn by_pool(pools: &Pools, engines: &[(&str, usize, usize)]) -> Option<serde_json::Value> {
+    pools.labelled().then(|| {
+        engines
+            .iter()
+            .map(|(n, up, total)| (n.to_string(), serde_json::json!({"up": up, "total": total})))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    })
+}
+
+/// Healthy while some engine of every pool is up.
+async fn health(State(pools): State<Arc<Pools>>) -> Response {
+    let engines = engines(&pools);
+    let healthy = engines.iter().all(|(_, up, _)| *up > 0);
+    let mut body = serde_json::json!({
+        "status": if healthy { "ok" } else { "no_healthy_workers" },
+        "workers_up": engines.iter().map(|e| e.1).sum::<usize>(),
+        "workers": engines.iter().map(|e| e.2).sum::<usize>(),
     });
-    let status = if up > 0 {
+    if let Some(p) = by_pool(&pools, &engines) {
+        body["pools"] = p;
+    }
+    let status = if healthy {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -158,15 +193,22 @@ async fn health(State(gw): State<Arc<Gateway>>) -> Response {
     (status, Json(body)).into_response()
 }
 
-/// Readiness: the gateway serves (200), its engines reported apart; 503 while none is up
-/// only when `health.ready_without_engines` is off.
-async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
-    let up = gw.registry.up_count();
-    let ready = up > 0 || gw.config().health.ready_without_engines;
-    let body = serde_json::json!({
+/// Readiness: the gateway serves (200), its engines reported apart; 503 while a pool has
+/// none up only when `health.ready_without_engines` is off.
+async fn ready(State(pools): State<Arc<Pools>>) -> Response {
+    let engines = engines(&pools);
+    let ready = engines.iter().all(|(_, up, _)| *up > 0)
+        || pools.first().config().health.ready_without_engines;
+    let mut body = serde_json::json!({
         "ready": ready,
-        "engines": {"up": up, "total": gw.registry.len()},
+        "engines": {
+            "up": engines.iter().map(|e| e.1).sum::<usize>(),
+            "total": engines.iter().map(|e| e.2).sum::<usize>(),
+        },
     });
+    if let Some(p) = by_pool(&pools, &engines) {
+        body["pools"] = p;
+    }
     let status = if ready {
         StatusCode::OK
     } else {
@@ -179,21 +221,40 @@ async fn live() -> Response {
     Json(serde_json::json!({"status": "ok"})).into_response()
 }
 
-async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
-    gw.workers.refresh_gauges();
+async fn metrics(State(pools): State<Arc<Pools>>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        gw.metrics.render(),
+        pools.render_metrics(),
     )
         .into_response()
 }
 
-async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
+/// The `model` a debug view asks for (`?model=`: a pool's name or a model it serves).
+#[derive(serde::Deserialize)]
+struct Which {
+    model: Option<String>,
+}
+
+/// A 404 for a debug view's `?model=` that names no pool, listing the pools.
+fn no_pool(pools: &Pools, which: &Which) -> Response {
+    let model = which.model.as_deref().unwrap_or_default();
+    let mut e = ApiError::model_not_found(model);
+    e.message = format!("{} (pools: {})", e.message, pools.names().join(", "));
+    error_response(&e, "")
+}
+
+async fn debug_workers(
+    State(pools): State<Arc<Pools>>,
+    axum::extract::Query(which): axum::extract::Query<Which>,
+) -> Response {
+    let Some(gw) = pools.select(which.model.as_deref()).cloned() else {
+        return no_pool(&pools, &which);
+    };
     let reports = gw.registry.reports();
-    let (list, pools): (Vec<serde_json::Value>, serde_json::Value) = gw.table.read(|r| {
+    let (list, roles): (Vec<serde_json::Value>, serde_json::Value) = gw.table.read(|r| {
         // Each role's pool: its workers and their booked load together.
         let pools: serde_json::Map<String, serde_json::Value> = kvroute_core::WorkerRole::ALL
             .into_iter()
@@ -240,13 +301,20 @@ async fn debug_workers(State(gw): State<Arc<Gateway>>) -> Response {
             .collect();
         (list, serde_json::Value::Object(pools))
     });
-    Json(serde_json::json!({ "policy": gw.policy, "workers": list, "pools": pools }))
-        .into_response()
+    let model = pools
+        .all()
+        .find(|(_, g)| Arc::ptr_eq(g, &gw))
+        .map(|(n, _)| n.to_string());
+    Json(
+        serde_json::json!({ "policy": gw.policy, "model": model, "workers": list, "pools": roles }),
+    )
+    .into_response()
 }
 
 /// Explains where a request would go: the body is a chat or completions request (chat when
 /// it has `messages`).
-async fn debug_explain(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+async fn debug_explain(State(pools): State<Arc<Pools>>, req: Request) -> Response {
+    let mut gw = pools.first().clone();
     let result = async {
         let limit = gw.config().limits.max_body_bytes;
         let (parts, body) = req.into_parts();
@@ -262,6 +330,10 @@ async fn debug_explain(State(gw): State<Arc<Gateway>>, req: Request) -> Response
             Endpoint::Completions
         };
         let (_, view) = parse_request(endpoint, &body, gw.config().limits.max_prompt_tokens)?;
+        gw = match pools.for_model(&view.model) {
+            Some(g) => g.clone(),
+            None => return Err(ApiError::model_not_found(&view.model).into()),
+        };
         let prep = prepare(&gw, &view, None).await?;
         // The queue's size first, its lock let go: the router's is never held while the
         // queue's is taken (admission takes them the other way round).
@@ -284,9 +356,22 @@ async fn debug_explain(State(gw): State<Arc<Gateway>>, req: Request) -> Response
     }
 }
 
-async fn debug_reset(State(gw): State<Arc<Gateway>>) -> Response {
-    gw.workers.reset_index();
-    tracing::info!("index reset by request");
+/// Forgets the index of the pool asked for (`?model=`), or of every pool.
+async fn debug_reset(
+    State(pools): State<Arc<Pools>>,
+    axum::extract::Query(which): axum::extract::Query<Which>,
+) -> Response {
+    if which.model.is_none() {
+        for (_, gw) in pools.all() {
+            gw.workers.reset_index();
+        }
+    } else {
+        match pools.select(which.model.as_deref()) {
+            Some(gw) => gw.workers.reset_index(),
+            None => return no_pool(&pools, &which),
+        }
+    }
+    tracing::info!(model = ?which.model, "index reset by request");
     Json(serde_json::json!({"status": "ok"})).into_response()
 }
 

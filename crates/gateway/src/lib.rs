@@ -13,6 +13,7 @@ pub mod epp;
 mod error;
 mod explanation;
 mod gateway;
+mod pools;
 mod proxy;
 mod reload;
 mod routing;
@@ -27,6 +28,7 @@ pub use kvroute_fleet::feed::{EventFeed, FeedItem, Replay};
 pub use kvroute_fleet::headers::{
     DP_RANK_HEADER, MIGRATE_HEADER, PREDICTED_CACHED_HEADER, REQUEST_ID_HEADER, WORKER_HEADER,
 };
+pub use pools::Pools;
 pub use reload::{ReloadReport, LIVE_KEYS};
 
 use kvroute_core::Router;
@@ -70,8 +72,7 @@ pub enum StartError {
 pub fn load_preprocessor(config: &GatewayConfig) -> Result<Preprocessor, StartError> {
     let pre = match config.tokenizer.as_deref() {
         None => Preprocessor::approximate(),
-        Some("builtin") => Preprocessor::builtin(),
-        Some(dir) => Preprocessor::from_dir(std::path::Path::new(dir))?,
+        Some(spec) => Preprocessor::from_spec(spec)?,
     };
     let pool = kvroute_preprocess::TokenizePool::new(
         config.limits.tokenizer_threads,
@@ -86,8 +87,12 @@ pub fn load_preprocessor(config: &GatewayConfig) -> Result<Preprocessor, StartEr
 /// A running gateway.
 pub struct GatewayHandle {
     addr: SocketAddr,
+    /// The first pool (the only one without `[[pools]]`).
     state: Arc<Gateway>,
-    reloads: reload::Reloads,
+    /// Every pool.
+    front: Arc<pools::Pools>,
+    /// Each pool's reload state, in the pools' order.
+    reloads: Vec<reload::Reloads>,
     tasks: tasks::Tasks,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<JoinHandle<()>>,
@@ -104,9 +109,14 @@ impl GatewayHandle {
         format!("http://{}", self.addr)
     }
 
-    /// The shared state (tests, the demo).
+    /// The shared state (tests, the demo): the first pool's.
     pub fn state(&self) -> &Arc<Gateway> {
         &self.state
+    }
+
+    /// Every pool (one without `[[pools]]`).
+    pub fn pools(&self) -> &Arc<pools::Pools> {
+        &self.front
     }
 
     /// Stops accepting, lets requests in flight finish, stops background tasks.
@@ -122,8 +132,10 @@ impl GatewayHandle {
 
     /// Ends the gateway's background tasks and every worker's, waiting until they have.
     async fn stop_tasks(&self) {
-        for w in self.state.registry.all() {
-            w.stop_tasks();
+        for (_, gw) in self.front.all() {
+            for w in gw.registry.all() {
+                w.stop_tasks();
+            }
         }
         if !self.tasks.stopped().await {
             tracing::warn!("background tasks did not end within 5 s of the stop");
@@ -164,9 +176,112 @@ pub async fn spawn(
     config: GatewayConfig,
     preprocessor: Preprocessor,
     listener: tokio::net::TcpListener,
-    mut feeds: BTreeMap<usize, EventFeed>,
+    feeds: BTreeMap<usize, EventFeed>,
+) -> Result<GatewayHandle, StartError> {
+    spawn_pools(
+        config,
+        vec![PoolStart {
+            preprocessor,
+            feeds,
+        }],
+        listener,
+    )
+    .await
+}
+
+/// What one pool starts with: its preprocessor and its workers' in-process event feeds (as
+/// [`spawn`]'s).
+pub struct PoolStart {
+    /// Its chat template and tokenizer ([`load_preprocessor`] of the pool's settings).
+    pub preprocessor: Preprocessor,
+    /// Event feeds by worker index (see [`spawn`]).
+    pub feeds: BTreeMap<usize, EventFeed>,
+}
+
+/// Starts a gateway serving every pool of `config` (`[[pools]]`, or the one its top level
+/// describes) on `listener`, `starts` giving each pool's preprocessor and feeds in order.
+pub async fn spawn_pools(
+    config: GatewayConfig,
+    starts: Vec<PoolStart>,
+    listener: tokio::net::TcpListener,
 ) -> Result<GatewayHandle, StartError> {
     config.validate()?;
+    let pools = config.pools()?;
+    if starts.len() != pools.len() {
+        return Err(StartError::Config(ConfigError(format!(
+            "{} pools, {} preprocessors",
+            pools.len(),
+            starts.len()
+        ))));
+    }
+    let tasks = tasks::Tasks::new();
+    let clock = clock::Clock::starting_now();
+    let mut started = Vec::with_capacity(pools.len());
+    for (pool, start) in pools.into_iter().zip(starts) {
+        let (gw, reloads) = start_pool(pool.config, start, clock, &tasks).await?;
+        started.push((pool.name, gw, reloads));
+    }
+    let gw = started[0].1.clone();
+    let addr = listener.local_addr()?;
+    let loopback = addr.ip().is_loopback();
+    if !loopback && config.auth.api_keys.is_empty() {
+        tracing::warn!(%addr, "no API keys: the OpenAI API is open to anyone who reaches this address (auth.api_keys or KVROUTE_API_KEYS)");
+    }
+    if !loopback && config.auth.admin_key.is_none() {
+        tracing::info!(%addr, "/debug/reset is off: no admin key and not on loopback");
+    }
+    // The tenants' keys of every pool are accepted.
+    let mut policy = config.access_policy(loopback);
+    if !policy.api_keys.is_empty() {
+        for (_, g, _) in &started {
+            policy
+                .api_keys
+                .extend(g.config().access_policy(loopback).api_keys);
+        }
+        policy.api_keys.sort();
+        policy.api_keys.dedup();
+    }
+    let front = Arc::new(pools::Pools::new(
+        started
+            .iter()
+            .map(|(n, g, _)| (n.clone(), g.clone()))
+            .collect(),
+    ));
+    let app = api::routes(front.clone(), &Arc::new(policy));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let limits = config.serve_limits();
+    let tls = load_tls(&config.tls)?;
+    let server = tokio::spawn(async move {
+        kvroute_runtime::serve(listener, app, limits, tls, async move {
+            let _ = rx.await;
+        })
+        .await
+    });
+    for (name, g, _) in &started {
+        tracing::info!(%addr, pool = %name, tls = config.tls.enabled(), policy = g.policy, preprocessor = %g.preprocessor.describe(), workers = g.config().workers.len(), "gateway listening");
+    }
+    Ok(GatewayHandle {
+        addr,
+        state: gw,
+        front,
+        reloads: started.into_iter().map(|(_, _, r)| r).collect(),
+        tasks,
+        shutdown: Some(tx),
+        server: Some(server),
+    })
+}
+
+/// One pool's router, gateway and background tasks (on `tasks`), and its reload state.
+async fn start_pool(
+    config: GatewayConfig,
+    start: PoolStart,
+    clock: clock::Clock,
+    tasks: &tasks::Tasks,
+) -> Result<(Arc<Gateway>, reload::Reloads), StartError> {
+    let PoolStart {
+        preprocessor,
+        mut feeds,
+    } = start;
     let given = config.clone();
     let configured = config.workers.clone();
     let mut config = config.with_ranks_expanded();
@@ -208,9 +323,8 @@ pub async fn spawn(
         router,
         client,
         metrics::Metrics::new()?,
-        clock::Clock::starting_now(),
+        clock,
     ));
-    let tasks = tasks::Tasks::new();
     match &gw.config().plane {
         Some(p)
             if p.share_load
@@ -224,10 +338,10 @@ pub async fn spawn(
                 .await
                 .map_err(|e| StartError::Plane(format!("connecting to {}: {e}", p.url)))?;
             if p.share_load {
-                kvroute_plane::share_load(&tasks, &gw.sink, &gw.bookings, &conn, p, replica);
+                kvroute_plane::share_load(tasks, &gw.sink, &gw.bookings, &conn, p, replica);
             }
             if p.snapshot_secs > 0.0 {
-                kvroute_plane::write_snapshots(&tasks, &gw.sink, &conn, p);
+                kvroute_plane::write_snapshots(tasks, &gw.sink, &conn, p);
             }
             let _ = gw
                 .fleet
@@ -246,34 +360,7 @@ pub async fn spawn(
     tasks.spawn(health::run(gw.health.clone()));
     tasks.spawn(prune(gw.clone()));
     tasks.spawn(routing::queue::drive(gw.clone()));
-    let addr = listener.local_addr()?;
-    let loopback = addr.ip().is_loopback();
-    if !loopback && gw.config().auth.api_keys.is_empty() {
-        tracing::warn!(%addr, "no API keys: the OpenAI API is open to anyone who reaches this address (auth.api_keys or KVROUTE_API_KEYS)");
-    }
-    if !loopback && gw.config().auth.admin_key.is_none() {
-        tracing::info!(%addr, "/debug/reset is off: no admin key and not on loopback");
-    }
-    let policy = std::sync::Arc::new(gw.config().access_policy(loopback));
-    let app = api::routes(gw.clone(), &policy);
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let limits = gw.config().serve_limits();
-    let tls = load_tls(&gw.config().tls)?;
-    let server = tokio::spawn(async move {
-        kvroute_runtime::serve(listener, app, limits, tls, async move {
-            let _ = rx.await;
-        })
-        .await
-    });
-    tracing::info!(%addr, tls = gw.config().tls.enabled(), policy = gw.policy, preprocessor = %gw.preprocessor.describe(), workers = gw.config().workers.len(), "gateway listening");
-    Ok(GatewayHandle {
-        addr,
-        state: gw,
-        reloads: reload::Reloads::new(given, configured),
-        tasks,
-        shutdown: Some(tx),
-        server: Some(server),
-    })
+    Ok((gw, reload::Reloads::new(given, configured)))
 }
 
 /// The listener's TLS setup from the configured PEM files (none when TLS is off).

@@ -6,6 +6,7 @@
 //! waiting for a restart; an invalid config is refused whole, the running one kept. Counted
 //! in `kvroute_config_reloads_total{result}`.
 
+use crate::gateway::Gateway;
 use crate::GatewayHandle;
 use kvroute_fleet::config::{changed_keys, ConfigError, GatewayConfig, WorkerSpec};
 use kvroute_fleet::membership;
@@ -92,19 +93,76 @@ fn live(key: &str) -> bool {
 impl GatewayHandle {
     /// Applies `new` (checked first; refused whole when invalid, the running config kept):
     /// the workers and model names; the other changed settings are named in the report as
-    /// waiting for a restart.
+    /// waiting for a restart. With `[[pools]]` each pool running is reloaded from its
+    /// namesake; a pool added or removed waits for a restart (`pools`).
     pub fn reload(&self, new: GatewayConfig) -> Result<ReloadReport, ConfigError> {
-        let gw = &self.state;
-        if let Err(e) = new.validate() {
-            self.reload_refused(&e.to_string());
-            return Err(e);
+        let pools = match new.validate().and_then(|()| new.pools()) {
+            Ok(p) => p,
+            Err(e) => {
+                self.reload_refused(&e.to_string());
+                return Err(e);
+            }
+        };
+        let mut report = ReloadReport::default();
+        let running = self.front.names();
+        if running != pools.iter().map(|p| p.name.clone()).collect::<Vec<_>>() {
+            report.restart.push("pools".into());
         }
-        let changed = changed_keys(&self.reloads.last.lock(), &new);
+        for ((name, gw), reloads) in self.front.all().zip(&self.reloads) {
+            let Some(pool) = pools.iter().find(|p| p.name == name) else {
+                continue;
+            };
+            let r = match reload_pool(gw, reloads, pool.config.clone()) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.reload_refused(&e.to_string());
+                    return Err(e);
+                }
+            };
+            report.applied.extend(r.applied);
+            report.restart.extend(r.restart);
+            report.joined.extend(r.joined);
+            report.left.extend(r.left);
+            report.failed.extend(r.failed);
+        }
+        report.applied.sort();
+        report.applied.dedup();
+        report.restart.sort();
+        report.restart.dedup();
+        let result = match (report.applied.is_empty(), report.restart.is_empty()) {
+            (_, false) => "partial",
+            (false, true) => "applied",
+            (true, true) => "unchanged",
+        };
+        self.state
+            .metrics
+            .config_reloads
+            .with_label_values(&[result])
+            .inc();
+        tracing::info!(applied = ?report.applied, joined = ?report.joined, left = ?report.left, "config reloaded");
+        if !report.restart.is_empty() {
+            tracing::warn!(settings = ?report.restart, "config reloaded: these changed settings take effect only after a restart");
+        }
+        for (w, why) in &report.failed {
+            tracing::warn!(worker = %w, error = %why, "config reloaded: a worker could not join");
+        }
+        Ok(report)
+    }
+}
+
+/// Applies one pool's `new` settings (valid) to its gateway `gw`.
+fn reload_pool(
+    gw: &Gateway,
+    reloads: &Reloads,
+    new: GatewayConfig,
+) -> Result<ReloadReport, ConfigError> {
+    {
+        let changed = changed_keys(&reloads.last.lock(), &new);
         let mut report = ReloadReport {
             applied: changed.into_iter().filter(|k| live(k)).collect(),
             // Against the config started with: a restart-only setting differs until a
             // restart.
-            restart: changed_keys(&self.reloads.started, &new)
+            restart: changed_keys(&reloads.started, &new)
                 .into_iter()
                 .filter(|k| !live(k))
                 .collect(),
@@ -113,7 +171,7 @@ impl GatewayHandle {
         if (report.applied.iter()).any(|k| k.starts_with("router.")) {
             // The flow settings stay the running ones (restart-only), as does the policy's
             // kind.
-            let run = &self.reloads.started.router;
+            let run = &reloads.started.router;
             let admission = kvroute_core::AdmissionConfig {
                 flow: run.admission.flow.clone(),
                 ..new.router.admission.clone()
@@ -123,9 +181,7 @@ impl GatewayHandle {
                 ..new.router.policy.clone()
             };
             if let Err(e) = gw.table.update(|r| r.reconfigure(&admission, &policy)) {
-                let e = ConfigError(e.to_string());
-                self.reload_refused(&e.to_string());
-                return Err(e);
+                return Err(ConfigError(e.to_string()));
             }
         }
         // The settings read per request, swapped in the gateway's config.
@@ -152,7 +208,7 @@ impl GatewayHandle {
         };
         gw.set_config(std::sync::Arc::new(live));
         if report.applied.iter().any(|k| k == "workers") {
-            match &self.reloads.configured {
+            match &reloads.configured {
                 Some(tx) => {
                     tx.send_replace(new.workers.clone());
                 }
@@ -170,28 +226,17 @@ impl GatewayHandle {
             gw.models
                 .reconfigure(new.models.clone(), new.lora_adapters.clone());
         }
-        let result = match (report.applied.is_empty(), report.restart.is_empty()) {
-            (_, false) => "partial",
-            (false, true) => "applied",
-            (true, true) => "unchanged",
-        };
-        gw.metrics.config_reloads.with_label_values(&[result]).inc();
-        tracing::info!(applied = ?report.applied, joined = ?report.joined, left = ?report.left, "config reloaded");
-        if !report.restart.is_empty() {
-            tracing::warn!(settings = ?report.restart, "config reloaded: these changed settings take effect only after a restart");
-        }
-        for (w, why) in &report.failed {
-            tracing::warn!(worker = %w, error = %why, "config reloaded: a worker could not join");
-        }
         let mut applied = new;
         if !report.failed.is_empty() {
             // Not all joined: the next reload reconciles again, even with the same list.
             applied.workers.clear();
         }
-        *self.reloads.last.lock() = applied;
+        *reloads.last.lock() = applied;
         Ok(report)
     }
+}
 
+impl GatewayHandle {
     /// Counts and logs a reload refused before it reached the gateway (the config did not
     /// read); the running config stays.
     pub fn reload_refused(&self, why: &str) {

@@ -75,6 +75,33 @@ static BUILTIN: LazyLock<Arc<Inner>> = LazyLock::new(|| {
     Arc::new(Inner::Tokenizer(Box::new(state)))
 });
 
+/// How many of the builtin tokenizer's merges `builtin-small` keeps.
+pub const SMALL_MERGES: usize = 256;
+
+/// The builtin tokenizer with only its first [`SMALL_MERGES`] merges: a second tokenizer
+/// (more tokens for the same text, cut elsewhere), for a gateway serving several models.
+static BUILTIN_SMALL: LazyLock<Arc<Inner>> = LazyLock::new(|| {
+    let mut json: serde_json::Value = serde_json::from_slice(BUILTIN_TOKENIZER)
+        .expect("the embedded tokenizer.json is valid (covered by tests)");
+    if let Some(merges) = json["model"]["merges"].as_array_mut() {
+        merges.truncate(SMALL_MERGES);
+    }
+    let bytes = serde_json::to_vec(&json).expect("a JSON value serializes");
+    let tokenizer = hf_files::load_tokenizer(&bytes, "builtin-small tokenizer.json")
+        .expect("the embedded tokenizer.json without merges is valid (covered by tests)");
+    let chat = hf_files::parse_tokenizer_config(BUILTIN_CONFIG, "builtin tokenizer_config.json")
+        .expect("the embedded tokenizer_config.json is valid (covered by tests)");
+    let state = TokenizerState::new(
+        tokenizer,
+        &bytes,
+        chat,
+        Source::BuiltinSmall,
+        "builtin-small",
+    )
+    .expect("the embedded chat template compiles (covered by tests)");
+    Arc::new(Inner::Tokenizer(Box::new(state)))
+});
+
 /// Turns chat messages into a prompt and prompts into token ids.
 ///
 /// Cheap to clone (the tokenizer and the compiled template are shared behind
@@ -99,6 +126,7 @@ enum Inner {
 /// Where a tokenizer came from, for [`Preprocessor::describe`].
 enum Source {
     Builtin,
+    BuiltinSmall,
     Dir(PathBuf),
 }
 
@@ -196,6 +224,22 @@ impl Preprocessor {
     /// ChatML template). Parsed once per process; later calls are cheap.
     pub fn builtin() -> Self {
         Self::with_inner(Arc::clone(&BUILTIN))
+    }
+
+    /// The builtin tokenizer with only its first [`SMALL_MERGES`] BPE merges: more tokens
+    /// for the same text, the same special tokens and chat template (`tokenizer =
+    /// "builtin-small"`). Parsed once per process.
+    pub fn builtin_small() -> Self {
+        Self::with_inner(Arc::clone(&BUILTIN_SMALL))
+    }
+
+    /// The tokenizer a setting names: `builtin`, `builtin-small`, or a directory.
+    pub fn from_spec(spec: &str) -> Result<Self, PreprocessError> {
+        match spec {
+            "builtin" => Ok(Self::builtin()),
+            "builtin-small" => Ok(Self::builtin_small()),
+            dir => Self::from_dir(Path::new(dir)),
+        }
     }
 
     /// Approximate mode, without a tokenizer.
@@ -309,6 +353,7 @@ impl Preprocessor {
                 let vocab = state.tokenizer.get_vocab_size(true);
                 let what = match &state.source {
                     Source::Builtin => "builtin tokenizer".to_owned(),
+                    Source::BuiltinSmall => "builtin small tokenizer".to_owned(),
                     Source::Dir(dir) => format!("tokenizer at {}", dir.display()),
                 };
                 let no_template = if state.chat.is_err() {

@@ -83,6 +83,23 @@ fn builtin_loads() {
 }
 
 #[test]
+fn builtin_small_cuts_text_into_more_tokens_than_builtin() {
+    let (p, b) = (Preprocessor::builtin_small(), Preprocessor::builtin());
+    assert_eq!(p.describe(), "builtin small tokenizer (vocab 2048)");
+    let text = "the gateway routes each request to the replica with its prefix";
+    let ids = p.encode(text).unwrap();
+    assert!(ids.len() > b.encode(text).unwrap().len());
+    assert!(ids.len() < text.len(), "some merges are kept");
+    assert!(ids.iter().all(|&id| (id as usize) < 259 + SMALL_MERGES));
+    assert_eq!(p.decode(&ids).unwrap(), text);
+    assert_eq!(p.eos_token_id(), Some(2));
+    assert_eq!(
+        p.render_chat(&conversation(), true).unwrap(),
+        CONVERSATION_PROMPT
+    );
+}
+
+#[test]
 fn builtin_renders_chatml() {
     let p = Preprocessor::builtin();
     assert_eq!(

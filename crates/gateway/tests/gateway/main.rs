@@ -14,6 +14,7 @@ mod kubernetes;
 mod migration;
 mod pd_workers;
 mod plane;
+mod pools;
 mod ranks;
 mod replicas;
 mod resync;
