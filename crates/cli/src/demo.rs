@@ -78,14 +78,14 @@ pub struct DemoArgs {
     /// the `builtin-small` tokenizer and twice the block size: pools that differ).
     #[arg(long, default_value_t = 1)]
     pub pools: usize,
-    /// MiB of tokenized prompt pieces the tokenizer keeps (default 64).
+    /// MiB of tokenized prompt pieces the tokenizer keeps.
     #[arg(long)]
     pub tokenizer_cache_mib: Option<usize>,
-    /// Threads that tokenize prompts, for the gateway and the workers together (default 2;
-    /// each may hold ~100 MiB of the tokenizer library's caches).
+    /// Threads that tokenize prompts, for the gateway and the workers together (each may
+    /// hold ~100 MiB of the tokenizer library's caches).
     #[arg(long)]
     pub tokenizer_threads: Option<usize>,
-    /// MiB of KV event batches each worker keeps for replay (default 32).
+    /// MiB of KV event batches each worker keeps for replay.
     #[arg(long)]
     pub replay_buffer_mib: Option<usize>,
     /// Gateway replicas (ports P, P+1, ...), sharing their load over the NATS event plane
@@ -153,7 +153,7 @@ pub struct DemoCommand {
     /// Start no dashboard and no load generator.
     #[arg(long)]
     pub no_ui: bool,
-    /// Conversations the dashboard keeps with their transcripts (default 500).
+    /// Conversations the dashboard keeps with their transcripts.
     #[arg(long)]
     pub max_conversations: Option<usize>,
     #[command(flatten)]
@@ -514,6 +514,33 @@ pub(crate) async fn start_fleet(args: &DemoArgs) -> Result<Fleet> {
         workers,
         nats,
     })
+}
+
+/// `cmd` (`kvroute demo`) with the defaults of its flags whose values are left to the parts
+/// they configure shown in `--help`, read from where each is written.
+pub(crate) fn annotate_help(cmd: clap::Command) -> clap::Command {
+    let mib = |bytes: usize| (bytes >> 20).to_string();
+    let shown = [
+        (
+            "tokenizer_cache_mib",
+            mib(kvroute_preprocess::PIECE_CACHE_BYTES),
+        ),
+        (
+            "tokenizer_threads",
+            kvroute_preprocess::DEFAULT_TOKENIZE_THREADS.to_string(),
+        ),
+        (
+            "replay_buffer_mib",
+            mib(WorkerConfig::default().replay_buffer_bytes),
+        ),
+        (
+            "max_conversations",
+            kvroute_loadgen::ObserverConfig::default()
+                .max_conversations
+                .to_string(),
+        ),
+    ];
+    crate::help_defaults::annotate_values(cmd, &shown)
 }
 
 /// Each worker's role: `--prefill-workers` prefill-only ones then `--decode-workers`

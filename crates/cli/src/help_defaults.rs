@@ -76,6 +76,30 @@ pub(crate) fn annotate(cmd: Command, defaults: &toml::Table, flags: &[(&str, &st
     })
 }
 
+/// `cmd` with each of `shown` (argument id, value) showing that value as its default: for
+/// flags whose default is the configured part's own, read from where it is written.
+pub(crate) fn annotate_values(cmd: Command, shown: &[(&str, String)]) -> Command {
+    shown.iter().fold(cmd, |cmd, (id, value)| {
+        cmd.mut_arg(*id, |a| {
+            let help = a.get_help().map(ToString::to_string).unwrap_or_default();
+            a.help(format!("{help} [default: {value}]"))
+        })
+    })
+}
+
+/// `simulate`'s and `bench`'s objectives: the `goodput` policy's, in ms.
+pub(crate) fn annotate_objectives(cmd: Command) -> Command {
+    let d = kvroute_core::policy::GoodputConfig::default();
+    let ms = |secs: f64| format!("{}", secs * 1e3);
+    annotate_values(
+        cmd,
+        &[
+            ("slo_ttft_ms", ms(d.ttft_secs)),
+            ("slo_tpot_ms", ms(d.tpot_secs)),
+        ],
+    )
+}
+
 /// The defaults of a config tree `T`, serialized.
 pub(crate) fn defaults_of<T: Default + serde::Serialize>() -> toml::Table {
     toml::Table::try_from(T::default()).unwrap_or_default()

@@ -188,7 +188,10 @@ fn parse() -> Cli {
     let cmd = Cli::command()
         .mut_subcommand("serve", |c| annotate(c, &gateway, GATEWAY_FLAGS))
         .mut_subcommand("epp", |c| annotate(c, &gateway, GATEWAY_FLAGS))
-        .mut_subcommand("worker", |c| annotate(c, &worker, WORKER_FLAGS));
+        .mut_subcommand("worker", |c| annotate(c, &worker, WORKER_FLAGS))
+        .mut_subcommand("demo", demo::annotate_help)
+        .mut_subcommand("simulate", help_defaults::annotate_objectives)
+        .mut_subcommand("bench", help_defaults::annotate_objectives);
     Cli::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit())
 }
 

@@ -132,10 +132,10 @@ pub struct SimulateArgs {
     /// the reference method's, two sevenths of the run up to 120 s).
     #[arg(long)]
     pub(crate) warmup_secs: Option<f64>,
-    /// Service objective for goodput: largest TTFT, ms (default: the `goodput` policy's, 600).
+    /// Service objective for goodput: largest TTFT, ms (the `goodput` policy's by default).
     #[arg(long)]
     pub(crate) slo_ttft_ms: Option<f64>,
-    /// Service objective for goodput: largest TPOT, ms (default: the `goodput` policy's, 60).
+    /// Service objective for goodput: largest TPOT, ms (the `goodput` policy's by default).
     #[arg(long)]
     pub(crate) slo_tpot_ms: Option<f64>,
     /// Delay of KV events from engine to router, ms.

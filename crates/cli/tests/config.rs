@@ -195,6 +195,16 @@ fn help_names_each_config_flags_default_from_the_config_tree() {
     );
     let out = kvroute(&["epp", "--help"], &[]);
     assert!(text(&out.stdout).contains("[default: goodput]"));
+    // Flags whose default is the configured part's own show it too, read from there.
+    let demo = text(&kvroute(&["demo", "--help"], &[]).stdout);
+    let mib = kvroute_preprocess::PIECE_CACHE_BYTES >> 20;
+    assert!(demo.contains(&format!("keeps [default: {mib}]")), "{demo}");
+    let simulate = text(&kvroute(&["simulate", "--help"], &[]).stdout);
+    let ttft = kvroute_core::policy::GoodputConfig::default().ttft_secs * 1e3;
+    assert!(
+        simulate.contains(&format!("by default) [default: {ttft}]")),
+        "{simulate}"
+    );
 }
 
 #[path = "common/server.rs"]
