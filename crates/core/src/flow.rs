@@ -10,6 +10,7 @@
 //! and the queue keeps arrival order.
 
 pub mod limits;
+pub mod remap;
 
 use serde::{Deserialize, Serialize};
 

@@ -86,8 +86,10 @@ async fn openai(pools: Arc<Pools>, endpoint: Endpoint, req: Request) -> Response
         };
         gw = pool.clone();
         let session = headers.get("x-session-id").and_then(|v| v.to_str().ok());
-        let identity = identify(&gw.flows, &gw.config().flow_headers, &headers, &view)
+        let (flows, generation) = gw.flows_at();
+        let mut identity = identify(&flows, &gw.config().flow_headers, &headers, &view)
             .map_err(|e| (e.into(), view.model.clone()))?;
+        identity.generation = generation;
         let mut prep = prepare(&gw, &view, session)
             .await
             .map_err(|e| (e, view.model.clone()))?;
@@ -102,7 +104,7 @@ async fn openai(pools: Arc<Pools>, endpoint: Endpoint, req: Request) -> Response
             explain: crate::explanation::asked(&headers),
             authorization: headers.get(header::AUTHORIZATION).cloned(),
             migrate: gw.config().upstream.migration_limit > 0 && !migration_off(&headers),
-            engine_priority: gw.flows.class(identity.flow.class).engine_priority,
+            engine_priority: flows.class(identity.flow.class).engine_priority,
         };
         forward(&gw, Arc::new(call), Arc::new(prep), permit)
             .await

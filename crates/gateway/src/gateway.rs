@@ -3,6 +3,7 @@
 //! fleet, the preprocessor, models, calls to workers, metrics, settings and clock. Each part
 //! gets only the others it needs; routing, the proxy and the edges take the whole.
 
+use kvroute_core::flow::{Flow, Flows};
 use kvroute_core::{QueueState, Router, Time};
 use kvroute_fleet::bookings::{Bookings, Waiter};
 use kvroute_fleet::capacity::Capacity;
@@ -51,8 +52,10 @@ pub struct Gateway {
     pub(crate) clock: Clock,
     /// Workers joining and leaving.
     pub(crate) fleet: Arc<Fleet>,
-    /// The tenants and classes requests are resolved against (`router.admission.flow`).
-    pub(crate) flows: kvroute_core::flow::Flows,
+    /// The tenants and classes requests are resolved against (`router.admission.flow`),
+    /// and the admission queue's generation they are of (a reload swaps both, under the
+    /// queue's lock: see [`Gateway::flows_at`]).
+    flows: parking_lot::RwLock<(Arc<Flows>, u32)>,
 }
 
 impl Gateway {
@@ -131,7 +134,7 @@ impl Gateway {
         }
         Self {
             policy: config.router.policy.kind.as_str(),
-            flows,
+            flows: parking_lot::RwLock::new((Arc::new(flows), 0)),
             config: parking_lot::RwLock::new(config),
             table,
             bookings,
@@ -172,6 +175,56 @@ impl Gateway {
     /// Swaps the settings (a reload).
     pub(crate) fn set_config(&self, config: Arc<GatewayConfig>) {
         *self.config.write() = config;
+    }
+
+    /// The tenants and classes now, and the generation they are of: a request's identity
+    /// resolved against them carries it ([`crate::routing::flow::Identity::generation`]).
+    pub(crate) fn flows_at(&self) -> (Arc<Flows>, u32) {
+        let f = self.flows.read();
+        (f.0.clone(), f.1)
+    }
+
+    /// The tenants and classes now.
+    pub(crate) fn flows(&self) -> Arc<Flows> {
+        self.flows.read().0.clone()
+    }
+
+    /// Takes new admission settings (its tenants and classes too: the admission queue's,
+    /// its state carried over by name, then the ones requests are resolved against, all
+    /// under the queue's and the router's locks: a request resolved against the old ones is
+    /// mapped when it reaches the queue) and policy parameters; nothing changes on an error.
+    pub(crate) fn reconfigure(
+        &self,
+        admission: &kvroute_core::AdmissionConfig,
+        policy: &kvroute_core::policy::PolicyConfig,
+    ) -> Result<(), kvroute_core::RouteError> {
+        let flows = admission.flow.compile();
+        let changed = *self.flows() != flows;
+        if changed {
+            for c in flows.classes() {
+                self.metrics
+                    .class_ttft
+                    .with_label_values(&[c.name.as_str()]);
+            }
+        }
+        self.table.with_both(|q, r| {
+            r.reconfigure(admission, policy)?;
+            if changed {
+                q.set_flows(flows.clone());
+                *self.flows.write() = (Arc::new(flows), q.generation());
+            }
+            Ok(())
+        })
+    }
+
+    /// `flow` of a request resolved against the flows of `generation`, in the flows now.
+    pub(crate) fn flow_now(&self, flow: Flow, generation: u32) -> (Arc<Flows>, Flow) {
+        let (flows, now) = self.flows_at();
+        if now == generation {
+            return (flows, flow);
+        }
+        let f = self.table.with_queue(|q| q.current(flow, generation));
+        (self.flows(), f)
     }
 
     /// The workers now.

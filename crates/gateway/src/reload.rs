@@ -1,8 +1,9 @@
 //! A changed config applied to a running gateway (`kvroute serve` on SIGHUP or a changed
 //! config file): the workers (joining and leaving as discovery makes them), the model and
-//! adapter names, admission's mode, busy thresholds and queue caps and the policy's
-//! parameters (the router's [`kvroute_core::Router::reconfigure`]; the gateway's queue reads
-//! its caps from the router). Every other changed setting is named as
+//! adapter names, admission's mode, busy thresholds and queue caps, its tenants and classes
+//! (the queue's waiting requests, the tenants' limits and fairness carried over by name) and
+//! the policy's parameters (the router's [`kvroute_core::Router::reconfigure`]; the
+//! gateway's queue reads its caps from the router). Every other changed setting is named as
 //! waiting for a restart; an invalid config is refused whole, the running one kept. Counted
 //! in `kvroute_config_reloads_total{result}`.
 
@@ -28,6 +29,7 @@ pub const LIVE_KEYS: &[&str] = &[
     "router.admission.busy_active_blocks",
     "router.admission.busy_active_fraction",
     "router.admission.busy_batch_fraction",
+    "router.admission.flow",
     "router.policy.kv",
     "router.policy.predictive",
     "router.policy.goodput",
@@ -169,19 +171,27 @@ fn reload_pool(
             ..ReloadReport::default()
         };
         if (report.applied.iter()).any(|k| k.starts_with("router.")) {
-            // The flow settings stay the running ones (restart-only), as does the policy's
-            // kind.
-            let run = &reloads.started.router;
-            let admission = kvroute_core::AdmissionConfig {
-                flow: run.admission.flow.clone(),
-                ..new.router.admission.clone()
-            };
+            // The policy's kind stays the running one (restart-only).
             let policy = kvroute_core::policy::PolicyConfig {
-                kind: run.policy.kind,
+                kind: reloads.started.router.policy.kind,
                 ..new.router.policy.clone()
             };
-            if let Err(e) = gw.table.update(|r| r.reconfigure(&admission, &policy)) {
+            if let Err(e) = gw.reconfigure(&new.router.admission, &policy) {
                 return Err(ConfigError(e.to_string()));
+            }
+            // A tenant's new API key passes the gateway's access check only after a
+            // restart when the API takes keys (it names its tenant at once otherwise).
+            let keys = |c: &GatewayConfig| {
+                let mut k: Vec<_> = (c.router.admission.flow.tenants.iter())
+                    .map(|t| (t.name.clone(), t.api_keys.clone()))
+                    .collect();
+                k.sort();
+                k
+            };
+            if !new.auth.api_keys.is_empty() && keys(&reloads.started) != keys(&new) {
+                report
+                    .restart
+                    .push("router.admission.flow.tenants.api_keys".into());
             }
         }
         // The settings read per request, swapped in the gateway's config.
@@ -198,10 +208,7 @@ fn reload_pool(
         live.epp.conformance_headers = new.epp.conformance_headers;
         live.models.clone_from(&new.models);
         live.lora_adapters.clone_from(&new.lora_adapters);
-        live.router.admission = kvroute_core::AdmissionConfig {
-            flow: live.router.admission.flow.clone(),
-            ..new.router.admission.clone()
-        };
+        live.router.admission = new.router.admission.clone();
         live.router.policy = kvroute_core::policy::PolicyConfig {
             kind: live.router.policy.kind,
             ..new.router.policy.clone()

@@ -71,13 +71,13 @@ pub fn enter(
 ) -> Result<kvroute_fleet::bookings::FlowPermit, GatewayError> {
     let id = &prep.identity;
     gw.bookings
-        .enter(id.flow, prep.prompt.tokens as u64, id.output)
+        .enter(id.flow, id.generation, prep.prompt.tokens as u64, id.output)
         .map_err(|over| {
             gw.metrics
                 .rejected
                 .with_label_values(&[kvroute_core::RejectReason::TenantLimit.as_str()])
                 .inc();
-            count_refusal(gw, id.flow, kvroute_core::RejectReason::TenantLimit);
+            count_refusal(gw, id, kvroute_core::RejectReason::TenantLimit);
             GatewayError::RejectedFor {
                 reason: kvroute_core::RejectReason::TenantLimit,
                 retry_after: over.retry_after,
@@ -85,14 +85,11 @@ pub fn enter(
         })
 }
 
-/// Counts a refusal of a request of `flow` by its tenant, class and reason.
-pub fn count_refusal(
-    gw: &Gateway,
-    flow: kvroute_core::flow::Flow,
-    reason: kvroute_core::RejectReason,
-) {
-    let tenant = &gw.flows.tenant(flow.tenant).name;
-    let class = &gw.flows.class(flow.class).name;
+/// Counts a refusal of a request of `identity` by its tenant, class and reason.
+pub fn count_refusal(gw: &Gateway, identity: &flow::Identity, reason: kvroute_core::RejectReason) {
+    let (flows, flow) = gw.flow_now(identity.flow, identity.generation);
+    let tenant = &flows.tenant(flow.tenant).name;
+    let class = &flows.class(flow.class).name;
     gw.metrics
         .flow_refused
         .with_label_values(&[tenant, class, reason.as_str()])
@@ -125,16 +122,22 @@ pub async fn admit(
         tokio::time::sleep_until(gw.clock.instant(until)).await;
     }
     let (first, wake) = gw.table.with_both(|q, r| {
+        // Its flow in the flows now (resolved before a reload: mapped by name).
+        let identity = flow::Identity {
+            flow: q.current(prep.identity.flow, prep.identity.generation),
+            generation: q.generation(),
+            ..prep.identity
+        };
         let request = RouteRequest {
             prompt: &prep.prompt,
             session: prep.session,
             queue: q.state(),
             eligible,
-            flow: prep.identity.flow,
+            flow: identity.flow,
         };
         // Behind the requests of its kind (and band or higher) already waiting, without
         // overtaking them.
-        let routed = if q.holds(eligible, prep.identity.flow.band) {
+        let routed = if q.holds(eligible, identity.flow.band) {
             Ok(None)
         } else {
             queue::route_and_book(gw, r, &request, explain)
@@ -147,7 +150,7 @@ pub async fn admit(
                 let before = q.next_deadline();
                 // The router's admission settings: a reload changes them there.
                 let admission = &r.config().admission;
-                match queue::enqueue(gw, q, admission, &request, &prep.identity, explain) {
+                match queue::enqueue(gw, q, admission, &request, &identity, explain) {
                     Ok(waiting) => {
                         let wake = before.is_none_or(|b| q.next_deadline() < Some(b));
                         (Err(waiting), wake)
@@ -189,7 +192,7 @@ pub async fn admit(
         Err(e) => {
             if let AdmitError::Rejected(reason, _) = &e {
                 m.rejected.with_label_values(&[reason.as_str()]).inc();
-                count_refusal(gw, prep.identity.flow, *reason);
+                count_refusal(gw, &prep.identity, *reason);
             }
             Err(e.into())
         }

@@ -81,6 +81,10 @@ pub struct AdmissionQueue<T> {
     limits: TenantLimits,
     /// Per tenant: tokens served from the queue divided by its weight.
     served: Vec<f64>,
+    /// How many times new flows were taken ([`AdmissionQueue::set_flows`]).
+    generation: u32,
+    /// The last reloads' maps, oldest first (the last maps `generation - 1` to now).
+    maps: VecDeque<crate::flow::remap::FlowMap>,
 }
 
 impl<T> Default for AdmissionQueue<T> {
@@ -99,12 +103,67 @@ impl<T> AdmissionQueue<T> {
             served: vec![0.0; flows.tenants().len()],
             flows,
             limits: TenantLimits::default(),
+            generation: 0,
+            maps: VecDeque::new(),
         }
     }
 
     /// The flows it orders by.
     pub fn flows(&self) -> &Flows {
         &self.flows
+    }
+
+    /// Takes new flows (a reload): the waiting requests, the tenants' limits and their
+    /// fair-queuing counts carry over by tenant and class name (see [`crate::flow::remap`]);
+    /// a waiting request takes its class's band in the new flows.
+    pub fn set_flows(&mut self, flows: Flows) {
+        let map = flows.map_from(&self.flows);
+        for e in &mut self.entries {
+            e.flow = map.flow(&flows, e.flow);
+        }
+        let mut served = vec![0.0; flows.tenants().len()];
+        for (i, s) in self.served.iter().enumerate() {
+            if map.same.get(i).copied().unwrap_or(false) {
+                if let Some(to) = served.get_mut(usize::from(map.tenants[i].0)) {
+                    *to = *s;
+                }
+            }
+        }
+        self.served = served;
+        self.limits.remap(&map);
+        self.flows = flows;
+        self.generation = self.generation.wrapping_add(1);
+        if self.maps.len() == crate::flow::limits::MAX_REMAPS {
+            self.maps.pop_front();
+        }
+        self.maps.push_back(map);
+    }
+
+    /// How many times new flows were taken: a flow resolved against the flows of this
+    /// generation is given to [`AdmissionQueue::current`] with it.
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// `flow`, resolved against the flows of `generation`, in the flows now (by name; from
+    /// more reloads ago than are remembered: the default flow).
+    pub fn current(&self, flow: Flow, generation: u32) -> Flow {
+        let behind = self.generation.wrapping_sub(generation) as usize;
+        if behind == 0 {
+            return flow;
+        }
+        if behind > self.maps.len() {
+            return self.flows.flow_of(None, None);
+        }
+        let (mut tenant, mut class) = (Some(flow.tenant), Some(flow.class));
+        for map in self.maps.iter().skip(self.maps.len() - behind) {
+            tenant = tenant.and_then(|t| map.tenants.get(usize::from(t.0)).copied());
+            class = class.and_then(|c| map.classes.get(usize::from(c.0)).copied());
+        }
+        self.flows.flow(
+            tenant.unwrap_or_else(|| self.flows.tenant_ix(None)),
+            class.unwrap_or_else(|| self.flows.class_ix(None)),
+        )
     }
 
     /// Its size: requests and prompt tokens.

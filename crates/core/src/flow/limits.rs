@@ -5,6 +5,10 @@
 //! given back; a request refused or expired before dispatch gets all of it back). A tenant
 //! over either limit is refused with a wait: for the bucket, until it holds the request's
 //! cost (or is full, for a request larger than the bucket); for concurrency, a second.
+//!
+//! New flows (a reload) move each tenant's state to its new index ([`TenantLimits::remap`]);
+//! a permit given out before is mapped along when it comes back, through the last
+//! [`MAX_REMAPS`] reloads (an older one is dropped).
 
 use super::{Flows, TenantIx};
 use crate::types::Time;
@@ -13,12 +17,17 @@ use std::time::Duration;
 /// Seconds of its rate a tenant's bucket holds when its size is not set.
 pub const DEFAULT_BURST_SECS: f64 = 10.0;
 
+/// Reloads a permit given out before them is mapped through when it comes back.
+pub const MAX_REMAPS: usize = 64;
+
 /// What a request that entered holds until it leaves (give it back to
 /// [`TenantLimits::leave`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Permit {
     /// Its tenant.
     pub tenant: TenantIx,
+    /// The flows' generation its tenant index is of (see [`TenantLimits::remap`]).
+    pub generation: u32,
     /// Prompt tokens charged.
     pub prompt: u64,
     /// Output tokens charged.
@@ -59,6 +68,11 @@ struct TenantState {
 #[derive(Clone, Debug, Default)]
 pub struct TenantLimits {
     tenants: Vec<TenantState>,
+    /// How many times new flows were taken.
+    generation: u32,
+    /// The last [`MAX_REMAPS`] reloads' tenant maps, oldest first: the last one maps
+    /// generation `generation - 1` to `generation`.
+    maps: std::collections::VecDeque<Vec<TenantIx>>,
 }
 
 impl TenantLimits {
@@ -108,14 +122,60 @@ impl TenantLimits {
         st.inflight += 1;
         Ok(Permit {
             tenant,
+            generation: self.generation,
             prompt,
             output,
         })
     }
 
+    /// Takes new flows: each old tenant's state moves to its new index in `map` (one that
+    /// falls back to the default brings only its requests in flight).
+    pub fn remap(&mut self, map: &super::remap::FlowMap) {
+        let n = map
+            .tenants
+            .iter()
+            .map(|t| usize::from(t.0) + 1)
+            .max()
+            .unwrap_or(0);
+        let mut tenants = vec![TenantState::default(); n];
+        for (i, st) in self.tenants.drain(..).enumerate() {
+            let Some(&to) = map.tenants.get(i) else {
+                continue;
+            };
+            let new = &mut tenants[usize::from(to.0)];
+            new.inflight += st.inflight;
+            if map.same.get(i).copied().unwrap_or(false) {
+                new.bucket = st.bucket;
+            }
+        }
+        self.tenants = tenants;
+        self.generation = self.generation.wrapping_add(1);
+        if self.maps.len() == MAX_REMAPS {
+            self.maps.pop_front();
+        }
+        self.maps.push_back(map.tenants.clone());
+    }
+
+    /// `permit`'s tenant now (None: given out more than [`MAX_REMAPS`] reloads ago).
+    fn now_of(&self, permit: &Permit) -> Option<TenantIx> {
+        let behind = self.generation.wrapping_sub(permit.generation) as usize;
+        if behind > self.maps.len() {
+            return None;
+        }
+        let mut t = permit.tenant;
+        for map in self.maps.iter().skip(self.maps.len() - behind) {
+            t = map.get(usize::from(t.0)).copied()?;
+        }
+        Some(t)
+    }
+
     /// A request that entered with `permit` left after producing `output` tokens (`None`:
     /// it was never dispatched, and its whole charge is given back).
     pub fn leave(&mut self, flows: &Flows, permit: Permit, output: Option<u64>) {
+        let Some(tenant) = self.now_of(&permit) else {
+            return;
+        };
+        let permit = Permit { tenant, ..permit };
         let i = usize::from(permit.tenant.0).min(flows.tenants().len().saturating_sub(1));
         let Some(st) = self.tenants.get_mut(i) else {
             return;

@@ -1,9 +1,9 @@
 //! Settings a running router takes anew (a gateway's config reload): admission's thresholds,
-//! queue caps and mode (the gateway's queue reads them from here), and the routing policy's
-//! parameters. Not the policy's kind (a
-//! gateway's metrics are labelled with it), the flow settings (the tenants' limits and the
-//! queue's fairness counters are state kept per tenant) or anything fixed at the start
-//! (block size, capacities): those wait for a restart.
+//! queue caps and mode (the gateway's queue reads them from here), its tenants and classes
+//! (the queue takes them with [`crate::admission::AdmissionQueue::set_flows`], its state
+//! carried over by name), and the routing policy's parameters. Not the policy's kind (a
+//! gateway's metrics are labelled with it) or anything fixed at the start (block size,
+//! capacities): those wait for a restart.
 
 use super::Router;
 use crate::admission::AdmissionConfig;
@@ -11,8 +11,8 @@ use crate::policy::PolicyConfig;
 use crate::RouteError;
 
 impl Router {
-    /// Takes `admission` (its `flow` ignored: the running one stays) and `policy` (its
-    /// `kind` must be the running one's), both checked first; nothing changes on an error.
+    /// Takes `admission` (its tenants and classes too) and `policy` (its `kind` must be the
+    /// running one's), both checked first; nothing changes on an error.
     pub fn reconfigure(
         &mut self,
         admission: &AdmissionConfig,
@@ -27,11 +27,8 @@ impl Router {
                 self.config.policy.kind, policy.kind
             )));
         }
-        let flow = std::mem::take(&mut self.config.admission.flow);
-        self.config.admission = AdmissionConfig {
-            flow,
-            ..admission.clone()
-        };
+        self.flows = admission.flow.compile();
+        self.config.admission = admission.clone();
         self.config.policy = policy.clone();
         self.policy = policy.build();
         Ok(())
@@ -44,7 +41,7 @@ mod tests {
     use crate::*;
 
     #[test]
-    fn admission_and_policy_parameters_change_the_flow_and_the_kind_do_not() {
+    fn admission_flow_and_policy_parameters_change_and_the_kind_does_not() {
         let mut cfg = RouterConfig::default();
         cfg.admission.flow = FlowConfig {
             classes: vec![ClassConfig {
@@ -58,17 +55,21 @@ mod tests {
         let mut admission = cfg.admission.clone();
         admission.max_queued_requests = 7;
         admission.mode = AdmissionMode::Shed;
-        admission.flow = FlowConfig::default();
+        admission.flow = FlowConfig {
+            classes: vec![ClassConfig {
+                name: "top".into(),
+                band: 2,
+                ..ClassConfig::default()
+            }],
+            ..FlowConfig::default()
+        };
         let mut policy = cfg.policy.clone();
         policy.goodput.ttft_secs = 2.0;
         r.reconfigure(&admission, &policy).unwrap();
         let now = r.config();
         assert_eq!(now.admission.max_queued_requests, 7);
         assert_eq!(now.admission.mode, AdmissionMode::Shed);
-        assert_eq!(
-            now.admission.flow, cfg.admission.flow,
-            "the running flow stays"
-        );
+        assert_eq!(now.admission.flow, admission.flow, "the new classes");
         assert_eq!(now.policy.goodput.ttft_secs, 2.0);
         // Refused whole: a bad value, another kind.
         admission.busy_batch_fraction = Some(-1.0);

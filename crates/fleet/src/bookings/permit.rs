@@ -16,18 +16,21 @@ pub struct FlowPermit {
 }
 
 impl Bookings {
-    /// Lets a request of `flow` costing `prompt` + `output` tokens in now, or says which
-    /// limit refused it and how long to wait.
+    /// Lets a request of `flow` (resolved against the flows of `generation`: mapped to the
+    /// ones now) costing `prompt` + `output` tokens in now, or says which limit refused it
+    /// and how long to wait.
     pub fn enter(
         self: &Arc<Self>,
         flow: Flow,
+        generation: u32,
         prompt: u64,
         output: u64,
     ) -> Result<FlowPermit, OverLimit> {
         let now = self.clock.now();
-        let permit = self
-            .table
-            .with_queue(|q| q.enter(flow, now, prompt, output))?;
+        let permit = self.table.with_queue(|q| {
+            let flow = q.current(flow, generation);
+            q.enter(flow, now, prompt, output)
+        })?;
         Ok(FlowPermit {
             bookings: self.clone(),
             permit: Some(permit),

@@ -320,13 +320,10 @@ impl Session {
         }
         let with_model = |e: GatewayError| (e, model.clone());
         let eligible = self.eligible().map_err(with_model)?;
-        let identity = identify(
-            &gw.flows,
-            &gw.config().flow_headers,
-            &self.flow_headers,
-            &view,
-        )
-        .map_err(|e| with_model(e.into()))?;
+        let (flows, generation) = gw.flows_at();
+        let mut identity = identify(&flows, &gw.config().flow_headers, &self.flow_headers, &view)
+            .map_err(|e| with_model(e.into()))?;
+        identity.generation = generation;
         let mut prep = prepare(&gw, &view, self.session_header.as_deref())
             .await
             .map_err(with_model)?;
@@ -369,7 +366,8 @@ impl Session {
         // The engine's own priority, for a worker marked as taking it: the body rewritten,
         // given back so (Envoy sends a streamed body on chunked) or replaced when Envoy
         // buffered it (its length set to match).
-        let class = gw.flows.class(prep.identity.flow.class);
+        let (flows, flow) = gw.flow_now(prep.identity.flow, prep.identity.generation);
+        let class = flows.class(flow.class);
         // Not for a split request: the decode endpoint's sidecar sends the same body to the
         // prefill worker, which may not take the field.
         let new_body = match (worker.spec.priority, class.engine_priority, &sel.prefill) {
@@ -385,7 +383,7 @@ impl Session {
         tracing::debug!(request_id = %self.request_id, worker = %worker.name, %endpoint, matched_blocks = sel.matched_blocks, "endpoint picked");
         self.pick = Some(Pick {
             model: model.clone(),
-            class: gw.flows.class(prep.identity.flow.class).name.clone(),
+            class: class.name.clone(),
             prediction: Prediction {
                 request: guard.request,
                 worker: sel.worker,

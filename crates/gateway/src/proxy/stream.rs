@@ -36,7 +36,10 @@ pub(super) fn relay(
     (first, rest): (Bytes, Upstream),
     prediction: Prediction,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
-    let class = gw.flows.class(prep.identity.flow.class).name.clone();
+    let class = {
+        let (flows, flow) = gw.flow_now(prep.identity.flow, prep.identity.generation);
+        flows.class(flow.class).name.clone()
+    };
     let watch = Watch::new(
         gw.clone(),
         guard,

@@ -21,6 +21,9 @@ pub struct Identity {
     pub objective: Option<Duration>,
     /// Output tokens charged against its tenant's bucket until it finishes.
     pub output: u64,
+    /// The generation of the flows `flow` was resolved against (a reload after maps it by
+    /// name: [`crate::gateway::Gateway::flow_now`]).
+    pub generation: u32,
 }
 
 /// The identity of a request with `headers` and body `view`.
@@ -71,6 +74,7 @@ pub fn identify(
         flow,
         objective: objective.map(Duration::from_secs_f64),
         output: u64::from(view.max_tokens.unwrap_or(c.output_estimate)),
+        generation: 0,
     })
 }
 

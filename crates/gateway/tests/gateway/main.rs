@@ -16,6 +16,7 @@ mod pd_workers;
 mod plane;
 mod pools;
 mod ranks;
+mod reload;
 mod replicas;
 mod resync;
 mod roles;

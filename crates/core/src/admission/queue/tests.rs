@@ -344,3 +344,75 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn new_flows_keep_the_waiting_requests_and_the_tenants_state_by_name() {
+    let f = flows();
+    let c = cfg(10, 10_000, 30.0);
+    let mut q = AdmissionQueue::new(f.clone());
+    // Tenant a holds one request in flight (concurrency 1 in the new flows), and b's
+    // batch request and a's standard one wait.
+    let held = q.enter(f.flow_of(Some("a"), None), t(0), 10, 10).unwrap();
+    for (name, tenant, class) in [("b-batch", "b", "batch"), ("a-std", "a", "standard")] {
+        let a = Ask {
+            flow: f.flow_of(Some(tenant), Some(class)),
+            ..ask(Eligible::Any, 10)
+        };
+        q.push(&c, t(0), a, name).unwrap();
+    }
+    // Reordered tenants (a now limited to one in flight), `batch` raised above `standard`,
+    // tenant c gone.
+    let mut new = FlowConfig {
+        classes: vec![
+            ClassConfig {
+                name: "batch".into(),
+                band: 3,
+                ..ClassConfig::default()
+            },
+            ClassConfig {
+                name: "standard".into(),
+                band: 1,
+                ..ClassConfig::default()
+            },
+        ],
+        default_class: Some("standard".into()),
+        tenants: vec![
+            TenantConfig {
+                name: "b".into(),
+                ..TenantConfig::default()
+            },
+            TenantConfig {
+                name: "a".into(),
+                max_concurrent: Some(1),
+                ..TenantConfig::default()
+            },
+        ],
+    };
+    q.set_flows(new.compile());
+    let nf = q.flows().clone();
+    assert_eq!(nf.tenant_ix(Some("a")).0, 1);
+    // a's request in flight counts against its new limit under its new index...
+    let refused = q.enter(nf.flow_of(Some("a"), None), t(1), 10, 10);
+    assert!(refused.is_err(), "a holds one in flight");
+    // ...and, given back (a permit of the old flows), frees it.
+    q.leave(held, Some(10));
+    assert!(q.enter(nf.flow_of(Some("a"), None), t(2), 10, 10).is_ok());
+    // The waiting ones in their classes' new bands: batch goes first now.
+    assert_eq!(order(&mut q), ["b-batch", "a-std"]);
+    // A flow resolved against the old flows, in the new ones.
+    let of_old = f.flow_of(Some("b"), Some("batch"));
+    let now = q.current(of_old, q.generation() - 1);
+    assert_eq!(
+        (now.tenant, now.class, now.band),
+        (nf.tenant_ix(Some("b")), nf.class_ix(Some("batch")), 3)
+    );
+    assert_eq!(q.current(now, q.generation()), now);
+    // A permit given out before more reloads than are remembered is dropped, not
+    // counted against another tenant.
+    let old = q.enter(nf.flow_of(Some("b"), None), t(3), 1, 1).unwrap();
+    for _ in 0..=crate::flow::limits::MAX_REMAPS {
+        new.tenants.reverse();
+        q.set_flows(new.compile());
+    }
+    q.leave(old, Some(1));
+}

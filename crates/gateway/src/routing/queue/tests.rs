@@ -282,9 +282,9 @@ fn flow_gateway() -> Arc<Gateway> {
 
 fn prompt_of(gw: &Gateway, n: u32, tenant: &str, class: &str) -> Prepared {
     let mut p = prompt(n);
-    p.identity.flow = gw.flows.flow_of(Some(tenant), Some(class));
+    p.identity.flow = gw.flows().flow_of(Some(tenant), Some(class));
     p.identity.objective = gw
-        .flows
+        .flows()
         .class(p.identity.flow.class)
         .ttft_secs
         .map(Duration::from_secs_f64);
