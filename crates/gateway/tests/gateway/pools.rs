@@ -47,8 +47,9 @@ fn pool(
 }
 
 /// The builtin-tokenizer model (`MODEL`, block 16, worker `a`) and the `builtin-small` one
-/// (pool `small`, block 32, worker `b`), each worker's events fed in process.
-async fn two_models() -> (WorkerHandle, WorkerHandle, GatewayHandle) {
+/// (pool `small`, block 32, worker `b`), each worker's events fed in process; and the
+/// config.
+async fn two_models() -> (WorkerHandle, WorkerHandle, GatewayHandle, GatewayConfig) {
     let a = model_worker("a", MODEL, Preprocessor::builtin(), 16).await;
     let b = model_worker("b", SMALL_MODEL, Preprocessor::builtin_small(), 32).await;
     let mut config = GatewayConfig {
@@ -60,6 +61,7 @@ async fn two_models() -> (WorkerHandle, WorkerHandle, GatewayHandle) {
         ..GatewayConfig::default()
     };
     config.health.interval_secs = 0.2;
+    let given = config.clone();
     let starts = [&a, &b]
         .into_iter()
         .zip(config.pools().unwrap())
@@ -72,12 +74,12 @@ async fn two_models() -> (WorkerHandle, WorkerHandle, GatewayHandle) {
     let gw = kvroute_gateway::spawn_pools(config, starts, listener)
         .await
         .unwrap();
-    (a, b, gw)
+    (a, b, gw, given)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_model_is_routed_by_its_own_tokenizer_and_block_size() {
-    let (_a, _b, gw) = two_models().await;
+    let (_a, _b, gw, _) = two_models().await;
     let url = gw.url();
     let models = kvroute_testkit::get_json(&client(), &format!("{url}/v1/models")).await;
     let ids: Vec<&str> = models["data"]
@@ -145,5 +147,30 @@ async fn each_model_is_routed_by_its_own_tokenizer_and_block_size() {
         .unwrap();
     assert_eq!(r.status(), 404);
     assert!(r.text().await.unwrap().contains(&format!("{MODEL}, small")));
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_applies_each_pool_and_names_a_new_pool_for_a_restart() {
+    let (_a, b, gw, config) = two_models().await;
+    // The second pool's admission mode: applied to it alone.
+    let mut new = config.clone();
+    new.pools[1].router =
+        Some(toml::from_str("block_size = 32\nadmission = { mode = \"shed\" }").unwrap());
+    let report = gw.reload(new.clone()).unwrap();
+    assert_eq!(report.applied, ["router.admission.mode"], "{report:?}");
+    assert!(report.restart.is_empty(), "{report:?}");
+    // A pool added: named for a restart, the others applied.
+    let mut more = new.clone();
+    more.pools
+        .push(pool(Some("third"), "third-sim", "builtin", 16, &b));
+    let report = gw.reload(more).unwrap();
+    assert!(report.restart.iter().any(|k| k == "pools"), "{report:?}");
+    // An invalid one (a model in two pools): refused whole, the pools serve on.
+    let mut bad = new.clone();
+    bad.pools[1].models.push(MODEL.into());
+    assert!(gw.reload(bad).is_err());
+    let (w, _, _) = ask_cached(&gw.url(), SMALL_MODEL, None, "still here").await;
+    assert_eq!(w, "b");
     gw.shutdown().await;
 }
