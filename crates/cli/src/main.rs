@@ -114,6 +114,7 @@ fn check_config(a: &CheckConfigArgs) -> Result<()> {
         )
         .map_err(|p| p.to_string())
         .and_then(|c| c.validate().map(|_| c).map_err(|e| e.to_string()))
+        .and_then(|c| c.with_pools_written_out().map_err(|e| e.to_string()))
         .and_then(|c| toml::to_string(&c).map_err(|e| e.to_string())),
     };
     match text {

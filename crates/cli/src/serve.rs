@@ -185,9 +185,10 @@ pub fn keys_from_env(c: &mut GatewayConfig, var: impl Fn(&str) -> Option<String>
 
 /// Prints `config` as TOML (its keys are never serialized).
 pub fn print_config(config: &GatewayConfig) -> Result<()> {
+    let config = config.with_pools_written_out()?;
     print!(
         "{}",
-        toml::to_string(config).context("writing the config as TOML")?
+        toml::to_string(&config).context("writing the config as TOML")?
     );
     Ok(())
 }

@@ -141,6 +141,32 @@ impl GatewayConfig {
     }
 }
 
+impl GatewayConfig {
+    /// The config as `check-config` and `--print-config` show it: each pool written out
+    /// whole (its name, tokenizer and batch limit filled in, its `router` and `discovery`
+    /// tables complete), so that what every pool runs with is on the page.
+    pub fn with_pools_written_out(&self) -> Result<GatewayConfig, ConfigError> {
+        let mut out = self.clone();
+        if !self.has_pools() {
+            return Ok(out);
+        }
+        let table = |what: &str, r: Result<toml::Table, toml::ser::Error>| {
+            r.map_err(|e| ConfigError(format!("writing {what}: {e}")))
+        };
+        for (p, pool) in out.pools.iter_mut().zip(self.pools()?) {
+            p.name = Some(pool.name);
+            p.tokenizer = pool.config.tokenizer;
+            p.max_batch = pool.config.max_batch;
+            p.router = Some(table("router", toml::Table::try_from(&pool.config.router))?);
+            p.discovery = Some(table(
+                "discovery",
+                toml::Table::try_from(&pool.config.discovery),
+            )?);
+        }
+        Ok(out)
+    }
+}
+
 /// `base` with the keys of `over` on top (tables merged, other values replaced), read back.
 fn merged<T: Serialize + serde::de::DeserializeOwned>(
     base: &T,
@@ -201,6 +227,22 @@ mod tests {
         assert_eq!(pools[1].config.workers.len(), 1);
         assert!(pools.iter().all(|p| p.config.pools.is_empty()));
         assert!(two().validate().is_ok());
+    }
+
+    #[test]
+    fn written_out_each_pool_shows_its_whole_settings_and_reads_back_the_same() {
+        let c = two();
+        let out = c.with_pools_written_out().expect("valid");
+        let big = &out.pools[1];
+        assert_eq!(big.name.as_deref(), Some("big-pool"));
+        let router = big.router.as_ref().expect("router");
+        assert_eq!(router["block_size"].as_integer(), Some(32));
+        assert_eq!(router["policy"]["kind"].as_str(), Some("goodput"));
+        assert_eq!(out.pools[0].name.as_deref(), Some("small"));
+        let text = toml::to_string(&out).expect("writes");
+        let back = GatewayConfig::from_toml(&text).expect("reads");
+        let (a, b) = (c.pools().expect("pools"), back.pools().expect("pools"));
+        assert_eq!(a, b, "the same pools");
     }
 
     #[test]
