@@ -41,9 +41,11 @@ tokens) of the reported figure. Scenarios:
      of their own), behind a gateway with `--worker ...,role=prefill|decode --disaggregation
      always`: every request's prefill leg runs on the producer, its decode leg on the
      consumer, which loads the KV (reports it cached) and answers with the same greedy
-     tokens a plain engine gave for the same prompts at the start; a follow-up turn goes to
-     the decode worker; with the prefill engine killed no request fails (the decode engine
-     computes the prompt);
+     tokens the producer gave computing the same prompts plainly first (its prefix cache
+     then reset, the stored KV removed); a follow-up turn goes to the decode worker; with
+     the prefill engine killed no request fails (the decode engine computes the prompt).
+     The pair runs float32: vLLM 0.32's AMX attention kernel (bfloat16 on a CPU with AMX)
+     dies of SIGILL here when the consumer computes over the loaded prefix;
   i. priority classes: one engine started with `--scheduling-policy priority` and
      `--max-num-seqs 1` (it runs one request at a time: the others wait in its own queue,
      in its policy's order), marked in the gateway as taking `priority`
@@ -411,16 +413,10 @@ class Run:
     # ---- scenarios --------------------------------------------------------------------------
 
     def scenario_h_prepare(self):
-        """Scenario h's prompts and a plain engine's greedy answers to them (engine 1, whose
-        weights the disaggregated pair shares)."""
+        """Scenario h's prompts (their reference answers come from the producer engine
+        itself, computing them plainly: see `scenario_h`)."""
         rng = random.Random(4242)
         self.pd_prompts = [text(rng, rng.randint(250, 400)) for _ in range(3)]
-        self.pd_reference = []
-        for prompt in self.pd_prompts:
-            status, _, a = eng.post_json(self.e1.url + "/v1/completions", self.pd_body(prompt))
-            if status != 200 or not a:
-                raise RuntimeError(f"engine1 did not answer scenario h's prompt: {status} {a}")
-            self.pd_reference.append(a["choices"][0]["token_ids"])
 
     @staticmethod
     def pd_body(prompt):
@@ -1088,14 +1084,17 @@ class Run:
             cfg = {"kv_connector": "ExampleConnector", "kv_role": role,
                    "kv_connector_extra_config": {"shared_storage_path": shared}}
             # A prompt prefilled in chunks is stored by its first chunk only (and loading it
-            # crashes the consumer): the whole prompt in one step.
+            # crashes the consumer): the whole prompt in one step. Float32: on a CPU with AMX,
+            # vLLM 0.32 runs bfloat16 attention with its AMX kernel, which dies of SIGILL here
+            # when the consumer computes the last tokens over the loaded prefix (this
+            # machine, 2026-11-28); float32 takes its vector kernel.
             return ["--kv-transfer-config", json.dumps(cfg),
-                    "--max-num-batched-tokens", str(eng.MAX_MODEL_LEN)]
+                    "--max-num-batched-tokens", str(eng.MAX_MODEL_LEN), "--dtype", "float32"]
 
         logs = self.args.logs
         P = eng.Engine("prefill", self.args.model, self.args.python, "0",
                        os.path.join(logs, "prefill.log"), extra_args=connector("kv_producer"),
-                       role="prefill")
+                       role="prefill", env={"VLLM_SERVER_DEV_MODE": "1"})
         D = eng.Engine("decode", self.args.model, self.args.python, "1",
                        os.path.join(logs, "decode.log"), extra_args=connector("kv_consumer"),
                        role="decode")
@@ -1106,6 +1105,20 @@ class Run:
         P.wait_ready()
         D.wait_ready()
         r.info(f"producer and consumer engines (ExampleConnector) started in {time.time() - t0:.1f} s")
+        # The reference: the producer's own greedy answers, computed plainly (same weights and
+        # dtype as the consumer); then its prefix cache reset and the stored KV removed, so
+        # that the split requests below compute, store and load afresh.
+        self.pd_reference = []
+        for prompt in self.pd_prompts:
+            status, _, a = eng.post_json(P.url + "/v1/completions", self.pd_body(prompt))
+            if status != 200 or not a:
+                raise RuntimeError(f"the producer did not answer scenario h's prompt: {status} {a}")
+            self.pd_reference.append(a["choices"][0]["token_ids"])
+        status, _, _ = eng.post_json(P.url + "/reset_prefix_cache", {})
+        if status != 200:
+            raise RuntimeError(f"the producer's /reset_prefix_cache answered {status}")
+        for d in os.listdir(shared):
+            shutil.rmtree(os.path.join(shared, d), ignore_errors=True)
         self.gw = eng.Gateway(self.args.kvroute, [P, D], self.args.model,
                               os.path.join(logs, "gateway-pd.log"),
                               extra_args=["--disaggregation", "always"])
