@@ -445,13 +445,28 @@ impl Metrics {
     }
 
     /// Every metric's samples; with `model`, each series without a `model` label gets
-    /// `model="<model>"` (one pool's of a gateway serving several).
+    /// `model="<model>"` (one pool's of a gateway serving several), but for the
+    /// [`GATEWAY_WIDE`] ones, left out (the first pool's are the gateway's, unlabelled).
     pub fn gather(&self, model: Option<&str>) -> Vec<prometheus::proto::MetricFamily> {
+        self.gather_pool(model, true)
+    }
+
+    /// [`Metrics::gather`] of one pool: with `first` false, without the [`GATEWAY_WIDE`]
+    /// families.
+    pub fn gather_pool(
+        &self,
+        model: Option<&str>,
+        first: bool,
+    ) -> Vec<prometheus::proto::MetricFamily> {
         let mut families = self.registry.gather();
         let Some(model) = model else {
             return families;
         };
-        for f in &mut families {
+        families.retain(|f| first || !GATEWAY_WIDE.contains(&f.name()));
+        for f in families
+            .iter_mut()
+            .filter(|f| !GATEWAY_WIDE.contains(&f.name()))
+        {
             for m in f.mut_metric() {
                 if m.get_label().iter().all(|l| l.name() != "model") {
                     let mut labels = m.take_label();
@@ -466,6 +481,10 @@ impl Metrics {
         families
     }
 }
+
+/// Metrics of the gateway as a whole, not of one pool: counted by the first pool's, shown
+/// without a `model` label.
+pub const GATEWAY_WIDE: &[&str] = &["kvroute_config_reloads_total"];
 
 /// The text exposition of several registries' metrics (each pool's), a metric's series
 /// from all of them under one name.

@@ -61,14 +61,16 @@ impl Pools {
     }
 
     /// Every pool's metrics in one exposition, each series of a pool labelled with its
-    /// `model` when several are served.
+    /// `model` when several are served (the gateway-wide ones once, unlabelled).
     pub fn render_metrics(&self) -> String {
         let sets = self
             .pools
             .iter()
-            .map(|(name, gw)| {
+            .enumerate()
+            .map(|(i, (name, gw))| {
                 gw.workers.refresh_gauges();
-                gw.metrics.gather(self.labelled().then_some(name.as_str()))
+                gw.metrics
+                    .gather_pool(self.labelled().then_some(name.as_str()), i == 0)
             })
             .collect();
         kvroute_fleet::metrics::render(sets)

@@ -159,6 +159,12 @@ async fn a_reload_applies_each_pool_and_names_a_new_pool_for_a_restart() {
         Some(toml::from_str("block_size = 32\nadmission = { mode = \"shed\" }").unwrap());
     let report = gw.reload(new.clone()).unwrap();
     assert_eq!(report.applied, ["router.admission.mode"], "{report:?}");
+    // Counted once for the gateway, without a pool's label.
+    let text = super::scrape(&gw.url()).await;
+    assert!(
+        text.contains("kvroute_config_reloads_total{result=\"applied\"} 1"),
+        "{text}"
+    );
     assert!(report.restart.is_empty(), "{report:?}");
     // A pool added: named for a restart, the others applied.
     let mut more = new.clone();
