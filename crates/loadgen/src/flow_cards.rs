@@ -83,7 +83,12 @@ impl Reading {
                     if r.ttft.len() >= MAX_SERIES && !r.ttft.contains_key(&class) {
                         continue;
                     }
-                    r.ttft.entry(class).or_default().push((le, s.value));
+                    // A gateway serving several models has a series per pool: summed.
+                    let buckets = r.ttft.entry(class).or_default();
+                    match buckets.iter_mut().find(|b| b.0 == le) {
+                        Some(b) => b.1 += s.value,
+                        None => buckets.push((le, s.value)),
+                    }
                 }
                 "kvroute_flow_refused_total" => {
                     let (Some(t), Some(c), Some(why)) =
@@ -91,8 +96,9 @@ impl Reading {
                     else {
                         continue;
                     };
-                    if r.refused.len() < MAX_SERIES {
-                        r.refused.insert((t, c, why), s.value);
+                    let key = (t, c, why);
+                    if r.refused.len() < MAX_SERIES || r.refused.contains_key(&key) {
+                        *r.refused.entry(key).or_default() += s.value;
                     }
                 }
                 _ => {}

@@ -98,3 +98,32 @@ fn readings_are_bounded() {
     }
     assert!(h.readings.len() <= MAX_READINGS);
 }
+
+#[test]
+fn several_pools_series_are_summed() {
+    // A gateway serving two models: each pool's series labelled with its `model`.
+    let pool = |model: &str, counts: [u64; 4], refused: u64| {
+        text(counts, refused)
+            .replace("{class=", &format!("{{model=\"{model}\",class="))
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.starts_with("kvroute_queued"))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+    };
+    let both = format!(
+        "{}{}",
+        pool("a", [1, 2, 3, 4], 2),
+        pool("b", [0, 1, 1, 1], 3)
+    );
+    let r = Reading::parse(&both);
+    assert_eq!(
+        r.ttft["interactive"],
+        [(0.1, 1.0), (0.5, 3.0), (1.0, 4.0), (f64::INFINITY, 5.0)]
+    );
+    let key = (
+        "flood".to_string(),
+        "standard".to_string(),
+        "tenant_limit".to_string(),
+    );
+    assert_eq!(r.refused[&key], 5.0);
+}
