@@ -21,7 +21,7 @@
 
 use super::{AdmissionConfig, QueueState, RejectReason};
 use crate::flow::limits::{OverLimit, Permit, TenantLimits};
-use crate::flow::{Flow, Flows};
+use crate::flow::{Flow, Flows, TenantIx};
 use crate::types::{Eligible, Time};
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -145,25 +145,35 @@ impl<T> AdmissionQueue<T> {
         self.generation
     }
 
+    /// The maps from the flows of `generation` to the ones now (None: more reloads ago than
+    /// are remembered).
+    fn maps_since(
+        &self,
+        generation: u32,
+    ) -> Option<impl Iterator<Item = &crate::flow::remap::FlowMap>> {
+        let behind = self.generation.wrapping_sub(generation) as usize;
+        (behind <= self.maps.len()).then(|| self.maps.iter().skip(self.maps.len() - behind))
+    }
+
+    /// Tenant `t` of the flows of `generation` in the flows now.
+    fn tenant_now(&self, t: TenantIx, generation: u32) -> Option<TenantIx> {
+        self.maps_since(generation)?
+            .try_fold(t, |t, m| m.tenants.get(usize::from(t.0)).copied())
+    }
+
     /// `flow`, resolved against the flows of `generation`, in the flows now (by name; from
     /// more reloads ago than are remembered: the default flow).
     pub fn current(&self, flow: Flow, generation: u32) -> Flow {
-        let behind = self.generation.wrapping_sub(generation) as usize;
-        if behind == 0 {
+        if generation == self.generation {
             return flow;
         }
-        if behind > self.maps.len() {
-            return self.flows.flow_of(None, None);
+        let class = self.maps_since(generation).and_then(|mut maps| {
+            maps.try_fold(flow.class, |c, m| m.classes.get(usize::from(c.0)).copied())
+        });
+        match (self.tenant_now(flow.tenant, generation), class) {
+            (Some(tenant), Some(class)) => self.flows.flow(tenant, class),
+            _ => self.flows.flow_of(None, None),
         }
-        let (mut tenant, mut class) = (Some(flow.tenant), Some(flow.class));
-        for map in self.maps.iter().skip(self.maps.len() - behind) {
-            tenant = tenant.and_then(|t| map.tenants.get(usize::from(t.0)).copied());
-            class = class.and_then(|c| map.classes.get(usize::from(c.0)).copied());
-        }
-        self.flows.flow(
-            tenant.unwrap_or_else(|| self.flows.tenant_ix(None)),
-            class.unwrap_or_else(|| self.flows.class_ix(None)),
-        )
     }
 
     /// Its size: requests and prompt tokens.
@@ -194,14 +204,25 @@ impl<T> AdmissionQueue<T> {
         prompt: u64,
         output: u64,
     ) -> Result<Permit, OverLimit> {
-        self.limits
-            .enter(&self.flows, flow.tenant, now, prompt, output)
+        let permit = self
+            .limits
+            .enter(&self.flows, flow.tenant, now, prompt, output)?;
+        Ok(Permit {
+            generation: self.generation,
+            ..permit
+        })
     }
 
     /// A request that entered left, having produced `output` tokens (`None`: never
     /// dispatched).
     pub fn leave(&mut self, permit: Permit, output: Option<u64>) {
-        self.limits.leave(&self.flows, permit, output);
+        // Given out before more reloads than are remembered: dropped, not counted against
+        // another tenant.
+        let Some(tenant) = self.tenant_now(permit.tenant, permit.generation) else {
+            return;
+        };
+        self.limits
+            .leave(&self.flows, Permit { tenant, ..permit }, output);
     }
 
     /// Whether a request of `band` for `eligible` must wait behind one already here (of

@@ -7,8 +7,8 @@
 //! cost (or is full, for a request larger than the bucket); for concurrency, a second.
 //!
 //! New flows (a reload) move each tenant's state to its new index ([`TenantLimits::remap`]);
-//! a permit given out before is mapped along when it comes back, through the last
-//! [`MAX_REMAPS`] reloads (an older one is dropped).
+//! the admission queue maps a permit given out before along when it comes back, through the
+//! last [`MAX_REMAPS`] reloads (an older one is dropped).
 
 use super::{Flows, TenantIx};
 use crate::types::Time;
@@ -26,7 +26,8 @@ pub const MAX_REMAPS: usize = 64;
 pub struct Permit {
     /// Its tenant.
     pub tenant: TenantIx,
-    /// The flows' generation its tenant index is of (see [`TenantLimits::remap`]).
+    /// The flows' generation its tenant index is of (the admission queue's; it maps the
+    /// permit to the flows now when it comes back).
     pub generation: u32,
     /// Prompt tokens charged.
     pub prompt: u64,
@@ -68,11 +69,6 @@ struct TenantState {
 #[derive(Clone, Debug, Default)]
 pub struct TenantLimits {
     tenants: Vec<TenantState>,
-    /// How many times new flows were taken.
-    generation: u32,
-    /// The last [`MAX_REMAPS`] reloads' tenant maps, oldest first: the last one maps
-    /// generation `generation - 1` to `generation`.
-    maps: std::collections::VecDeque<Vec<TenantIx>>,
 }
 
 impl TenantLimits {
@@ -122,7 +118,7 @@ impl TenantLimits {
         st.inflight += 1;
         Ok(Permit {
             tenant,
-            generation: self.generation,
+            generation: 0,
             prompt,
             output,
         })
@@ -149,33 +145,11 @@ impl TenantLimits {
             }
         }
         self.tenants = tenants;
-        self.generation = self.generation.wrapping_add(1);
-        if self.maps.len() == MAX_REMAPS {
-            self.maps.pop_front();
-        }
-        self.maps.push_back(map.tenants.clone());
-    }
-
-    /// `permit`'s tenant now (None: given out more than [`MAX_REMAPS`] reloads ago).
-    fn now_of(&self, permit: &Permit) -> Option<TenantIx> {
-        let behind = self.generation.wrapping_sub(permit.generation) as usize;
-        if behind > self.maps.len() {
-            return None;
-        }
-        let mut t = permit.tenant;
-        for map in self.maps.iter().skip(self.maps.len() - behind) {
-            t = map.get(usize::from(t.0)).copied()?;
-        }
-        Some(t)
     }
 
     /// A request that entered with `permit` left after producing `output` tokens (`None`:
     /// it was never dispatched, and its whole charge is given back).
     pub fn leave(&mut self, flows: &Flows, permit: Permit, output: Option<u64>) {
-        let Some(tenant) = self.now_of(&permit) else {
-            return;
-        };
-        let permit = Permit { tenant, ..permit };
         let i = usize::from(permit.tenant.0).min(flows.tenants().len().saturating_sub(1));
         let Some(st) = self.tenants.get_mut(i) else {
             return;
