@@ -441,18 +441,13 @@ impl Metrics {
 
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
-        render(vec![self.gather(None)])
+        render(vec![self.gather_pool(None, true)])
     }
 
-    /// Every metric's samples; with `model`, each series without a `model` label gets
-    /// `model="<model>"` (one pool's of a gateway serving several), but for the
-    /// [`GATEWAY_WIDE`] ones, left out (the first pool's are the gateway's, unlabelled).
-    pub fn gather(&self, model: Option<&str>) -> Vec<prometheus::proto::MetricFamily> {
-        self.gather_pool(model, true)
-    }
-
-    /// [`Metrics::gather`] of one pool: with `first` false, without the [`GATEWAY_WIDE`]
-    /// families.
+    /// Every metric's samples; with `model` (one pool's of a gateway serving several),
+    /// each series without a `model` label gets `model="<model>"`, but for the
+    /// [`GATEWAY_WIDE`] ones: the first pool's are the gateway's, unlabelled, the others'
+    /// are left out (`first` false).
     pub fn gather_pool(
         &self,
         model: Option<&str>,
