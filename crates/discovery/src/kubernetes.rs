@@ -38,6 +38,9 @@ pub const ROLE_LABEL: &str = "llm-d.ai/role";
 pub const KV_BLOCKS_ANNOTATION: &str = "kvroute.io/kv-blocks";
 /// The annotation (or label) giving a Pod's batch limit (over the source's `max_batch`).
 pub const MAX_BATCH_ANNOTATION: &str = "kvroute.io/max-batch";
+/// The annotation (or label) naming the model a Pod serves: with discovery shared between
+/// `[[pools]]`, the pool it joins (a label's value cannot hold `/`: the annotation can).
+pub const MODEL_ANNOTATION: &str = "kvroute.io/model";
 
 pub use kvroute_fleet::config::KubernetesSource;
 
@@ -90,13 +93,14 @@ pub fn worker_of(pod: &Pod, src: &KubernetesSource) -> Option<WorkerSpec> {
             .and_then(|n| named_port(pod, n))
             .map(|p| format!("tcp://{host}:{p}"))
     };
-    let role = note(ROLE_ANNOTATION).or_else(|| {
+    let label = |key: &str| {
         pod.metadata
             .labels
             .as_ref()
-            .and_then(|l| l.get(ROLE_LABEL))
+            .and_then(|l| l.get(key))
             .cloned()
-    });
+    };
+    let role = note(ROLE_ANNOTATION).or_else(|| label(ROLE_LABEL));
     let role = match role.as_deref().map(str::parse::<WorkerRole>) {
         None => WorkerRole::Both,
         Some(Ok(r)) => r,
@@ -107,13 +111,7 @@ pub fn worker_of(pod: &Pod, src: &KubernetesSource) -> Option<WorkerSpec> {
     };
     // Capacity of this Pod: its annotation, else its label, else the source's.
     let capacity = |key: &str| -> Option<u64> {
-        let label = pod
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(key))
-            .cloned();
-        let v = note(key).or(label)?;
+        let v = note(key).or_else(|| label(key))?;
         match v.trim().parse::<u64>() {
             Ok(n) if n > 0 => Some(n),
             _ => {
@@ -126,6 +124,7 @@ pub fn worker_of(pod: &Pod, src: &KubernetesSource) -> Option<WorkerSpec> {
     let max_batch = capacity(MAX_BATCH_ANNOTATION)
         .and_then(|n| u32::try_from(n).ok())
         .or(src.max_batch);
+    let model = note(MODEL_ANNOTATION).or_else(|| label(MODEL_ANNOTATION));
     let events = note(EVENTS_ANNOTATION).or_else(|| endpoint(&src.events_port_name));
     let replay = note(REPLAY_ANNOTATION).or_else(|| endpoint(&src.replay_port_name));
     let spec = WorkerSpec {
@@ -142,6 +141,7 @@ pub fn worker_of(pod: &Pod, src: &KubernetesSource) -> Option<WorkerSpec> {
         kv_blocks,
         max_batch,
         role,
+        model,
         ..WorkerSpec::default()
     };
     spec.check().ok().map(|()| spec)
@@ -401,5 +401,20 @@ mod tests {
         );
         p["metadata"]["annotations"] = serde_json::json!({"kvroute.io/role": "leader"});
         assert!(worker_of(&pod(p), &source()).is_none(), "an unknown role");
+    }
+
+    #[test]
+    fn a_pods_model_comes_from_its_annotation_or_label() {
+        let plain = worker_of(&pod(vllm_pod("a", "10.0.0.1", "True")), &source()).unwrap();
+        assert_eq!(plain.model, None);
+        let mut p = vllm_pod("b", "10.0.0.2", "True");
+        p["metadata"]["labels"]["kvroute.io/model"] = serde_json::json!("llama-8b");
+        let w = worker_of(&pod(p.clone()), &source()).unwrap();
+        assert_eq!(w.model.as_deref(), Some("llama-8b"));
+        // The annotation wins (and may hold a `/`).
+        p["metadata"]["annotations"] =
+            serde_json::json!({"kvroute.io/model": "meta-llama/Llama-3.1-8B"});
+        let w = worker_of(&pod(p), &source()).unwrap();
+        assert_eq!(w.model.as_deref(), Some("meta-llama/Llama-3.1-8B"));
     }
 }

@@ -3,9 +3,12 @@
 //! label selector (`kubernetes.rs`). Every source yields
 //! the whole set of engines it sees now; the fleet's [`reconcile`] makes it that set: engines
 //! gone (or changed) leave, new ones join. A source that fails (a file that does not parse,
-//! a name that does not resolve) changes nothing: the fleet stays as it was.
+//! a name that does not resolve) changes nothing: the fleet stays as it was. With several
+//! pools the top level's sources are shared (`shared.rs`): each engine goes to the pool of
+//! its model.
 
 pub mod kubernetes;
+pub mod shared;
 
 use kvroute_fleet::config::{ConfigError, WorkerSpec};
 use kvroute_fleet::membership::{reconcile, Fleet};
@@ -13,6 +16,7 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 
 pub use kvroute_fleet::config::{url_host, DiscoveryConfig, DnsSource};
 
@@ -34,68 +38,40 @@ pub fn parse_file(text: &str) -> Result<Vec<WorkerSpec>, ConfigError> {
 }
 
 /// Runs the configured sources until the gateway stops: the `configured` workers (as the
-/// config has them now: a reload changes them) plus what the file and the DNS names give,
-/// every `interval_secs` and at once when the configured ones change.
-pub async fn run(fleet: Arc<Fleet>, mut configured: tokio::sync::watch::Receiver<Vec<WorkerSpec>>) {
+/// config has them now: a reload changes them), what discovery shared between pools gives
+/// this pool (`shared`), plus what the file, the DNS names and the Pods give, every
+/// `interval_secs` and at once when the configured or shared ones change.
+pub async fn run(
+    fleet: Arc<Fleet>,
+    mut configured: watch::Receiver<Vec<WorkerSpec>>,
+    mut shared: Option<watch::Receiver<Vec<WorkerSpec>>>,
+) {
     let cfg = fleet.config().discovery.clone();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(cfg.interval_secs));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reloads = true;
-    let mut last_file: Option<Vec<WorkerSpec>> = None;
-    let mut last_dns: BTreeMap<String, Vec<WorkerSpec>> = BTreeMap::new();
     let mut applied: Option<Vec<WorkerSpec>> = None;
-    let pods = cfg.kubernetes.clone().map(kubernetes::watch_pods);
+    let mut sources = Sources::new(cfg.clone());
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             // Without a sender no reload comes: the ticks alone.
             changed = configured.changed(), if reloads => reloads = changed.is_ok(),
-        }
-        if let Some(path) = &cfg.file {
-            match read_file(path, cfg.max_file_bytes).await {
-                Ok(specs) => last_file = Some(specs),
-                Err(e) => {
-                    tracing::warn!(file = %path.display(), error = %e, "discovery file not read: the fleet stays as it is")
+            changed = changed_or_never(&mut shared) => {
+                if changed.is_err() {
+                    shared = None;
                 }
             }
         }
-        for d in &cfg.dns {
-            match tokio::net::lookup_host((d.name.as_str(), d.port)).await {
-                Ok(addrs) => {
-                    let mut ips: Vec<std::net::IpAddr> = addrs.map(|a| a.ip()).collect();
-                    ips.sort();
-                    ips.dedup();
-                    last_dns.insert(
-                        d.name.clone(),
-                        ips.into_iter().map(|ip| d.spec(ip)).collect(),
-                    );
-                }
-                Err(e) => {
-                    tracing::warn!(name = %d.name, error = %e, "discovery name not resolved: its engines stay as they are")
-                }
-            }
-        }
-        let from_pods = pods.as_ref().map(|p| p.borrow().clone());
-        if (cfg.file.is_some() && last_file.is_none())
-            || from_pods.as_ref().is_some_and(Option::is_none)
-        {
-            // A source not read yet: reconciling without it would take its engines out.
+        let Some(found) = sources.look().await else {
             continue;
-        }
+        };
         let mut desired = configured.borrow().clone();
-        desired.extend(last_file.iter().flatten().cloned());
-        desired.extend(last_dns.values().flatten().cloned());
-        desired.extend(from_pods.flatten().into_iter().flatten());
-        let mut seen = std::collections::BTreeSet::new();
-        desired.retain(|w| seen.insert(w.display_name()));
-        if desired.len() > cfg.max_workers {
-            tracing::warn!(
-                found = desired.len(),
-                max = cfg.max_workers,
-                "discovery found more engines than discovery.max_workers: the rest are left out"
-            );
-            desired.truncate(cfg.max_workers);
+        if let Some(s) = &shared {
+            desired.extend(s.borrow().iter().cloned());
         }
+        desired.extend(found);
+        let desired = bounded(desired, cfg.max_workers);
         if applied.as_ref() == Some(&desired) {
             continue;
         }
@@ -106,6 +82,93 @@ pub async fn run(fleet: Arc<Fleet>, mut configured: tokio::sync::watch::Receiver
         if changes.failed.is_empty() {
             applied = Some(desired);
         }
+    }
+}
+
+/// The next change of `rx`; never without one.
+async fn changed_or_never(
+    rx: &mut Option<watch::Receiver<Vec<WorkerSpec>>>,
+) -> Result<(), watch::error::RecvError> {
+    match rx {
+        Some(rx) => rx.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Each engine once (by name, the first entry kept), at most `max` of them (the rest left
+/// out with a warning).
+fn bounded(mut desired: Vec<WorkerSpec>, max: usize) -> Vec<WorkerSpec> {
+    let mut seen = std::collections::BTreeSet::new();
+    desired.retain(|w| seen.insert(w.display_name()));
+    if desired.len() > max {
+        tracing::warn!(
+            found = desired.len(),
+            max,
+            "discovery found more engines than discovery.max_workers: the rest are left out"
+        );
+        desired.truncate(max);
+    }
+    desired
+}
+
+/// The file, DNS and Kubernetes sources of one `[discovery]`, with what each gave last.
+struct Sources {
+    cfg: DiscoveryConfig,
+    last_file: Option<Vec<WorkerSpec>>,
+    last_dns: BTreeMap<String, Vec<WorkerSpec>>,
+    pods: Option<watch::Receiver<Option<Vec<WorkerSpec>>>>,
+}
+
+impl Sources {
+    /// Starts watching the Pods when a Kubernetes source is set.
+    fn new(cfg: DiscoveryConfig) -> Self {
+        let pods = cfg.kubernetes.clone().map(kubernetes::watch_pods);
+        Self {
+            cfg,
+            last_file: None,
+            last_dns: BTreeMap::new(),
+            pods,
+        }
+    }
+
+    /// Reads every source once: the engines they give now, a source that fails giving what it
+    /// gave last. None while a source was never read (reconciling without it would take its
+    /// engines out).
+    async fn look(&mut self) -> Option<Vec<WorkerSpec>> {
+        if let Some(path) = &self.cfg.file {
+            match read_file(path, self.cfg.max_file_bytes).await {
+                Ok(specs) => self.last_file = Some(specs),
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = %e, "discovery file not read: the fleet stays as it is")
+                }
+            }
+        }
+        for d in &self.cfg.dns {
+            match tokio::net::lookup_host((d.name.clone(), d.port)).await {
+                Ok(addrs) => {
+                    let mut ips: Vec<std::net::IpAddr> = addrs.map(|a| a.ip()).collect();
+                    ips.sort();
+                    ips.dedup();
+                    self.last_dns.insert(
+                        d.name.clone(),
+                        ips.into_iter().map(|ip| d.spec(ip)).collect(),
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(name = %d.name, error = %e, "discovery name not resolved: its engines stay as they are")
+                }
+            }
+        }
+        let from_pods = self.pods.as_ref().map(|p| p.borrow().clone());
+        if (self.cfg.file.is_some() && self.last_file.is_none())
+            || from_pods.as_ref().is_some_and(Option::is_none)
+        {
+            return None;
+        }
+        let mut found: Vec<WorkerSpec> = self.last_file.iter().flatten().cloned().collect();
+        found.extend(self.last_dns.values().flatten().cloned());
+        found.extend(from_pods.flatten().into_iter().flatten());
+        Some(found)
     }
 }
 
@@ -159,6 +222,15 @@ mod tests {
         };
         let w = d.spec("10.1.2.3".parse().unwrap());
         assert_eq!(w.url, "http://10.1.2.3:8000");
+        assert_eq!(w.model, None);
+        let named = DnsSource {
+            model: Some("llama".into()),
+            ..d.clone()
+        };
+        assert_eq!(
+            named.spec("10.1.2.3".parse().unwrap()).model.as_deref(),
+            Some("llama")
+        );
         assert_eq!(w.events.as_deref(), Some("tcp://10.1.2.3:5557"));
         assert_eq!(w.display_name(), "10.1.2.3:8000");
         let v6 = d.spec("fd00::7".parse().unwrap());

@@ -204,6 +204,12 @@ pub struct WorkerSpec {
     /// refuses a non-zero `priority` without that policy). A request's class's
     /// `engine_priority` (lower = sooner) is sent as it is or negated to match.
     pub priority: Option<EnginePriority>,
+    /// The model it serves, when the source says so (a discovery file's entry, a DNS
+    /// source's `model`, a Pod's `kvroute.io/model` annotation or label). With `[[pools]]`
+    /// and discovery shared between them (top-level `[discovery]` sources) it picks the pool
+    /// the engine joins; unset, the engine's `/v1/models` is asked. A pool's own worker
+    /// naming a model must name one the pool serves.
+    pub model: Option<String>,
 }
 
 impl WorkerSpec {
@@ -327,6 +333,14 @@ impl WorkerSpec {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError(m));
+        if let Some(m) = &self.model {
+            if m.is_empty() || m.len() > 256 || m.chars().any(char::is_control) {
+                return bad(format!(
+                    "worker {}: model must be 1 to 256 characters without control characters, got {m:?}",
+                    self.url
+                ));
+            }
+        }
         if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
             return bad(format!(
                 "worker URL {:?} must start with http:// or https://",
@@ -613,6 +627,12 @@ impl GatewayConfig {
         if self.has_pools() {
             return self.pools().map(|_| ());
         }
+        self.validate_pool(true)
+    }
+
+    /// Checks one pool's settings; `needs_workers`: it must have workers or a discovery
+    /// source of its own (not so with discovery shared between pools).
+    pub fn validate_pool(&self, needs_workers: bool) -> Result<(), ConfigError> {
         if self.max_batch == Some(0) {
             return Err(ConfigError("max_batch must be >= 1".into()));
         }
@@ -620,7 +640,7 @@ impl GatewayConfig {
             .validate()
             .map_err(|e| ConfigError(e.to_string()))?;
         self.discovery.validate()?;
-        if self.workers.is_empty() && !self.discovery.enabled() {
+        if needs_workers && self.workers.is_empty() && !self.discovery.enabled() {
             return Err(ConfigError(
                 "at least one worker is required (or a discovery source)".into(),
             ));

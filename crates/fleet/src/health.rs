@@ -8,13 +8,14 @@
 
 use crate::capacity::Capacity;
 use crate::config::HealthConfig;
+use crate::config::WorkerSpec;
 use crate::models::Models;
 use crate::registry::Registry;
 use crate::upstream::with_key;
 use crate::upstream::Upstream;
 use crate::workers::Workers;
 use kvroute_core::WorkerId;
-use kvroute_protocol::openai::ModelList;
+use kvroute_protocol::openai::{ModelCard, ModelList};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -138,14 +139,14 @@ async fn probe(hc: &HealthChecks, url: &str, key: Option<&str>) -> Probe {
 /// `timeout` with at most `limit` bytes (read piece by piece: a larger body is dropped
 /// unread past the limit).
 async fn get_bounded(
-    hc: &HealthChecks,
+    upstream: &Upstream,
     url: String,
     key: Option<&str>,
     timeout: Duration,
     limit: usize,
 ) -> Option<Vec<u8>> {
     let read = async {
-        let mut resp = with_key(hc.upstream.client().get(url), key)
+        let mut resp = with_key(upstream.client().get(url), key)
             .send()
             .await
             .ok()?;
@@ -165,14 +166,35 @@ async fn get_bounded(
 }
 
 async fn learn_models(hc: &HealthChecks, base: &str, key: Option<&str>, timeout: Duration) {
+    if let Some(cards) = models_at(&hc.upstream, base, key, timeout).await {
+        hc.models.learn(&cards);
+    }
+}
+
+/// What the engine at `base` lists at `/v1/models`, when it answers within `timeout`.
+async fn models_at(
+    upstream: &Upstream,
+    base: &str,
+    key: Option<&str>,
+    timeout: Duration,
+) -> Option<Vec<ModelCard>> {
     // A model list is small.
     let url = format!("{base}/v1/models");
-    let Some(bytes) = get_bounded(hc, url, key, timeout, 1 << 20).await else {
-        return;
-    };
-    if let Ok(list) = serde_json::from_slice::<ModelList>(&bytes) {
-        hc.models.learn(&list.data);
-    }
+    let bytes = get_bounded(upstream, url, key, timeout, 1 << 20).await?;
+    serde_json::from_slice::<ModelList>(&bytes)
+        .ok()
+        .map(|l| l.data)
+}
+
+/// The models the engine `spec` lists at `/v1/models` (asked with its key), when it answers
+/// within `timeout`: how discovery shared between pools learns an engine's model.
+pub async fn served_models(
+    upstream: &Upstream,
+    spec: &WorkerSpec,
+    timeout: Duration,
+) -> Option<Vec<ModelCard>> {
+    let base = spec.url.trim_end_matches('/');
+    models_at(upstream, base, upstream.key_for(spec), timeout).await
 }
 
 /// The engine's KV capacity from its metrics (vLLM's `vllm:cache_config_info`), for the
@@ -180,7 +202,7 @@ async fn learn_models(hc: &HealthChecks, base: &str, key: Option<&str>, timeout:
 async fn learn_capacity(hc: &HealthChecks, url: &str, key: Option<&str>, timeout: Duration) {
     // vLLM's metrics text is a few hundred KiB with every histogram.
     let metrics = format!("{}/metrics", url.trim_end_matches('/'));
-    let Some(bytes) = get_bounded(hc, metrics, key, timeout, 8 << 20).await else {
+    let Some(bytes) = get_bounded(&hc.upstream, metrics, key, timeout, 8 << 20).await else {
         return;
     };
     hc.capacity.learn(url, &String::from_utf8_lossy(&bytes));

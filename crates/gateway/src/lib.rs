@@ -93,6 +93,9 @@ pub struct GatewayHandle {
     front: Arc<pools::Pools>,
     /// Each pool's reload state, in the pools' order.
     reloads: Vec<reload::Reloads>,
+    /// The discovery sources shared between the pools, as started (a change waits for a
+    /// restart).
+    shared_discovery: Option<config::DiscoveryConfig>,
     tasks: tasks::Tasks,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<JoinHandle<()>>,
@@ -216,10 +219,32 @@ pub async fn spawn_pools(
     }
     let tasks = tasks::Tasks::new();
     let clock = clock::Clock::starting_now();
+    let shared = config.shared_discovery();
     let mut started = Vec::with_capacity(pools.len());
+    let mut shares = Vec::new();
     for (pool, start) in pools.into_iter().zip(starts) {
-        let (gw, reloads) = start_pool(pool.config, start, clock, &tasks).await?;
+        // With discovery shared between pools, each pool's discovery task takes its share.
+        let share = shared
+            .as_ref()
+            .map(|_| tokio::sync::watch::channel(Vec::new()));
+        let (tx, rx) = share.unzip();
+        let (gw, reloads) = start_pool(pool.config, start, clock, &tasks, rx).await?;
+        if let Some(tx) = tx {
+            shares.push(kvroute_discovery::shared::PoolShare {
+                name: pool.name.clone(),
+                models: gw.models.clone(),
+                share: tx,
+            });
+        }
         started.push((pool.name, gw, reloads));
+    }
+    if let Some(cfg) = &shared {
+        let first = &started[0].1;
+        let asking = kvroute_discovery::shared::Asking {
+            upstream: first.upstream.clone(),
+            timeout: std::time::Duration::from_secs_f64(first.config().health.timeout_secs),
+        };
+        tasks.spawn(kvroute_discovery::shared::run(cfg.clone(), shares, asking));
     }
     let gw = started[0].1.clone();
     let addr = listener.local_addr()?;
@@ -265,6 +290,7 @@ pub async fn spawn_pools(
         state: gw,
         front,
         reloads: started.into_iter().map(|(_, _, r)| r).collect(),
+        shared_discovery: shared,
         tasks,
         shutdown: Some(tx),
         server: Some(server),
@@ -277,6 +303,7 @@ async fn start_pool(
     start: PoolStart,
     clock: clock::Clock,
     tasks: &tasks::Tasks,
+    shared: Option<tokio::sync::watch::Receiver<Vec<WorkerSpec>>>,
 ) -> Result<(Arc<Gateway>, reload::Reloads), StartError> {
     let PoolStart {
         preprocessor,
@@ -285,7 +312,7 @@ async fn start_pool(
     let given = config.clone();
     let configured = config.workers.clone();
     let mut config = config.with_ranks_expanded();
-    config.validate()?;
+    config.validate_pool(shared.is_none())?;
     let replica = kvroute_plane::incarnation();
     if config.plane.as_ref().is_some_and(|p| p.share_load) {
         // Replicas deciding at the same instant must not break ties alike (the same seed and
@@ -350,9 +377,9 @@ async fn start_pool(
         _ => {}
     };
     membership::start_events(&gw.fleet, &gw.registry.all(), &mut feeds)?;
-    let configured = if gw.config().discovery.enabled() {
+    let configured = if gw.config().discovery.enabled() || shared.is_some() {
         let (tx, rx) = tokio::sync::watch::channel(configured);
-        tasks.spawn(kvroute_discovery::run(gw.fleet.clone(), rx));
+        tasks.spawn(kvroute_discovery::run(gw.fleet.clone(), rx, shared));
         Some(tx)
     } else {
         None

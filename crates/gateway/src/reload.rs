@@ -110,6 +110,9 @@ impl GatewayHandle {
         if running != pools.iter().map(|p| p.name.clone()).collect::<Vec<_>>() {
             report.restart.push("pools".into());
         }
+        if new.shared_discovery() != self.shared_discovery {
+            report.restart.push("discovery".into());
+        }
         for ((name, gw), reloads) in self.front.all().zip(&self.reloads) {
             let Some(pool) = pools.iter().find(|p| p.name == name) else {
                 continue;

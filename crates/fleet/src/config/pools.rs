@@ -3,6 +3,8 @@
 //! admission), workers and discovery sources. A pool's settings are the top level's with the
 //! pool's own on top (its `router` and `discovery` tables merged key by key, arrays
 //! replaced); everything else (listener, limits, health, upstream, auth, plane) is shared.
+//! The top level's discovery sources are shared too: each engine they find joins the pool
+//! serving its model ([`GatewayConfig::shared_discovery`]).
 //! Without `[[pools]]` the top level describes the one pool.
 
 use super::{ConfigError, DiscoveryConfig, GatewayConfig, WorkerSpec};
@@ -32,8 +34,9 @@ pub struct PoolConfig {
     /// Its workers' batch limit where they give none; None: the top level's.
     #[serde(alias = "max_num_seqs")]
     pub max_batch: Option<u32>,
-    /// Where its workers are found while running: keys here override the top-level
-    /// `[discovery]`'s.
+    /// Where its own workers are found while running: its sources, and settings over the
+    /// top-level `[discovery]`'s (whose sources are shared between the pools, not copied
+    /// into each).
     pub discovery: Option<toml::Table>,
 }
 
@@ -72,7 +75,6 @@ impl GatewayConfig {
             ("models", !self.models.is_empty()),
             ("lora_adapters", !self.lora_adapters.is_empty()),
             ("workers", !self.workers.is_empty()),
-            ("discovery sources", self.discovery.enabled()),
         ] {
             if given {
                 return Err(ConfigError(format!(
@@ -82,6 +84,12 @@ impl GatewayConfig {
         }
         let mut base = self.clone();
         base.pools.clear();
+        // The top level's sources are shared between the pools (each engine joining the pool
+        // of its model): a pool's own discovery starts from the settings without them.
+        base.discovery.file = None;
+        base.discovery.dns.clear();
+        base.discovery.kubernetes = None;
+        let shared = self.discovery.enabled();
         let mut out: Vec<Pool> = Vec::with_capacity(self.pools.len());
         let mut served = std::collections::BTreeMap::new();
         for (i, p) in self.pools.iter().enumerate() {
@@ -133,8 +141,17 @@ impl GatewayConfig {
                     .map_err(|e| at(format!("discovery.{e}")))?;
             }
             config
-                .validate()
+                .validate_pool(!shared)
                 .map_err(|e| at(e.0.trim_start_matches("invalid gateway config: ").into()))?;
+            if let Some(w) =
+                (p.workers.iter()).find(|w| w.model.as_ref().is_some_and(|m| !p.models.contains(m)))
+            {
+                return Err(at(format!(
+                    "workers: {} names model {:?}, which this pool does not serve",
+                    w.url,
+                    w.model.as_deref().unwrap_or_default()
+                )));
+            }
             out.push(Pool { name, config });
         }
         Ok(out)
@@ -142,6 +159,13 @@ impl GatewayConfig {
 }
 
 impl GatewayConfig {
+    /// With `[[pools]]`, the top-level discovery sources, shared between the pools: each
+    /// engine they find joins the pool serving its model (its source's `model`, else what its
+    /// `/v1/models` lists). None without pools or sources.
+    pub fn shared_discovery(&self) -> Option<DiscoveryConfig> {
+        (self.has_pools() && self.discovery.enabled()).then(|| self.discovery.clone())
+    }
+
     /// The config as `check-config` and `--print-config` show it: each pool written out
     /// whole (its name, tokenizer and batch limit filled in, its `router` and `discovery`
     /// tables complete), so that what every pool runs with is on the page.
@@ -283,5 +307,46 @@ mod tests {
         let mut c = two();
         c.pools[0].workers.clear();
         assert!(err(c).contains("pools[0]: at least one worker"));
+    }
+
+    #[test]
+    fn top_level_sources_are_shared_and_not_copied_into_each_pool() {
+        let c = GatewayConfig::from_toml(
+            r#"
+            [discovery]
+            file = "/etc/kvroute/workers.toml"
+            interval_secs = 5.0
+            [[pools]]
+            models = ["small"]
+            [[pools]]
+            models = ["big"]
+            discovery = { dns = [{ name = "big.svc", port = 8000 }] }
+            "#,
+        )
+        .expect("parses");
+        let pools = c.pools().expect("pools without workers of their own");
+        assert!(!pools[0].config.discovery.enabled(), "not the shared file");
+        assert_eq!(pools[0].config.discovery.interval_secs, 5.0, "its settings");
+        assert_eq!(pools[1].config.discovery.dns.len(), 1, "its own source");
+        assert_eq!(pools[1].config.discovery.file, None);
+        let shared = c.shared_discovery().expect("shared");
+        assert!(shared.file.is_some());
+        assert_eq!(two().shared_discovery(), None);
+        // Without shared sources a pool needs workers or sources of its own.
+        let mut alone = c.clone();
+        alone.discovery.file = None;
+        assert!(alone
+            .pools()
+            .expect_err("refused")
+            .0
+            .contains("pools[0]: at least one worker"));
+        // A pool's own worker naming another pool's model.
+        let mut c = two();
+        c.pools[0].workers[0].model = Some("big".into());
+        let e = c.pools().expect_err("refused").0;
+        assert!(
+            e.contains("pools[0]: workers: http://127.0.0.1:9001 names model \"big\""),
+            "{e}"
+        );
     }
 }

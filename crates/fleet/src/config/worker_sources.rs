@@ -58,6 +58,9 @@ pub struct DnsSource {
     pub kv_blocks: Option<u64>,
     /// Batch limit per engine (or rank), when known.
     pub max_batch: Option<u32>,
+    /// The model its engines serve, when known (with discovery shared between `[[pools]]`:
+    /// the pool they join without asking their `/v1/models`).
+    pub model: Option<String>,
 }
 
 impl Default for DnsSource {
@@ -71,6 +74,7 @@ impl Default for DnsSource {
             dp_size: None,
             kv_blocks: None,
             max_batch: None,
+            model: None,
         }
     }
 }
@@ -154,6 +158,7 @@ impl DnsSource {
             dp_size: self.dp_size,
             kv_blocks: self.kv_blocks,
             max_batch: self.max_batch,
+            model: self.model.clone(),
             ..WorkerSpec::default()
         }
     }

@@ -180,3 +180,97 @@ async fn a_reload_applies_each_pool_and_names_a_new_pool_for_a_restart() {
     assert_eq!(w, "b");
     gw.shutdown().await;
 }
+
+/// The names of the workers of pool `model` (`/debug/workers?model=`), sorted.
+async fn pool_workers(url: &str, model: &str) -> Vec<String> {
+    let v =
+        kvroute_testkit::get_json(&client(), &format!("{url}/debug/workers?model={model}")).await;
+    let mut names: Vec<String> = (v["workers"].as_array().unwrap().iter())
+        .map(|w| w["worker"]["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_shared_between_pools_sends_each_engine_to_its_models_pool() {
+    let a = model_worker("a", MODEL, Preprocessor::builtin(), 16).await;
+    let b = model_worker("b", SMALL_MODEL, Preprocessor::builtin_small(), 32).await;
+    // Serves a model no pool serves: asked, it joins none.
+    let x = model_worker("x", "other-sim", Preprocessor::builtin(), 16).await;
+    // Also "other-sim", but its entry names the small model: the source's word is taken
+    // without asking.
+    let c = model_worker("c", "other-sim", Preprocessor::builtin(), 16).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("workers.toml");
+    let entry = |w: &WorkerHandle, model: Option<&str>| {
+        let model = model
+            .map(|m| format!("model = \"{m}\"\n"))
+            .unwrap_or_default();
+        format!(
+            "[[workers]]\nurl = \"{}\"\nname = \"{}\"\n{model}\n",
+            w.url(),
+            w.name()
+        )
+    };
+    let all = [
+        entry(&a, None),
+        entry(&b, None),
+        entry(&x, None),
+        entry(&c, Some(SMALL_MODEL)),
+    ];
+    std::fs::write(&file, all.concat()).unwrap();
+    let no_workers = |p: PoolConfig| PoolConfig {
+        workers: Vec::new(),
+        ..p
+    };
+    let mut config = GatewayConfig {
+        port: 0,
+        pools: vec![
+            no_workers(pool(None, MODEL, "builtin", 16, &a)),
+            no_workers(pool(Some("small"), SMALL_MODEL, "builtin-small", 32, &b)),
+        ],
+        ..GatewayConfig::default()
+    };
+    config.discovery.file = Some(file.clone());
+    config.discovery.interval_secs = 0.1;
+    config.health.interval_secs = 0.2;
+    let starts = config
+        .pools()
+        .unwrap()
+        .iter()
+        .map(|p| PoolStart {
+            preprocessor: kvroute_gateway::load_preprocessor(&p.config).unwrap(),
+            feeds: Default::default(),
+        })
+        .collect();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gw = kvroute_gateway::spawn_pools(config.clone(), starts, listener)
+        .await
+        .unwrap();
+    let url = gw.url();
+    assert!(eventually(10, async || pool_workers(&url, MODEL).await == ["a"]).await);
+    assert!(eventually(10, async || pool_workers(&url, "small").await == ["b", "c"]).await);
+    let (w, _, _) = ask_cached(&url, MODEL, None, "which pool").await;
+    assert_eq!(w, "a");
+    // b leaves the file: it leaves its pool; the others stay where they are.
+    std::fs::write(
+        &file,
+        [&all[0], &all[2], &all[3]].map(String::as_str).concat(),
+    )
+    .unwrap();
+    assert!(eventually(10, async || pool_workers(&url, "small").await == ["c"]).await);
+    assert_eq!(pool_workers(&url, MODEL).await, ["a"]);
+    // The shared sources change only with a restart.
+    let mut new = config.clone();
+    new.discovery.interval_secs = 0.5;
+    let report = gw.reload(new).unwrap();
+    assert!(
+        report.restart.iter().any(|k| k == "discovery"),
+        "{report:?}"
+    );
+    gw.shutdown().await;
+    for w in [a, b, x, c] {
+        w.shutdown().await;
+    }
+}
