@@ -13,29 +13,13 @@
 // a debug build on two cores finishes; KVROUTE_E2E_FULL=1 runs the default demo instead (for
 // the documentation's pictures, with KVROUTE_E2E_SETTLE_SECS).
 //
-//   KVROUTE_BIN   the kvroute binary (default: ../target/release/kvroute, else ../target/debug/kvroute)
-//   CHROMIUM      the browser (default: /usr/bin/chromium)
-import { spawn } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
+// KVROUTE_BIN and CHROMIUM as in demo.mjs.
+import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { dirname, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
-import { chromium } from "playwright-core";
-
-const here = dirname(fileURLToPath(import.meta.url));
-const root = resolve(here, "..", "..");
-const shots = resolve(root, "docs", "screenshots");
-const bin =
-  process.env.KVROUTE_BIN ??
-  [resolve(root, "target/release/kvroute"), resolve(root, "target/debug/kvroute")].find(existsSync);
-if (!bin) throw new Error("no kvroute binary: build it (cargo build -p kvroute) or set KVROUTE_BIN");
-mkdirSync(shots, { recursive: true });
+import { resolve } from "node:path";
+import { fail, launchBrowser, shots, startDemo as start_, status, until } from "./demo.mjs";
 
 const full = process.env.KVROUTE_E2E_FULL === "1";
-const deadline = (secs) => Date.now() + secs * 1000;
-const fail = (msg) => {
-  throw new Error(msg);
-};
 
 /** The demo gateways' flow settings: the load's requests are `standard`; `interactive` is
  * a higher band; the tenant of key `sk-capped` has a bucket of one token a second. */
@@ -57,62 +41,19 @@ burst_tokens = 1
 api_keys = ["sk-capped"]
 `;
 
-/** Starts the demo and resolves to its dashboard URL. */
+/** Starts the demo with the flow settings (small unless KVROUTE_E2E_FULL=1). */
 function startDemo() {
   const small = ["--slider-min", "8", "--slider-max", "24", "--slider-step", "8", "--measure-after-secs", "20"];
   const config = resolve(mkdtempSync(resolve(tmpdir(), "kvroute-e2e-")), "gateway.toml");
   writeFileSync(config, FLOW_CONFIG);
-  const demo = spawn(
-    bin,
-    ["demo", "--port", "0", "--ui-port", "0", "--config", config, ...(full ? [] : small)],
-    { stdio: ["ignore", "pipe", "inherit"], env: { ...process.env, RUST_LOG: "warn" } },
-  );
-  const url = new Promise((ok, ko) => {
-    let out = "";
-    const timer = setTimeout(() => ko(new Error(`the demo printed no dashboard URL:\n${out}`)), 60_000);
-    demo.stdout.on("data", (d) => {
-      out += d;
-      const m = out.match(/dashboard (http:\/\/[^\s/]+)\//);
-      if (m) {
-        clearTimeout(timer);
-        ok(m[1]);
-      }
-    });
-    demo.on("exit", (code) => ko(new Error(`the demo exited (${code}):\n${out}`)));
-  });
-  return { demo, url };
-}
-
-async function status(base) {
-  const r = await fetch(`${base}/api/status`);
-  return r.json();
-}
-
-async function until(what, secs, f) {
-  const end = deadline(secs);
-  for (;;) {
-    if (await f()) return;
-    if (Date.now() > end) fail(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 250));
-  }
+  return start_(["--config", config, ...(full ? [] : small)]);
 }
 
 const { demo, url } = startDemo();
 let browser;
 try {
   const base = await url;
-  browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
-    args: [
-      "--headless",
-      "--no-sandbox",
-      "--disable-gpu",
-      "--disable-background-networking",
-      "--disable-component-update",
-      "--no-first-run",
-      "--disable-sync",
-    ],
-  });
+  browser = await launchBrowser();
   const page = await browser.newPage({ viewport: { width: 1360, height: 1500 } });
   page.on("pageerror", (e) => fail(`page error: ${e}`));
   await page.goto(`${base}/`);

@@ -465,6 +465,16 @@ export type Fleet = {
    * Refusals by tenant, class and reason (the gateway's metrics).
    */
   refusals: Array<RefusalCard>,
+  /**
+   * The models the target serves (its `/v1/models`, at most [`MAX_MODELS`]; also when
+   * it is not a kvroute gateway).
+   */
+  models: Array<string>,
+  /**
+   * The gateway's pool these views are of, when it serves several models (its
+   * `/debug/workers` `model`).
+   */
+  pool: string | null,
 };
 
 /**
@@ -563,6 +573,10 @@ export type LiveStats = {
    * The open loop's rate, if the load is open.
    */
   rate: number | null,
+  /**
+   * The `model` the load's requests name (the next start's while stopped).
+   */
+  model: string,
   /**
    * What the requests are.
    */

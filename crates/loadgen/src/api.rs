@@ -6,6 +6,7 @@
 //! | `POST /api/start` | starts the load (409 when running or still stopping) |
 //! | `POST /api/stop` | stops it, cutting turns in flight (409 when not running) |
 //! | `POST /api/concurrency` | `{"concurrency": n}`: applied after the debounce time (202) |
+//! | `POST /api/model` | `{"model": "name"}`: the model the load asks for from the next start (one every arm's target lists; 409 while running or stopping); the fleet views follow it |
 //! | `GET /api/ws` | WebSocket: a [`LiveStats`] JSON text at once, then at every update (at most [`MAX_WEBSOCKETS`] at once: `503` past it) |
 //! | `GET /api/conversations?limit=N&arm=A&followup=1` | the newest conversations (default 100, at most 1000) of arm `A` (default: the first that is not the baseline); `followup=1`: only those with a completed follow-up turn |
 //! | `GET /api/conversations/{id}?arm=A` | one conversation with its transcript (404 if unknown) |
@@ -117,7 +118,8 @@ pub fn router(service: Service, policy: &Arc<AccessPolicy>) -> Router {
     let control = Router::new()
         .route("/api/start", post(start))
         .route("/api/stop", post(stop))
-        .route("/api/concurrency", post(concurrency));
+        .route("/api/concurrency", post(concurrency))
+        .route("/api/model", post(model));
     let views = Router::new()
         .route("/api/status", get(status))
         .route(
@@ -170,6 +172,22 @@ async fn concurrency(State(s): State<Service>, body: axum::body::Bytes) -> Respo
         ))),
     };
     answer(StatusCode::ACCEPTED, result)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetModel {
+    model: String,
+}
+
+async fn model(State(s): State<Service>, body: axum::body::Bytes) -> Response {
+    let result = match serde_json::from_slice::<SetModel>(&body) {
+        Ok(b) => s.set_model(&b.model).await,
+        Err(e) => Err(ServiceError::BadRequest(format!(
+            "expected {{\"model\": \"name\"}}: {e}"
+        ))),
+    };
+    answer(StatusCode::OK, result)
 }
 
 #[derive(Deserialize)]

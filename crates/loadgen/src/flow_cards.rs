@@ -61,13 +61,20 @@ struct Reading {
 }
 
 impl Reading {
-    fn parse(text: &str) -> Self {
+    /// The series of `text`; with `pool`, only that pool's of a gateway serving several
+    /// models (series without a `model` label are every pool's).
+    fn parse(text: &str, pool: Option<&str>) -> Self {
         let mut r = Reading::default();
         let label = |s: &kvroute_protocol::prometheus_text::Sample, name: &str| {
             s.label(name)
                 .map(|v| v.chars().take(MAX_LABEL).collect::<String>())
         };
         for s in samples(text) {
+            if let (Some(pool), Some(model)) = (pool, s.label("model")) {
+                if model != pool {
+                    continue;
+                }
+            }
             match s.name {
                 "kvroute_class_time_to_first_token_seconds_bucket" => {
                     let (Some(class), Some(le)) = (label(&s, "class"), s.label("le")) else {
@@ -124,13 +131,21 @@ pub struct FlowFigures {
 #[derive(Debug, Default)]
 pub struct FlowHistory {
     readings: VecDeque<(Instant, Reading)>,
+    /// The pool the readings are of (None: every pool's series summed).
+    pool: Option<String>,
 }
 
 impl FlowHistory {
     /// Records the metrics `text` read at `now` and gives the figures over the window
-    /// (against the oldest reading in it; none of a window before the second reading).
-    pub fn read(&mut self, now: Instant, text: &str) -> FlowFigures {
-        let reading = Reading::parse(text);
+    /// (against the oldest reading in it; none of a window before the second reading), of
+    /// pool `pool` of a gateway serving several models (None: every pool's summed; another
+    /// pool than the last reading's starts the window again).
+    pub fn read(&mut self, now: Instant, text: &str, pool: Option<&str>) -> FlowFigures {
+        if self.pool.as_deref() != pool {
+            self.readings.clear();
+            self.pool = pool.map(str::to_string);
+        }
+        let reading = Reading::parse(text, pool);
         // Keep the newest reading at least a window old as the base, drop older ones.
         while self.readings.len() > 1 && now.saturating_duration_since(self.readings[1].0) >= WINDOW
         {

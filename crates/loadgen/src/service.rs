@@ -113,6 +113,8 @@ pub struct LiveStats {
     pub measure_after_secs: f64,
     /// The open loop's rate, if the load is open.
     pub rate: Option<f64>,
+    /// The `model` the load's requests name (the next start's while stopped).
+    pub model: String,
     /// What the requests are.
     pub workload: LoadKind,
     /// Runs started since the service began.
@@ -132,6 +134,8 @@ impl LiveStats {
 struct RunState {
     runs_of_arms: Vec<ArmRun>,
     concurrency: usize,
+    /// The model the load asks for.
+    model: String,
     pending: Option<usize>,
     runs: u64,
     /// When the applied level began (start, or a change applied while running).
@@ -201,6 +205,7 @@ impl Service {
             .collect();
         let state = RunState {
             concurrency: config.load.concurrency,
+            model: config.load.model.clone(),
             ..RunState::default()
         };
         let first = Arc::new(LiveStats {
@@ -213,6 +218,7 @@ impl Service {
             level_secs: None,
             measure_after_secs: config.measure_after_secs,
             rate: config.load.rate,
+            model: state.model.clone(),
             workload: config.load.workload,
             runs: 0,
             arms: arms.iter().map(Arm::stats).collect(),
@@ -291,6 +297,7 @@ impl Service {
             }
             let mut load = self.inner.config.load.clone();
             load.concurrency = s.concurrency;
+            load.model.clone_from(&s.model);
             load.seed = load.seed.wrapping_add(s.runs);
             let mut runs = Vec::with_capacity(self.inner.arms.len());
             for arm in &self.inner.arms {
@@ -379,6 +386,53 @@ impl Service {
         Ok(self.publish())
     }
 
+    /// Makes `model` the one the load's requests name from the next start on: one every
+    /// arm's target lists at `/v1/models` (a gateway serving several models; the dashboard's
+    /// views follow it). Refused while the load runs or stops (a window of one model).
+    pub async fn set_model(&self, model: &str) -> Result<Arc<LiveStats>, ServiceError> {
+        if model.is_empty() || model.len() > 256 || model.chars().any(char::is_control) {
+            return Err(ServiceError::BadRequest(
+                "a model name is 1 to 256 characters without control characters".into(),
+            ));
+        }
+        {
+            let s = self.state();
+            if s.running() || s.stopping() {
+                return Err(ServiceError::Conflict(
+                    "stop the load before changing its model".into(),
+                ));
+            }
+            if s.model == model {
+                drop(s);
+                return Ok(self.publish());
+            }
+        }
+        for (arm, fleet) in self.fleets().await {
+            if !fleet.models.iter().any(|m| m == model) {
+                let listed = if fleet.models.is_empty() {
+                    "lists no models (is it up?)".to_string()
+                } else {
+                    format!("serves {}", fleet.models.join(", "))
+                };
+                return Err(ServiceError::BadRequest(format!(
+                    "arm {}'s target {} does not serve {model:?}: it {listed}",
+                    arm.name, arm.target
+                )));
+            }
+        }
+        {
+            let mut s = self.state();
+            if s.running() || s.stopping() {
+                return Err(ServiceError::Conflict(
+                    "stop the load before changing its model".into(),
+                ));
+            }
+            s.model = model.to_string();
+        }
+        tracing::info!(model, "the load's model changed");
+        Ok(self.publish())
+    }
+
     /// The dashboard's settings.
     pub fn dashboard(&self) -> &DashboardConfig {
         &self.inner.config.dashboard
@@ -386,7 +440,8 @@ impl Service {
 
     /// The fleet behind each arm (each cached for a second), in arm order.
     pub async fn fleets(&self) -> Vec<(ArmConfig, Fleet)> {
-        let reads = self.inner.arms.iter().map(|a| a.fleet.read());
+        let model = self.state().model.clone();
+        let reads = self.inner.arms.iter().map(|a| a.fleet.read(&model));
         let fleets = futures_util::future::join_all(reads).await;
         self.arms().into_iter().zip(fleets).collect()
     }
@@ -414,7 +469,7 @@ impl Service {
     /// Takes the statistics now and publishes them; once the level has held long enough,
     /// keeps every arm's window as measured at it.
     pub fn publish(&self) -> Arc<LiveStats> {
-        let (running, stopping, concurrency, pending, runs, level_secs) = {
+        let (running, stopping, concurrency, pending, runs, level_secs, model) = {
             let s = self.state();
             let running = s.running();
             let held = s
@@ -428,6 +483,7 @@ impl Service {
                 s.pending,
                 s.runs,
                 held,
+                s.model.clone(),
             )
         };
         let load = &self.inner.config.load;
@@ -463,6 +519,7 @@ impl Service {
             level_secs,
             measure_after_secs: self.inner.config.measure_after_secs,
             rate: load.rate,
+            model,
             workload: load.workload,
             runs,
             arms,

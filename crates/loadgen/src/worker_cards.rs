@@ -106,6 +106,12 @@ pub struct Fleet {
     pub classes: Vec<ClassCard>,
     /// Refusals by tenant, class and reason (the gateway's metrics).
     pub refusals: Vec<RefusalCard>,
+    /// The models the target serves (its `/v1/models`, at most [`MAX_MODELS`]; also when
+    /// it is not a kvroute gateway).
+    pub models: Vec<String>,
+    /// The gateway's pool these views are of, when it serves several models (its
+    /// `/debug/workers` `model`).
+    pub pool: Option<String>,
 }
 
 /// The workers of one role together.
@@ -126,12 +132,17 @@ pub struct PoolCard {
 const MAX_ANSWER_BYTES: usize = 4 << 20;
 /// Most workers shown.
 const MAX_WORKERS: usize = 256;
+/// Most model names listed.
+pub const MAX_MODELS: usize = 64;
+/// Longest model name listed.
+const MAX_MODEL_NAME: usize = 256;
 
 /// Reads the fleet behind a target, at most once a second.
 pub struct FleetReader {
     target: String,
     client: reqwest::Client,
-    cache: tokio::sync::Mutex<Option<(Instant, Fleet)>>,
+    /// The last read: when, of which model, what.
+    cache: tokio::sync::Mutex<Option<(Instant, String, Fleet)>>,
     last_error: Mutex<Option<String>>,
     flow: Mutex<FlowHistory>,
 }
@@ -151,15 +162,18 @@ impl FleetReader {
         }
     }
 
-    /// The fleet now (from the cache when younger than a second).
-    pub async fn read(&self) -> Fleet {
+    /// The fleet now serving `model` (from the cache when younger than a second): with a
+    /// gateway serving several models, the workers and flow figures of that model's pool.
+    pub async fn read(&self, model: &str) -> Fleet {
         let mut cache = self.cache.lock().await;
-        if let Some((at, fleet)) = cache.as_ref() {
-            if at.elapsed() < Duration::from_secs(1) {
+        if let Some((at, of, fleet)) = cache.as_ref() {
+            if at.elapsed() < Duration::from_secs(1) && of == model {
                 return fleet.clone();
             }
         }
-        let fleet = match self.fetch().await {
+        let models = self.models().await;
+        let several = models.len() > 1;
+        let fleet = match self.fetch(several.then_some(model)).await {
             Ok(f) => f,
             Err(e) => {
                 let last = self.last_error.lock().replace(e.clone());
@@ -173,8 +187,25 @@ impl FleetReader {
                 }
             }
         };
-        *cache = Some((Instant::now(), fleet.clone()));
+        let fleet = Fleet { models, ..fleet };
+        *cache = Some((Instant::now(), model.to_string(), fleet.clone()));
         fleet
+    }
+
+    /// The models the target lists at `/v1/models` (none when it does not answer).
+    async fn models(&self) -> Vec<String> {
+        let Ok(text) = self.get(&format!("{}/v1/models", self.target)).await else {
+            return Vec::new();
+        };
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let mut names: Vec<String> = (v["data"].as_array().into_iter().flatten())
+            .filter_map(|m| m["id"].as_str())
+            .filter(|id| !id.is_empty() && id.len() <= MAX_MODEL_NAME)
+            .map(str::to_string)
+            .take(MAX_MODELS)
+            .collect();
+        names.dedup();
+        names
     }
 
     async fn get(&self, url: &str) -> Result<String, String> {
@@ -194,10 +225,19 @@ impl FleetReader {
         String::from_utf8(bytes.to_vec()).map_err(|_| format!("{url} answered non-UTF-8"))
     }
 
-    async fn fetch(&self) -> Result<Fleet, String> {
-        let text = self.get(&format!("{}/debug/workers", self.target)).await?;
+    /// The fleet behind the target: of `model`'s pool when given.
+    async fn fetch(&self, model: Option<&str>) -> Result<Fleet, String> {
+        let mut url = reqwest::Url::parse(&format!("{}/debug/workers", self.target))
+            .map_err(|e| format!("{}: {e}", self.target))?;
+        if let Some(m) = model {
+            url.query_pairs_mut().append_pair("model", m);
+        }
+        let text = self.get(url.as_str()).await?;
         let v: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| format!("/debug/workers: {e}"))?;
+        let pool = (v["model"].as_str())
+            .filter(|p| !p.is_empty())
+            .map(|p| p.chars().take(MAX_MODEL_NAME).collect::<String>());
         let list = v["workers"]
             .as_array()
             .ok_or("the target's /debug/workers lists no workers (not a kvroute gateway?)")?;
@@ -234,17 +274,27 @@ impl FleetReader {
         }
         let gateway = gateway.ok();
         let flow = (gateway.as_deref())
-            .map(|t| self.flow.lock().read(Instant::now(), t))
+            .map(|t| self.flow.lock().read(Instant::now(), t, pool.as_deref()))
             .unwrap_or_default();
+        let queued = gateway.as_deref().and_then(|t| match &pool {
+            Some(p) => samples(t)
+                .find(|s| {
+                    s.name == "kvroute_queued_requests" && s.label("model").as_deref() == Some(p)
+                })
+                .map(|s| s.value),
+            None => first_value(t, "kvroute_queued_requests"),
+        });
         Ok(Fleet {
             available: true,
             error: None,
             policy: v["policy"].as_str().map(str::to_string),
-            queued: (gateway.as_deref()).and_then(|t| first_value(t, "kvroute_queued_requests")),
+            queued,
             workers,
             pools: pools_of(&v["pools"]),
             classes: flow.classes,
             refusals: flow.refusals,
+            models: Vec::new(),
+            pool,
         })
     }
 }

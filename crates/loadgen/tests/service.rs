@@ -8,7 +8,7 @@ use kvroute_loadgen::{LoadgenConfig, Service, ServiceConfig};
 use kvroute_testkit::eventually;
 use serde_json::{json, Value};
 use std::time::Duration;
-use support::{fleet, small_chat};
+use support::{fleet, small_chat, two_models};
 
 /// The control API served as `kvroute demo` and `kvroute loadgen` serve it (under the
 /// protocol crate's connection limits, WebSocket upgrades included).
@@ -571,4 +571,114 @@ async fn the_control_calls_need_the_admin_key_and_refuse_other_sites() {
         .unwrap()
         .status();
     assert_eq!(s, 403);
+}
+
+/// A gateway serving two models: the dashboard lists them, the load asks for the one chosen
+/// (refused while running, or when the target does not serve it), the fleet views follow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_load_asks_for_the_model_chosen_and_the_views_follow_it() {
+    let (workers, gw) = two_models().await;
+    let service = Service::new(ServiceConfig {
+        load: LoadgenConfig {
+            target: gw.url(),
+            concurrency: 2,
+            conversations: u64::MAX,
+            chat: small_chat(),
+            ..LoadgenConfig::default()
+        },
+        tick_ms: 100,
+        ..ServiceConfig::default()
+    })
+    .unwrap();
+    let api = serve(service).await;
+    let fleet_of =
+        async || call("GET", &format!("{api}/api/fleet"), None).await.1["arms"][0]["fleet"].clone();
+    let names = |f: &Value| -> Vec<String> {
+        (f["workers"].as_array().unwrap().iter())
+            .map(|w| w["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let f = fleet_of().await;
+    assert_eq!(f["models"], json!(["kvroute-sim", "kvroute-sim-2"]), "{f}");
+    assert_eq!(
+        (names(&f), &f["pool"]),
+        (vec!["w0".to_string()], &json!("kvroute-sim"))
+    );
+    let (_, st) = call("GET", &format!("{api}/api/status"), None).await;
+    assert_eq!(st["model"], "kvroute-sim");
+
+    // A model the target does not serve: refused, naming those it does.
+    let (s, e) = call(
+        "POST",
+        &format!("{api}/api/model"),
+        Some(json!({"model": "nope"})),
+    )
+    .await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (400, Some("bad_request")),
+        "{e}"
+    );
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("serves kvroute-sim, kvroute-sim-2"), "{msg}");
+    for bad in [json!({"model": ""}), json!({"name": "x"})] {
+        let (s, _) = call("POST", &format!("{api}/api/model"), Some(bad)).await;
+        assert_eq!(s, 400);
+    }
+    // The second model: the status and the views follow it.
+    let (s, st) = call(
+        "POST",
+        &format!("{api}/api/model"),
+        Some(json!({"model": "kvroute-sim-2"})),
+    )
+    .await;
+    assert_eq!((s, &st["model"]), (200, &json!("kvroute-sim-2")), "{st}");
+    let f = fleet_of().await;
+    assert_eq!(
+        (names(&f), &f["pool"]),
+        (vec!["m2".to_string()], &json!("kvroute-sim-2"))
+    );
+
+    // The load asks for it; no change while it runs.
+    let (s, _) = call("POST", &format!("{api}/api/start"), None).await;
+    assert_eq!(s, 200);
+    assert!(
+        eventually(Duration::from_secs(30), async || {
+            let (_, st) = call("GET", &format!("{api}/api/status"), None).await;
+            st["arms"][0]["totals"]["completed"].as_u64() >= Some(2)
+        })
+        .await
+    );
+    let (s, e) = call(
+        "POST",
+        &format!("{api}/api/model"),
+        Some(json!({"model": "kvroute-sim"})),
+    )
+    .await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (409, Some("conflict")),
+        "{e}"
+    );
+    let (s, _) = call("POST", &format!("{api}/api/stop"), None).await;
+    assert_eq!(s, 200);
+    let text = reqwest::get(format!("{}/metrics", gw.url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let served = |model: &str| {
+        kvroute_protocol::prometheus_text::series_value(
+            &text,
+            &format!("kvroute_requests_total{{model=\"{model}\",status=\"200\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(served("kvroute-sim-2") >= 2.0, "{text}");
+    assert_eq!(served("kvroute-sim"), 0.0);
+    gw.shutdown().await;
+    for w in workers {
+        w.shutdown().await;
+    }
 }

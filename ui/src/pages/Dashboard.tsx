@@ -345,6 +345,48 @@ export function Refusals(props: { fleets: FleetsAnswer | null }) {
   );
 }
 
+/**
+ * The model the load asks for, when the gateway serves several (`[[pools]]`): changed while
+ * the load is stopped; the workers, queue and flow figures shown are that model's pool's.
+ */
+export function ModelPicker(props: { stats: LiveStats | null; models: string[] }) {
+  const { stats, models } = props;
+  const [error, setError] = useState<string | null>(null);
+  if (models.length < 2 || !stats) return null;
+  const locked = stats.running || stats.stopping;
+  return (
+    <p className="model-picker">
+      <label>
+        Model{" "}
+        <select
+          aria-label="Model"
+          data-testid="model-select"
+          value={stats.model}
+          disabled={locked}
+          title={locked ? "stop the load to change its model" : "the model the load asks for; the views below follow it"}
+          onChange={(e) => {
+            void control("/api/model", { model: e.target.value }).then(setError);
+          }}
+        >
+          {(models.includes(stats.model) ? models : [stats.model, ...models]).map((m) => (
+            <option key={m} value={m}>
+              {m}
+            </option>
+          ))}
+        </select>
+      </label>{" "}
+      <span className="muted">
+        {locked ? "stop the load to change it" : `this gateway serves ${models.length} models; workers and figures below are this one's`}
+      </span>
+      {error && (
+        <span className="error" role="alert">
+          {error}
+        </span>
+      )}
+    </p>
+  );
+}
+
 export function Dashboard(props: { stats: LiveStats | null; config: DashboardConfig | null }) {
   const { stats, config } = props;
   const { data: fleets } = usePoll<FleetsAnswer>("/api/fleet", 2000);
@@ -369,6 +411,9 @@ export function Dashboard(props: { stats: LiveStats | null; config: DashboardCon
   }, [stats]);
   // Each class's TTFT p95 from the gateways, on the load's clock.
   const [classTtft, setClassTtft] = useState<Record<string, Point[]>>({});
+  // Another model's pool: its classes' lines start afresh.
+  const model = stats?.model;
+  useEffect(() => setClassTtft({}), [model]);
   useEffect(() => {
     if (!fleets) return;
     // On the load's clock while it reports (its charts' x axis), else the browser's.
@@ -418,6 +463,7 @@ export function Dashboard(props: { stats: LiveStats | null; config: DashboardCon
             {s.baseline ? " — both fleets get the same conversations at the same concurrency" : ""}
           </p>
         )}
+        <ModelPicker stats={stats} models={candFleet?.models ?? []} />
         <LiveTable stats={stats} config={config} />
         {config && (
           <ConcurrencySlider
@@ -487,7 +533,11 @@ export function Dashboard(props: { stats: LiveStats | null; config: DashboardCon
         {(fleets?.arms ?? []).map((a) => (
           <div key={a.arm} className="arm-group" data-testid="arm-workers">
             <h3>
-              {a.arm} <span className="muted">— {a.fleet.policy ? `policy ${a.fleet.policy}` : a.target}</span>
+              {a.arm}{" "}
+              <span className="muted">
+                — {a.fleet.policy ? `policy ${a.fleet.policy}` : a.target}
+                {a.fleet.pool ? ` · model ${a.fleet.pool}` : ""}
+              </span>
             </h3>
             <WorkerCards fleet={a.fleet} />
           </div>

@@ -3,7 +3,7 @@ import { describe, expect, it, vi } from "vitest";
 import { Kpi } from "../components/Kpi";
 import { ConcurrencySlider } from "../components/Slider";
 import { RouteTable, TurnWorkers } from "../pages/ConversationPage";
-import { LiveTable, Refusals, WorkerCards, accuracyText, addClassPoints } from "../pages/Dashboard";
+import { LiveTable, ModelPicker, Refusals, WorkerCards, accuracyText, addClassPoints } from "../pages/Dashboard";
 import type { AccuracyCard, ArmStats, DashboardConfig, Fleet, FleetsAnswer, LiveStats } from "../types";
 
 const dist = (p50: number | null, p95: number | null) => ({ count: 10, mean: p50, p50, p90: p95, p95, p99: p95 });
@@ -41,6 +41,7 @@ function stats(over: Partial<LiveStats> = {}): LiveStats {
     level_secs: 100,
     measure_after_secs: 90,
     rate: null,
+    model: "kvroute-sim",
     workload: "multiturn",
     runs: 1,
     arms: [arm("goodput", false, 700)],
@@ -196,7 +197,7 @@ describe("the concurrency slider", () => {
 
 describe("worker cards", () => {
   it("say when the target does not list its workers", () => {
-    render(<WorkerCards fleet={{ available: false, error: "not a kvroute gateway", policy: null, queued: null, workers: [], pools: [], classes: [], refusals: [] }} />);
+    render(<WorkerCards fleet={{ available: false, error: "not a kvroute gateway", policy: null, queued: null, workers: [], pools: [], classes: [], refusals: [], models: [], pool: null }} />);
     expect(screen.getByText(/not a kvroute gateway/)).toBeTruthy();
   });
 });
@@ -211,7 +212,7 @@ describe("worker accuracy", () => {
     expect(accuracyText(a)).toBe("50.0% of 32 (±48 tok) — over predicting");
     expect(accuracyText({ ...a, exact_ratio: 1, mean_abs_error_tokens: 0, degraded: null })).toBe("100.0% of 32");
     expect(accuracyText(null)).toBe("—");
-    render(<WorkerCards fleet={{ available: true, error: null, policy: "kv", queued: 0, workers: [card(a)], pools: [{ role: "both", workers: 1, inflight: 0, prefill_tokens: 0 }], classes: [], refusals: [] }} />);
+    render(<WorkerCards fleet={{ available: true, error: null, policy: "kv", queued: 0, workers: [card(a)], pools: [{ role: "both", workers: 1, inflight: 0, prefill_tokens: 0 }], classes: [], refusals: [], models: [], pool: null }} />);
     const cell = screen.getByTestId("prediction-accuracy");
     // One pool of workers doing both: no pool line, no role badge.
     expect(screen.queryByTestId("pools")).toBeNull();
@@ -232,7 +233,7 @@ describe("a disaggregated fleet's cards", () => {
       { role: "decode", workers: 2, inflight: 5, prefill_tokens: 0 },
       { role: "prefill", workers: 1, inflight: 2, prefill_tokens: 900 },
     ];
-    render(<WorkerCards fleet={{ available: true, error: null, policy: "goodput", queued: 0, workers: [card("p1", "prefill"), card("d1", "decode"), card("d2", "decode")], pools, classes: [], refusals: [] }} />);
+    render(<WorkerCards fleet={{ available: true, error: null, policy: "goodput", queued: 0, workers: [card("p1", "prefill"), card("d1", "decode"), card("d2", "decode")], pools, classes: [], refusals: [], models: [], pool: null }} />);
     expect(screen.getAllByTestId("worker-role").map((e) => e.textContent)).toEqual(["prefill", "decode", "decode"]);
     const lines = screen.getAllByTestId("pool").map((e) => e.textContent);
     expect(lines).toEqual(["decode: 2 workers, 5 in flight, 0 prefill tokens", "prefill: 1 worker, 2 in flight, 900 prefill tokens"]);
@@ -290,7 +291,7 @@ describe("the how-it-works diagram", () => {
 
 describe("flow control on the dashboard", () => {
   const fleet = (classes: Fleet["classes"], refusals: Fleet["refusals"]): Fleet => ({
-    available: true, error: null, policy: "goodput", queued: 0, workers: [], pools: [], classes, refusals,
+    available: true, error: null, policy: "goodput", queued: 0, workers: [], pools: [], classes, refusals, models: [], pool: null,
   });
   const answer = (arms: [string, Fleet][]): FleetsAnswer => ({
     arms: arms.map(([arm, f]) => ({ arm, target: `http://${arm}`, baseline: false, fleet: f })),
@@ -321,5 +322,20 @@ describe("flow control on the dashboard", () => {
     rerender(<Refusals fleets={answer([["goodput", fleet([], refusals)]])} />);
     const rows = screen.getAllByTestId("refusal-row").map((r) => r.textContent);
     expect(rows).toEqual(["goodputfloodstandardtenant_limit1240", "goodputastandardqueue_full12"]);
+  });
+});
+
+describe("the model picker", () => {
+  it("shows only for a gateway serving several models, locked while the load runs", () => {
+    const { container, rerender } = render(<ModelPicker stats={stats({ running: false })} models={["kvroute-sim"]} />);
+    expect(container.querySelector("select")).toBeNull();
+    rerender(<ModelPicker stats={stats({ running: false })} models={["kvroute-sim", "kvroute-sim-2"]} />);
+    const select = screen.getByTestId("model-select") as HTMLSelectElement;
+    expect(select.value).toBe("kvroute-sim");
+    expect(select.disabled).toBe(false);
+    expect([...select.options].map((o) => o.value)).toEqual(["kvroute-sim", "kvroute-sim-2"]);
+    rerender(<ModelPicker stats={stats({ running: true })} models={["kvroute-sim", "kvroute-sim-2"]} />);
+    expect((screen.getByTestId("model-select") as HTMLSelectElement).disabled).toBe(true);
+    expect(screen.getByText(/stop the load to change it/)).toBeTruthy();
   });
 });

@@ -24,6 +24,16 @@ fn text(counts: [u64; 4], refused: u64) -> String {
     t
 }
 
+/// `text`'s series as pool `model` of a gateway serving several models writes them.
+fn pool(model: &str, counts: [u64; 4], refused: u64) -> String {
+    text(counts, refused)
+        .replace("{class=", &format!("{{model=\"{model}\",class="))
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with("kvroute_queued"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
 #[test]
 fn quantiles_interpolate_within_buckets() {
     let b = [(0.1, 0.0), (0.5, 10.0), (1.0, 20.0), (f64::INFINITY, 20.0)];
@@ -40,7 +50,7 @@ fn quantiles_interpolate_within_buckets() {
 fn figures_cover_the_growth_over_the_window() {
     let t0 = Instant::now();
     let mut h = FlowHistory::default();
-    let first = h.read(t0, &text([0, 4, 4, 4], 7));
+    let first = h.read(t0, &text([0, 4, 4, 4], 7), None);
     // The first reading has no window yet: no requests, no quantiles; the totals show.
     assert_eq!(first.classes[0].requests, 0.0);
     assert_eq!(first.classes[0].ttft_p95_ms, None);
@@ -55,18 +65,30 @@ fn figures_cover_the_growth_over_the_window() {
         }]
     );
     // Ten more requests, all between 0.5 s and 1 s; three more refusals.
-    let f = h.read(t0 + Duration::from_secs(30), &text([0, 4, 14, 14], 10));
+    let f = h.read(
+        t0 + Duration::from_secs(30),
+        &text([0, 4, 14, 14], 10),
+        None,
+    );
     let c = &f.classes[0];
     assert_eq!((c.class.as_str(), c.requests), ("interactive", 10.0));
     assert_eq!(c.ttft_p50_ms, Some(750.0));
     assert!((c.ttft_p95_ms.unwrap() - 975.0).abs() < 1e-6);
     assert_eq!((f.refusals[0].total, f.refusals[0].window), (10.0, 3.0));
     // 70 s on, the base is the reading at 30 s: the first ten are out of the window.
-    let f = h.read(t0 + Duration::from_secs(100), &text([2, 4, 14, 14], 10));
+    let f = h.read(
+        t0 + Duration::from_secs(100),
+        &text([2, 4, 14, 14], 10),
+        None,
+    );
     assert_eq!(f.classes[0].requests, 0.0, "{f:?}");
     assert_eq!(f.refusals[0].window, 0.0);
     // Ten minutes unread: no window until the next reading (not ten minutes as one).
-    let f = h.read(t0 + Duration::from_secs(700), &text([2, 4, 40, 40], 30));
+    let f = h.read(
+        t0 + Duration::from_secs(700),
+        &text([2, 4, 40, 40], 30),
+        None,
+    );
     assert_eq!(
         (f.classes[0].requests, f.classes[0].ttft_p95_ms),
         (0.0, None)
@@ -78,13 +100,14 @@ fn figures_cover_the_growth_over_the_window() {
 fn a_restarted_gateway_counts_from_zero_and_garbage_is_skipped() {
     let t0 = Instant::now();
     let mut h = FlowHistory::default();
-    h.read(t0, &text([0, 40, 40, 40], 50));
-    let f = h.read(t0 + Duration::from_secs(5), &text([0, 2, 2, 2], 1));
+    h.read(t0, &text([0, 40, 40, 40], 50), None);
+    let f = h.read(t0 + Duration::from_secs(5), &text([0, 2, 2, 2], 1), None);
     assert_eq!(f.classes[0].requests, 2.0);
     assert_eq!(f.refusals[0].window, 1.0);
     let f = h.read(
         t0 + Duration::from_secs(6),
         "kvroute_class_time_to_first_token_seconds_bucket{le=\"x\"} 1\nnot metrics at all\n\u{0}",
+        None,
     );
     assert_eq!(f, FlowFigures::default());
 }
@@ -94,7 +117,11 @@ fn readings_are_bounded() {
     let t0 = Instant::now();
     let mut h = FlowHistory::default();
     for i in 0..1_000 {
-        h.read(t0 + Duration::from_millis(10 * i), &text([0, 1, 1, 1], 1));
+        h.read(
+            t0 + Duration::from_millis(10 * i),
+            &text([0, 1, 1, 1], 1),
+            None,
+        );
     }
     assert!(h.readings.len() <= MAX_READINGS);
 }
@@ -102,20 +129,12 @@ fn readings_are_bounded() {
 #[test]
 fn several_pools_series_are_summed() {
     // A gateway serving two models: each pool's series labelled with its `model`.
-    let pool = |model: &str, counts: [u64; 4], refused: u64| {
-        text(counts, refused)
-            .replace("{class=", &format!("{{model=\"{model}\",class="))
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.starts_with("kvroute_queued"))
-            .map(|l| format!("{l}\n"))
-            .collect::<String>()
-    };
     let both = format!(
         "{}{}",
         pool("a", [1, 2, 3, 4], 2),
         pool("b", [0, 1, 1, 1], 3)
     );
-    let r = Reading::parse(&both);
+    let r = Reading::parse(&both, None);
     assert_eq!(
         r.ttft["interactive"],
         [(0.1, 1.0), (0.5, 3.0), (1.0, 4.0), (f64::INFINITY, 5.0)]
@@ -126,4 +145,24 @@ fn several_pools_series_are_summed() {
         "tenant_limit".to_string(),
     );
     assert_eq!(r.refused[&key], 5.0);
+}
+
+#[test]
+fn one_pools_series_are_read_alone() {
+    let both = format!(
+        "{}{}",
+        pool("a", [1, 2, 3, 4], 2),
+        pool("b", [0, 1, 1, 1], 3)
+    );
+    let r = Reading::parse(&both, Some("b"));
+    assert_eq!(
+        r.ttft["interactive"],
+        [(0.1, 0.0), (0.5, 1.0), (1.0, 1.0), (f64::INFINITY, 1.0)]
+    );
+    // Another pool starts the window again: no growth against the other pool's counts.
+    let mut h = FlowHistory::default();
+    let t0 = Instant::now();
+    h.read(t0, &both, Some("a"));
+    let f = h.read(t0 + Duration::from_secs(5), &both, Some("b"));
+    assert!(f.classes.iter().all(|c| c.requests == 0.0), "{f:?}");
 }
