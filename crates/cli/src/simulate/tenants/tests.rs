@@ -123,3 +123,23 @@ fn a_quota_s_bucket_holds_its_burst_secs_of_the_quota() {
     let b = flow.tenants.iter().find(|t| t.name == "b").unwrap();
     assert_eq!((b.tokens_per_sec, b.burst_tokens), (Some(100.5), None));
 }
+
+#[test]
+fn the_shipped_specs_read() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/tenants");
+    let mut read = 0;
+    let mut dirs = vec![dir];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).expect("bench/tenants") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "toml") {
+                Spec::load(&format!("tenants:{}", p.display()))
+                    .unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+                read += 1;
+            }
+        }
+    }
+    assert!(read >= 4, "{read} specs");
+}
