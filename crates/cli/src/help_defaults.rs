@@ -47,6 +47,7 @@ pub(crate) const WORKER_FLAGS: &[(&str, &str)] = &[
     ("name", "worker_name"),
     ("event_format", "event_format"),
     ("data_parallel_rank", "data_parallel_rank"),
+    ("scheduling_policy", "scheduling_policy"),
 ];
 
 /// The value at `path` (`a.b.c`) of `defaults`, as help shows it; `none` for a key the

@@ -44,6 +44,10 @@ pub struct WorkerArgs {
     /// Seconds to load one token's KV back from the host tier.
     #[arg(long)]
     pub host_load_secs_per_token: Option<f64>,
+    /// How the engine takes waiting requests: fcfs, or priority (by the request's
+    /// `priority`, lower first, as vLLM's `--scheduling-policy priority`).
+    #[arg(long)]
+    pub scheduling_policy: Option<kvroute_worker::SchedulingPolicy>,
     /// The served model name.
     #[arg(long)]
     pub model: Option<String>,
@@ -102,6 +106,7 @@ impl WorkerArgs {
         c.max_num_batched_tokens = self.max_num_batched_tokens.or(c.max_num_batched_tokens);
         c.num_gpu_blocks = self.num_gpu_blocks.or(c.num_gpu_blocks);
         c.host_blocks = self.host_blocks.unwrap_or(c.host_blocks);
+        c.scheduling_policy = self.scheduling_policy.unwrap_or(c.scheduling_policy);
         c.host_load_secs_per_token = self
             .host_load_secs_per_token
             .unwrap_or(c.host_load_secs_per_token);

@@ -6,12 +6,15 @@
 //! a step computes its last one, it samples a new token (the first token ends the prefill).
 //! When the pool has no block for a running sequence, the most recently admitted unscheduled
 //! sequence is preempted (its blocks freed, recomputed later from the front of the queue).
+//! With priority scheduling the order and the victim follow the requests' priorities
+//! (`engine/priority.rs`).
 //! Admission reuses the longest cached prefix (at most all but one prompt token).
 //!
 //! A step's effects (tokens, cached blocks) land at its end; its duration comes from the
 //! [`StepModel`]. Time is an argument everywhere.
 
 mod host;
+mod priority;
 mod request;
 mod silent;
 mod token_runs;
@@ -60,6 +63,11 @@ pub struct EngineConfig {
     /// an answer sent back in the next turn's prompt finds its blocks cached. `None`: ids
     /// in 100..32,099, meaning nothing (the simulator's; see `request::output_token`).
     pub output_ids: Option<Arc<[u32]>>,
+    /// vLLM's `--scheduling-policy priority`: waiting requests taken by their
+    /// [`EngineRequest::priority`] (lower first), then arrival; when the cache runs out the
+    /// running request of the largest priority value (the latest among equals) is preempted
+    /// (`engine/priority.rs`). Off: first come, first served.
+    pub priority_scheduling: bool,
 }
 
 /// Most entries of [`EngineConfig::output_ids`].
@@ -89,6 +97,7 @@ impl EngineConfig {
             host_blocks: 0,
             host_load_secs_per_token: HOST_LOAD_SECS_PER_TOKEN,
             output_ids: None,
+            priority_scheduling: false,
         }
     }
 
@@ -300,7 +309,7 @@ impl Engine {
         self.stalled = false;
         let ready = now.plus(self.cfg.request_overhead);
         let keep = self.cfg.kv_events_with_tokens;
-        self.waiting.push_back(Seq::new(req, bs, keep, now, ready));
+        self.enqueue(Seq::new(req, bs, keep, now, ready));
         self.silent.invalidate();
         Ok(())
     }
@@ -336,7 +345,7 @@ impl Engine {
             Some(f) => Some(f.ended),
             None if self.stalled => None,
             None if !self.running.is_empty() => Some(self.now),
-            None => self.waiting.front().map(|s| s.ready.max(self.now)),
+            None => self.next_ready().map(|r| r.max(self.now)),
         }
     }
 
@@ -473,7 +482,7 @@ impl Engine {
             self.schedule_general(&mut work);
         }
         if work.is_empty() {
-            let head_ready = self.waiting.front().is_some_and(|s| s.ready <= self.now);
+            let head_ready = self.first_ready().is_some();
             self.stalled = head_ready || !self.running.is_empty();
             self.scratch.work = work;
             return;
@@ -535,9 +544,7 @@ impl Engine {
             return false;
         }
         // The general scheduler tries admission when budget and room are left.
-        let admits = n < budget
-            && n < self.cfg.max_num_seqs
-            && self.waiting.front().is_some_and(|s| s.ready <= self.now);
+        let admits = n < budget && n < self.cfg.max_num_seqs && self.first_ready().is_some();
         if admits {
             return false;
         }
@@ -598,11 +605,14 @@ impl Engine {
                 if need == 0 || self.pool.allocate_into(need, &mut self.running[i].blocks) {
                     break true;
                 }
-                // Preempt the most recently admitted sequence not scheduled yet.
-                let victim = (0..self.running.len())
-                    .rev()
-                    .find(|&v| v != i && !scheduled[v] && !preempted[v]);
-                let v = victim.unwrap_or(i);
+                let v = self.victim(i, scheduled, preempted);
+                if scheduled[v] {
+                    // Priority scheduling may take back what this step gave a sequence.
+                    if let Some(k) = work.iter().position(|w| w.0 == v) {
+                        budget += work.remove(k).1;
+                    }
+                    scheduled[v] = false;
+                }
                 self.preempt(v);
                 preempted[v] = true;
                 if v == i {
@@ -630,9 +640,7 @@ impl Engine {
                     kept.push(s);
                 }
             }
-            for s in back.into_iter().rev() {
-                self.waiting.push_front(s);
-            }
+            self.requeue(back);
             self.running = kept;
             for w in work.iter_mut() {
                 w.0 = remap[w.0];
@@ -641,12 +649,10 @@ impl Engine {
         self.scratch = scratch;
         // Admit waiting requests in order while there is room.
         while budget > 0 && !any_preempted && self.running.len() < self.cfg.max_num_seqs {
-            let Some(s) = self.waiting.front_mut() else {
+            let Some(at) = self.first_ready() else {
                 break;
             };
-            if s.ready > self.now {
-                break;
-            }
+            let s = &self.waiting[at];
             let max_hit = (s.len - 1) / bs;
             let hit = self.pool.match_prefix(&s.seqs[..max_hit]);
             // The prefix continues in the host tier: those blocks are loaded, not computed.
@@ -667,7 +673,7 @@ impl Engine {
                 self.pool.release(&rev);
                 break;
             }
-            let mut s = self.waiting.pop_front().expect("front exists");
+            let mut s = self.waiting.remove(at).expect("a waiting request");
             s.blocks = blocks;
             s.computed = reused * bs;
             s.cached_blocks = hit;

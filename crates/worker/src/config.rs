@@ -6,6 +6,28 @@ use kvroute_protocol::kv_events::EventFormat;
 use kvroute_runtime::Secret;
 use serde::{Deserialize, Serialize};
 
+/// How the simulated engine takes waiting requests (vLLM's `--scheduling-policy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedulingPolicy {
+    /// First come, first served.
+    #[default]
+    Fcfs,
+    /// By the request's `priority` (lower first), then arrival.
+    Priority,
+}
+
+impl std::str::FromStr for SchedulingPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fcfs" => Ok(Self::Fcfs),
+            "priority" => Ok(Self::Priority),
+            _ => Err(format!("{s:?}: expected fcfs or priority")),
+        }
+    }
+}
+
 /// Settings of a simulated worker. Every field has a default, so a TOML or JSON document
 /// needs only the ones it changes; unknown fields are refused.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -35,6 +57,11 @@ pub struct WorkerConfig {
     pub host_blocks: usize,
     /// Seconds to load one token back from the host tier.
     pub host_load_secs_per_token: f64,
+    /// How the engine takes waiting requests: `fcfs` (first come, first served) or
+    /// `priority` (vLLM's `--scheduling-policy priority`: by the request's `priority`,
+    /// lower first; a request with a non-zero `priority` is refused under `fcfs`, as vLLM
+    /// refuses it).
+    pub scheduling_policy: SchedulingPolicy,
     /// Most requests waiting in the engine, instead of the engine's default (100,000);
     /// beyond it requests get 503 with `Retry-After`.
     pub max_waiting: Option<usize>,
@@ -99,6 +126,7 @@ impl Default for WorkerConfig {
             host_blocks: 0,
             host_load_secs_per_token: kvroute_engine::HOST_LOAD_SECS_PER_TOKEN,
             max_waiting: None,
+            scheduling_policy: SchedulingPolicy::Fcfs,
             default_max_tokens: 64,
             max_body_bytes: 4 << 20,
             max_prompt_tokens: 131_072,
@@ -208,6 +236,7 @@ impl WorkerConfig {
         cfg.host_blocks = self.host_blocks;
         cfg.host_load_secs_per_token = self.host_load_secs_per_token;
         cfg.kv_events_with_tokens = true;
+        cfg.priority_scheduling = self.scheduling_policy == SchedulingPolicy::Priority;
         cfg.validate()?;
         Ok(cfg)
     }

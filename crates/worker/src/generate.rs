@@ -68,6 +68,30 @@ impl Drop for AbortGuard {
     }
 }
 
+/// The request's own `priority` (vLLM's field: an integer, lower served first), refused
+/// when not 0 unless the engine schedules by priority, as vLLM refuses it.
+fn engine_priority(
+    obj: &serde_json::Map<String, Value>,
+    policy: crate::config::SchedulingPolicy,
+) -> Result<i32, ApiError> {
+    let p = match obj.get("priority") {
+        None | Some(Value::Null) => return Ok(0),
+        Some(v) => v
+            .as_i64()
+            .and_then(|p| i32::try_from(p).ok())
+            .ok_or_else(|| {
+                ApiError::invalid_param("priority", "priority must be a 32-bit integer")
+            })?,
+    };
+    if p != 0 && policy != crate::config::SchedulingPolicy::Priority {
+        return Err(ApiError::invalid_param(
+            "priority",
+            format!("priority {p} given, but this engine does not schedule by priority (--scheduling-policy priority)"),
+        ));
+    }
+    Ok(p)
+}
+
 async fn generate(
     s: AppState,
     endpoint: Endpoint,
@@ -101,6 +125,7 @@ async fn generate(
         Some(n) if n.as_u64() == Some(1) => {}
         Some(_) => return Err(ApiError::invalid_param("n", "only `n` = 1 is supported")),
     }
+    let priority = engine_priority(&obj, s.cfg.scheduling_policy)?;
     let leg = crate::kv_transfer::leg(&obj, s.cfg.role)?;
     let tokens = prompt_tokens(&s, view.input).await?;
     if tokens.len() > s.cfg.max_prompt_tokens {
@@ -150,6 +175,7 @@ async fn generate(
         max_tokens,
         namespace,
         remote_tokens,
+        priority,
     };
     let (rx, guard) = submit(&s, request, view.stream).await?;
     let public_id = match endpoint {

@@ -37,7 +37,7 @@ mod stream;
 mod text;
 mod zmq;
 
-pub use config::WorkerConfig;
+pub use config::{SchedulingPolicy, WorkerConfig};
 pub use error::WorkerError;
 pub use zmq::END_SEQ;
 

@@ -212,6 +212,17 @@ async fn bad_requests_get_openai_errors() {
         let v = expect_error(post(&client, chat.clone(), &body).await, 400).await;
         assert_eq!(v["error"]["param"], "n");
 
+        // The engine's own priority: refused unless it schedules by priority (as vLLM).
+        for p in [json!(3), json!("high"), json!(1.5), json!(1u64 << 40)] {
+            let mut body = chat_body("hi", 2, false);
+            body["priority"] = p;
+            let v = expect_error(post(&client, chat.clone(), &body).await, 400).await;
+            assert_eq!(v["error"]["param"], "priority");
+        }
+        let mut body = chat_body("hi", 2, false);
+        body["priority"] = json!(0);
+        assert_eq!(post(&client, chat.clone(), &body).await.status(), 200);
+
         let ids: Vec<u32> = (0..60).collect();
         let body = json!({"model": "kvroute-sim", "prompt": ids, "max_tokens": 2});
         let v = expect_error(post(&client, cmpl.clone(), &body).await, 413).await;
@@ -401,6 +412,30 @@ async fn the_engine_runs_in_real_time_at_the_speedup() {
         let elapsed = started.elapsed();
         // 29 decode steps of 10 virtual ms after the first token: 290 ms / 5 = 58 ms at least.
         assert!(elapsed >= Duration::from_millis(58), "{elapsed:?}");
+        w.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_worker_scheduling_by_priority_takes_the_priority_field() {
+    bounded(async {
+        let cfg = WorkerConfig {
+            scheduling_policy: kvroute_worker::SchedulingPolicy::Priority,
+            ..config()
+        };
+        let w = start(cfg, None).await;
+        let client = reqwest::Client::new();
+        let chat = format!("{}/v1/chat/completions", w.url());
+        for p in [-5, 0, 7] {
+            let mut body = chat_body("hi", 2, false);
+            body["priority"] = json!(p);
+            assert_eq!(
+                post(&client, chat.clone(), &body).await.status(),
+                200,
+                "{p}"
+            );
+        }
         w.shutdown().await;
     })
     .await;

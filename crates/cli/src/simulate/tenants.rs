@@ -36,6 +36,11 @@ pub(crate) struct Spec {
     pub flow: FlowConfig,
     /// One load per tenant.
     pub loads: Vec<LoadSpec>,
+    /// How the engines take waiting requests: `fcfs`, or `priority` (each request's class's
+    /// `engine_priority`, lower first, as vLLM's `--scheduling-policy priority` with the
+    /// gateway sending it).
+    #[serde(default)]
+    pub scheduling_policy: kvroute_worker::SchedulingPolicy,
 }
 
 /// What a tenant sends.
@@ -345,6 +350,8 @@ pub(crate) fn run_cell(
     let resolved = resolve(a, p, fleet, spec)?;
     let mut cfg = sim_config(a, &p.profile, fleet, policy, a.seed)?;
     cfg.router.admission.flow = flow_config(spec, &resolved);
+    cfg.engine.priority_scheduling =
+        spec.scheduling_policy == kvroute_worker::SchedulingPolicy::Priority;
     cfg.validate()?;
     let together = simulate(&cfg, workload(a, spec, &resolved, fleet.workers, None)?)?;
     let mut tenants = serde_json::Map::new();

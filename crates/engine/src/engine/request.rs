@@ -22,6 +22,9 @@ pub struct EngineRequest {
     /// are; they count as cached tokens, as real engines report KV a connector loaded. A
     /// sequence preempted later recomputes them. 0: none.
     pub remote_tokens: usize,
+    /// Its priority under [`crate::EngineConfig::priority_scheduling`] (lower values first,
+    /// as vLLM's `priority` field); ignored otherwise.
+    pub priority: i32,
 }
 
 impl EngineRequest {
@@ -33,6 +36,7 @@ impl EngineRequest {
             max_tokens,
             namespace: Namespace::default(),
             remote_tokens: 0,
+            priority: 0,
         }
     }
 }
@@ -212,6 +216,8 @@ pub(crate) struct Seq {
     pub arrived: Time,
     /// When it may first be scheduled (arrival plus the request overhead).
     pub ready: Time,
+    /// Its priority (lower first) under priority scheduling.
+    pub priority: i32,
     pub first_token: Option<Time>,
     pub preemptions: u32,
     pub aborted: bool,
@@ -271,6 +277,7 @@ impl Seq {
             remote_blocks: req.remote_tokens.min(len) / bs,
             arrived: now,
             ready,
+            priority: req.priority,
             first_token: None,
             preemptions: 0,
             aborted: false,

@@ -156,7 +156,7 @@ impl Engine {
         }
         // ... and no waiting request can be admitted at its end.
         let admits_from = if n < self.cfg.max_num_batched_tokens && n < self.cfg.max_num_seqs {
-            self.waiting.front().map(|s| s.ready)
+            self.next_ready()
         } else {
             None
         };

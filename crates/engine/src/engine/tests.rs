@@ -320,6 +320,7 @@ fn hashed_prompts_run_like_token_prompts() {
         max_tokens: 5,
         namespace: Namespace::default(),
         remote_tokens: 0,
+        priority: 0,
     };
     let run = |with_tokens: bool, r: EngineRequest| {
         let mut cfg = tiny();
@@ -478,6 +479,7 @@ fn kv_sent_with_a_request_is_written_not_computed_and_cached_like_computed_kv() 
     let p = prompt(22, 5);
     let sent = |id, tokens| EngineRequest {
         remote_tokens: tokens,
+        priority: 0,
         ..req(id, p.clone(), 2)
     };
     // tiny: blocks of 4, prefill 1 ms + 0.01 ms/token. The KV of 22 tokens sent: 5 full
@@ -520,4 +522,66 @@ fn kv_sent_with_a_request_is_written_not_computed_and_cached_like_computed_kv() 
     );
     assert_eq!(finished(&outs)[1].cached_tokens, 12);
     assert_eq!(e.metrics().remote_tokens_total, 0);
+}
+
+fn with_priority(id: u64, tokens: Vec<u32>, max_tokens: u32, priority: i32) -> EngineRequest {
+    EngineRequest {
+        priority,
+        ..req(id, tokens, max_tokens)
+    }
+}
+
+#[test]
+fn priority_scheduling_takes_waiting_requests_by_priority_then_arrival() {
+    let order = |priority_scheduling: bool| {
+        let mut cfg = tiny();
+        cfg.max_num_seqs = 1;
+        cfg.priority_scheduling = priority_scheduling;
+        let mut e = Engine::new(cfg).unwrap();
+        let arrivals = [(0, 5), (1, 5), (2, 1), (3, 3), (4, 1)]
+            .into_iter()
+            .map(|(i, p)| (i, with_priority(i, prompt(8, i as u32 * 10), 4, p)))
+            .collect();
+        let mut f = finished(&drive(&mut e, arrivals));
+        f.sort_by_key(|f| f.first_token);
+        f.iter().map(|f| f.id.0).collect::<Vec<_>>()
+    };
+    // The first runs alone; then the lowest value first, equal values by arrival.
+    assert_eq!(order(true), [0, 2, 4, 3, 1]);
+    assert_eq!(order(false), [0, 1, 2, 3, 4], "first come, first served");
+}
+
+#[test]
+fn priority_scheduling_preempts_the_largest_priority_value() {
+    let preempted = |priority_scheduling: bool| {
+        let mut cfg = tiny();
+        cfg.num_gpu_blocks = 64;
+        cfg.priority_scheduling = priority_scheduling;
+        let mut e = Engine::new(cfg).unwrap();
+        // Four of priority 9, then four of priority 0 a moment later.
+        let arrivals = (0..8)
+            .map(|i| {
+                let (at, p) = if i < 4 { (0, 9) } else { (1, 0) };
+                (at, with_priority(i, prompt(16, i as u32 * 50), 32, p))
+            })
+            .collect();
+        let f = finished(&drive(&mut e, arrivals));
+        assert_eq!(f.len(), 8);
+        assert_eq!(e.pool().free_count(), 64);
+        f.iter()
+            .map(|f| (f.id.0 >= 4, f.preemptions))
+            .collect::<Vec<_>>()
+    };
+    let by_priority = preempted(true);
+    assert!(
+        by_priority.iter().any(|&(high, n)| !high && n > 0),
+        "{by_priority:?}"
+    );
+    assert!(
+        by_priority.iter().all(|&(high, n)| !high || n == 0),
+        "{by_priority:?}"
+    );
+    // First come, first served preempts the most recently admitted: the later ones.
+    let fcfs = preempted(false);
+    assert!(fcfs.iter().any(|&(high, n)| high && n > 0), "{fcfs:?}");
 }

@@ -118,6 +118,18 @@ impl Sim<'_> {
         }
     }
 
+    /// The engine's own priority of request `id`: its class's `engine_priority` when the
+    /// engines schedule by priority (as the gateway sends it to workers marked as taking
+    /// one), else 0.
+    pub(super) fn engine_priority(&self, id: RequestId) -> i32 {
+        if !self.cfg.engine.priority_scheduling {
+            return 0;
+        }
+        (self.flows.get(id.0 as usize))
+            .and_then(|f| self.queue.flows().class(f.flow.class).engine_priority)
+            .unwrap_or(0)
+    }
+
     /// Request `id`'s band.
     pub(super) fn band(&self, id: RequestId) -> u8 {
         self.flows[id.0 as usize].flow.band

@@ -50,6 +50,7 @@ impl Sim<'_> {
             max_tokens: 1,
             namespace: Namespace::default(),
             remote_tokens: 0,
+            priority: self.engine_priority(id),
         };
         match self.engines[prefill].submit(leg, t) {
             Ok(()) => {
@@ -137,6 +138,7 @@ impl Sim<'_> {
             max_tokens,
             namespace: Namespace::default(),
             remote_tokens,
+            priority: self.engine_priority(id),
         };
         match self.engines[w].submit(req, t) {
             Ok(()) => self.reschedule(w),

@@ -163,3 +163,40 @@ fn classes_sum_their_tenants_requests_under_the_resolved_class() {
     assert_eq!(r.classes[0].summary.sent, sent("chat"));
     assert_eq!(r.classes[1].summary.sent, sent("limited") + sent("other"));
 }
+
+#[test]
+fn engines_scheduling_by_priority_serve_the_class_of_the_lower_value_first() {
+    // Two tenants flooding engines that queue everything themselves (no admission in the
+    // router): the high class's engine_priority 0, the low class's 10.
+    let run = |priority_scheduling: bool| {
+        let mut cfg = config();
+        cfg.router.admission.mode = kvroute_core::AdmissionMode::None;
+        cfg.router.admission.flow.tenants.clear();
+        cfg.router.admission.flow.classes[0].engine_priority = Some(0);
+        cfg.router.admission.flow.classes[1].engine_priority = Some(10);
+        cfg.engine.priority_scheduling = priority_scheduling;
+        let load = |tenant: &str, class: &str, seed| TenantLoad {
+            tenant: tenant.into(),
+            class: class.into(),
+            load: open_loop(1500.0, seed, 1.0),
+        };
+        let r = simulate(
+            &cfg,
+            Workload::Tenants(vec![load("a", "high", 1), load("b", "low", 2)]),
+        )
+        .unwrap();
+        let p50 = |i: usize| r.tenants[i].summary.ttft_ms.p50.unwrap();
+        (p50(0), p50(1))
+    };
+    let (high, low) = run(true);
+    assert!(
+        high * 2.0 < low,
+        "by priority: high {high} ms, low {low} ms"
+    );
+    let (high_fcfs, low_fcfs) = run(false);
+    assert!(
+        high * 2.0 < high_fcfs,
+        "high {high} ms, first come first served {high_fcfs} ms"
+    );
+    assert!(low_fcfs < low * 2.0, "{low_fcfs} vs {low}");
+}
