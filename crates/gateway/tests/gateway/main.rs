@@ -15,6 +15,7 @@ mod migration;
 mod pd_workers;
 mod plane;
 mod pools;
+mod priority;
 mod ranks;
 mod reload;
 mod replicas;
