@@ -291,7 +291,7 @@ impl WorkerSpec {
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError(m));
         if let Some(m) = &self.model {
-            if m.is_empty() || m.len() > 256 || m.chars().any(char::is_control) {
+            if !is_name(m) {
                 return bad(format!(
                     "worker {}: model must be 1 to 256 characters without control characters, got {m:?}",
                     self.url
@@ -536,6 +536,11 @@ pub const MAX_MIGRATIONS: u32 = 16;
 /// The most tokenizing threads (`limits.tokenizer_threads`): each may hold ~100 MiB of the
 /// tokenizer library's caches.
 pub const MAX_TOKENIZER_THREADS: usize = 64;
+
+/// Whether `s` can name a model or a pool: 1 to 256 characters without control characters.
+pub(crate) fn is_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 256 && !s.chars().any(char::is_control)
+}
 
 /// Invalid settings.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -6,6 +6,7 @@
 //! size, and a target that is not a kvroute gateway gives `available: false` with the reason.
 
 use crate::flow_cards::{ClassCard, FlowHistory, RefusalCard};
+use kvroute_protocol::openai::ModelList;
 use kvroute_protocol::prometheus_text::{first_value, samples};
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -197,11 +198,12 @@ impl FleetReader {
         let Ok(text) = self.get(&format!("{}/v1/models", self.target)).await else {
             return Vec::new();
         };
-        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-        let mut names: Vec<String> = (v["data"].as_array().into_iter().flatten())
-            .filter_map(|m| m["id"].as_str())
+        let Ok(list) = serde_json::from_str::<ModelList>(&text) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = (list.data.into_iter())
+            .map(|m| m.id)
             .filter(|id| !id.is_empty() && id.len() <= MAX_MODEL_NAME)
-            .map(str::to_string)
             .take(MAX_MODELS)
             .collect();
         names.dedup();

@@ -138,12 +138,7 @@ async fn concurrency_changes_take_effect_without_cutting_conversations() {
     let (control, running) = kvroute_loadgen::start(config, observer).unwrap();
     // Let two turns go through at concurrency 1, then raise it.
     let served = || async {
-        let text = reqwest::get(format!("{}/metrics", gw.url()))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = support::metrics_text(&gw).await;
         kvroute_protocol::prometheus_text::samples(&text)
             .filter(|s| s.name == "kvroute_requests_total")
             .map(|s| s.value)

@@ -662,12 +662,7 @@ async fn the_load_asks_for_the_model_chosen_and_the_views_follow_it() {
     );
     let (s, _) = call("POST", &format!("{api}/api/stop"), None).await;
     assert_eq!(s, 200);
-    let text = reqwest::get(format!("{}/metrics", gw.url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = support::metrics_text(&gw).await;
     let served = |model: &str| {
         kvroute_protocol::prometheus_text::series_value(
             &text,

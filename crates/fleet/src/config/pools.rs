@@ -98,7 +98,7 @@ impl GatewayConfig {
                 return Err(at("models: a pool serves at least one model".into()));
             };
             let name = p.name.clone().unwrap_or_else(|| first.clone());
-            if name.is_empty() || name.len() > 256 || name.chars().any(char::is_control) {
+            if !super::is_name(&name) {
                 return Err(at(format!(
                     "name: 1 to 256 characters without control characters, got {name:?}"
                 )));

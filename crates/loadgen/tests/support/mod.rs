@@ -107,3 +107,13 @@ pub async fn two_models() -> (Vec<WorkerHandle>, GatewayHandle) {
         .unwrap();
     (workers, gw)
 }
+
+/// The gateway's `/metrics` text.
+pub async fn metrics_text(gw: &GatewayHandle) -> String {
+    reqwest::get(format!("{}/metrics", gw.url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
